@@ -1,0 +1,1 @@
+"""zoopick application layer: command line now, the web service later."""

@@ -1,0 +1,221 @@
+"""The ``zoopick`` command line.
+
+Library errors (bad zoo, bad dataset, unknown metric) become a one-line message on stderr and
+exit code 2; heavy imports (torch, timm) happen inside the commands so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    name="zoopick",
+    help="Pick the pretrained model to reuse for your dataset, without training any.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+EXIT_BAD_INPUT = 2
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    """Print ``error: message`` on one line of stderr and return the Exit to raise."""
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    return typer.Exit(code)
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("ZOOPICK_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "zoopick" / "features"
+
+
+def parse_options(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``--option sms.temperature=1.5`` -> ``{"sms": {"temperature": 1.5}}`` (JSON values,
+    falling back to the plain string)."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        metric, dot, name = key.partition(".")
+        if not sep or not dot or not metric or not name:
+            raise fail(f"--option {item!r}: expected METRIC.NAME=VALUE")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(metric, {})[name] = value
+    return out
+
+
+@app.command()
+def score(
+    zoo: Annotated[Path, typer.Option(help="Zoo manifest (JSON or YAML).")],
+    data: Annotated[Path, typer.Option(help="ImageFolder dir/archive or .npz dataset.")],
+    metric: Annotated[
+        list[str], typer.Option("--metric", "-m", help="Metric name; repeat for several.")
+    ] = ["sms", "isms", "logme"],  # noqa: B006 (Typer reads, never mutates, this default)
+    max_per_class: Annotated[
+        int | None, typer.Option(min=1, help="Deterministic per-class subsample.")
+    ] = None,
+    model: Annotated[
+        list[str] | None, typer.Option("--model", help="Only these zoo ids (repeatable).")
+    ] = None,
+    option: Annotated[
+        list[str] | None,
+        typer.Option("--option", "-o", help="Metric option METRIC.NAME=VALUE (repeatable)."),
+    ] = None,
+    batch_size: Annotated[int, typer.Option(min=1)] = 64,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 ... (auto)")] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="Feature cache [$ZOOPICK_CACHE_DIR or ~/.cache]")
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Rank every model of a zoo on a dataset with one or more transferability metrics."""
+    from selection.data import DatasetError, load_dataset
+    from selection.metrics import MetricError
+    from selection.rank import check_metrics
+    from selection.zoo import ZooError, load_zoo
+
+    options = parse_options(option or [])
+    try:
+        metrics = check_metrics(metric)
+        zoo_obj = load_zoo(zoo)
+        if model:
+            zoo_obj = zoo_obj.select(model)
+        dataset = load_dataset(data, max_per_class=max_per_class)
+    except (ZooError, DatasetError, MetricError) as exc:
+        raise fail(str(exc)) from None
+
+    cache = None if no_cache else (cache_dir or default_cache_dir())
+    try:
+        ranking = _rank_with_progress(
+            zoo_obj, dataset, metrics, cache, batch_size, device, options, quiet=as_json
+        )
+    except (ZooError, DatasetError, MetricError) as exc:
+        raise fail(str(exc)) from None
+
+    if as_json:
+        typer.echo(json.dumps(ranking.to_dict()))
+    else:
+        _print_table(ranking)
+
+
+def _rank_with_progress(zoo, dataset, metrics, cache, batch_size, device, options, *, quiet):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from selection.rank import rank_zoo
+
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("scoring"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        disable=not sys.stderr.isatty() and quiet,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("", total=len(zoo))
+
+        def progress(model_id: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, description=model_id)
+
+        return rank_zoo(
+            zoo,
+            dataset,
+            metrics,
+            cache_dir=cache,
+            batch_size=batch_size,
+            device=device,
+            metric_options=options,
+            progress=progress,
+        )
+
+
+def _print_table(ranking) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    first = ranking.metrics[0]
+    place = {}
+    for rank, group in enumerate(ranking.ordered(first), start=1):
+        tie = "=" if len(group) > 1 else ""
+        for m in group:
+            place[m.id] = f"{rank}{tie}"
+    table = Table(title=f"{ranking.dataset}: ranked by {first} (= marks a tie)")
+    table.add_column("rank", justify="right")
+    table.add_column("model")
+    for name in ranking.metrics:
+        table.add_column(name, justify="right")
+    table.add_column("forward s", justify="right")
+    for group in ranking.ordered(first):
+        for m in group:
+            row = [place[m.id], m.id]
+            row += [f"{m.scores[name]:.4g}" for name in ranking.metrics]
+            row.append("cached" if m.cached else f"{m.seconds['forward']:.2f}")
+            table.add_row(*row)
+    Console().print(table)
+
+
+@app.command()
+def demo(
+    folder: Annotated[Path, typer.Option("--dir", help="Where the demo zoo is built.")] = Path(
+        ".zoopick/demo"
+    ),
+    metric: Annotated[list[str], typer.Option("--metric", "-m")] = [  # noqa: B006
+        "sms",
+        "isms",
+        "sms+",
+        "logme",
+        "leep",
+    ],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Build a small demo zoo and target on the spot (seconds, no download) and rank it."""
+    from selection.demo import build_demo
+
+    typer.echo(f"building the demo zoo in {folder} ...", err=True)
+    manifest, target = build_demo(folder)
+    typer.echo(f"zoopick score --zoo {manifest} --data {target}", err=True)
+    score(
+        zoo=manifest,
+        data=target,
+        metric=metric,
+        max_per_class=None,
+        model=None,
+        option=None,
+        batch_size=64,
+        device=None,
+        cache_dir=folder / "cache",
+        no_cache=False,
+        as_json=as_json,
+    )
+
+
+@app.command()
+def metrics() -> None:
+    """List the available metrics, the inputs each needs and its options."""
+    from selection.metrics import available, get
+
+    for name in available():
+        spec = get(name)
+        opts = ", ".join(spec.options) or "-"
+        typer.echo(f"{name:14s} needs {'+'.join(sorted(spec.needs)):16s} options: {opts}")
+        typer.echo(f"{'':14s} {spec.summary}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

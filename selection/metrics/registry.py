@@ -1,0 +1,134 @@
+"""The metric registry: every transferability metric registers itself here by name.
+
+A metric is a plain function ``fn(*, labels, logits=None, features=None, **options) -> float``
+(higher = better transfer). The registry records which inputs each one needs, so the ranking code
+can decide what to extract and the CLI can reject a metric whose inputs are missing.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+INPUTS = frozenset({"logits", "features"})
+
+MetricFn = Callable[..., float]
+
+
+class MetricError(ValueError):
+    """A metric cannot be computed on these inputs (bad shapes, too few samples, numerical
+    failure). Raised instead of returning a sentinel score."""
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    fn: MetricFn
+    needs: frozenset[str]
+    summary: str
+
+    @property
+    def options(self) -> list[str]:
+        """Keyword options the metric accepts beyond its inputs."""
+        skip = {"labels", "logits", "features"}
+        return [p for p in inspect.signature(self.fn).parameters if p not in skip]
+
+
+_REGISTRY: dict[str, MetricSpec] = {}
+
+
+def register(name: str, *, needs: set[str] | frozenset[str]) -> Callable[[MetricFn], MetricFn]:
+    """Decorator: register ``fn`` as metric ``name`` needing the given inputs."""
+    needs = frozenset(needs)
+    if not needs <= INPUTS or not needs:
+        raise ValueError(f"metric {name!r}: needs must be a non-empty subset of {sorted(INPUTS)}")
+
+    def deco(fn: MetricFn) -> MetricFn:
+        if name in _REGISTRY:
+            raise ValueError(f"metric {name!r} registered twice")
+        doc = (inspect.getdoc(fn) or "").strip().splitlines()
+        _REGISTRY[name] = MetricSpec(name, fn, needs, doc[0] if doc else "")
+        return fn
+
+    return deco
+
+
+def get(name: str) -> MetricSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise MetricError(
+            f"unknown metric {name!r}; available: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def available() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def needs(name: str) -> frozenset[str]:
+    """Which inputs (``logits`` and/or ``features``) metric ``name`` needs."""
+    return get(name).needs
+
+
+def _as_labels(labels: np.ndarray) -> np.ndarray:
+    y = np.asarray(labels)
+    if y.ndim != 1:
+        raise MetricError(f"labels must be a 1-D int array, got shape {y.shape}")
+    if y.size == 0:
+        raise MetricError("labels are empty")
+    if not np.issubdtype(y.dtype, np.integer):
+        if np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
+            y = y.astype(np.int64)
+        else:
+            raise MetricError(f"labels must be integers, got dtype {y.dtype}")
+    if y.min() < 0:
+        raise MetricError("labels must be non-negative")
+    return y.astype(np.int64, copy=False)
+
+
+def _as_matrix(name: str, x: np.ndarray, n: int) -> np.ndarray:
+    a = np.asarray(x)
+    if a.ndim != 2:
+        raise MetricError(f"{name} must be a 2-D array (n, dim), got shape {a.shape}")
+    if a.shape[0] != n:
+        raise MetricError(f"{name} has {a.shape[0]} rows but labels has {n}")
+    if not np.all(np.isfinite(a)):
+        raise MetricError(f"{name} contains NaN or infinite values")
+    return a.astype(np.float64, copy=False)
+
+
+def score(
+    name: str,
+    *,
+    labels: np.ndarray,
+    logits: np.ndarray | None = None,
+    features: np.ndarray | None = None,
+    **options: object,
+) -> float:
+    """Score one model with metric ``name``: higher means better expected transfer.
+
+    ``labels``: int array (n,); ``logits``: raw source-head outputs (n, C_s); ``features``:
+    penultimate features (n, D). Inputs are validated here once so every metric can assume
+    clean float64 matrices with matching rows and int64 labels.
+    """
+    spec = get(name)
+    y = _as_labels(labels)
+    inputs: dict[str, np.ndarray] = {}
+    for key, value in (("logits", logits), ("features", features)):
+        if key in spec.needs:
+            if value is None:
+                raise MetricError(f"metric {name!r} needs {key}")
+            inputs[key] = _as_matrix(key, value, y.shape[0])
+    unknown = set(options) - set(spec.options)
+    if unknown:
+        raise MetricError(
+            f"metric {name!r} has no option(s) {sorted(unknown)}; it takes {spec.options}"
+        )
+    value = float(spec.fn(labels=y, **inputs, **options))
+    if not np.isfinite(value):
+        raise MetricError(f"metric {name!r} produced a non-finite score ({value})")
+    return value

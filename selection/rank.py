@@ -1,0 +1,187 @@
+"""Rank a zoo for a dataset, and judge a ranking against ground truth.
+
+``rank_zoo`` does one forward pass per model (cached on disk when asked) and scores it with
+every requested metric from those same outputs, timing both. The evaluation helpers compare a
+metric's scores with fine-tuned accuracies the way the transferability literature does
+(weighted Kendall tau of LogME/SFDA, relative accuracy of the top-k picks).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from selection.metrics import registry
+
+Progress = Callable[[str, int, int], None]
+"""``progress(model_id, done, total)`` is called after each model."""
+
+
+@dataclass
+class ModelResult:
+    id: str
+    scores: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    cached: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "scores": dict(self.scores), "seconds": dict(self.seconds)}
+
+
+@dataclass
+class Ranking:
+    dataset: str
+    metrics: list[str]
+    models: list[ModelResult]
+
+    def ordered(self, metric: str) -> list[list[ModelResult]]:
+        """Models best first by ``metric``, as groups of equal score (a group of several
+        models is a tie: the metric cannot tell them apart)."""
+        return [
+            [self.models[i] for i in group]
+            for group in tie_groups([m.scores[metric] for m in self.models])
+        ]
+
+    def best(self, metric: str) -> list[str]:
+        """Ids of the top model(s) by ``metric``; several when they tie."""
+        return [m.id for m in self.ordered(metric)[0]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "metrics": list(self.metrics),
+            "models": [m.to_dict() for m in self.models],
+        }
+
+
+def tie_groups(values: Sequence[float], *, rel_tol: float = 1e-9) -> list[list[int]]:
+    """Indices grouped by value, highest first; values equal within ``rel_tol`` share a group.
+
+    Equality is judged against the group's first value, so a slow drift never chains distinct
+    values into one group.
+    """
+    order = sorted(range(len(values)), key=lambda i: -values[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and math.isclose(
+            values[i], values[groups[-1][0]], rel_tol=rel_tol, abs_tol=1e-12
+        ):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def check_metrics(metrics: Sequence[str]) -> list[str]:
+    """Validate metric names up front (before any forward pass) and drop duplicates."""
+    if not metrics:
+        raise registry.MetricError("no metric given")
+    for name in metrics:
+        registry.get(name)
+    return list(dict.fromkeys(metrics))
+
+
+def rank_zoo(
+    zoo: Any,
+    dataset: Any,
+    metrics: Sequence[str],
+    *,
+    cache_dir: str | Path | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+    metric_options: Mapping[str, Mapping[str, Any]] | None = None,
+    progress: Progress | None = None,
+) -> Ranking:
+    """Score every model of ``zoo`` on ``dataset`` with each metric, one forward pass a model.
+
+    ``metric_options`` maps a metric name to its keyword options. A metric error on one model
+    is raised (naming model and metric) rather than hidden behind a placeholder score.
+    """
+    from selection.extract import extract  # torch-heavy; imported when ranking, not at import
+
+    metrics = check_metrics(metrics)
+    metric_options = dict(metric_options or {})
+    unknown = set(metric_options) - set(metrics)
+    if unknown:
+        raise registry.MetricError(f"options given for metrics not requested: {sorted(unknown)}")
+    entries = list(zoo)
+    results: list[ModelResult] = []
+    for done, entry in enumerate(entries, start=1):
+        out = extract(entry, dataset, batch_size=batch_size, device=device, cache_dir=cache_dir)
+        result = ModelResult(entry.id, cached=out.cached)
+        result.seconds["forward"] = out.seconds
+        for name in metrics:
+            start = time.perf_counter()
+            try:
+                result.scores[name] = registry.score(
+                    name,
+                    labels=dataset.labels,
+                    logits=out.logits,
+                    features=out.features,
+                    **metric_options.get(name, {}),
+                )
+            except registry.MetricError as exc:
+                raise registry.MetricError(f"model {entry.id!r}, metric {name!r}: {exc}") from exc
+            result.seconds[name] = time.perf_counter() - start
+        results.append(result)
+        if progress is not None:
+            progress(entry.id, done, len(entries))
+    return Ranking(dataset=dataset.name, metrics=metrics, models=results)
+
+
+def _aligned(scores: Mapping[str, float], truth: Mapping[str, float]) -> tuple[np.ndarray, ...]:
+    missing = set(scores) ^ set(truth)
+    if missing:
+        raise ValueError(f"scores and ground truth cover different models: {sorted(missing)}")
+    if len(scores) < 2:
+        raise ValueError("need at least two models to evaluate a ranking")
+    ids = sorted(scores)
+    return (
+        np.array([scores[i] for i in ids], dtype=np.float64),
+        np.array([truth[i] for i in ids], dtype=np.float64),
+    )
+
+
+def rel_at_k(scores: Mapping[str, float], truth: Mapping[str, float], k: int) -> float:
+    """Best ground-truth accuracy among the top-``k`` scored models over the best overall.
+
+    Ties at the cut are resolved pessimistically (the worst of the tied models counts), so a
+    metric that cannot tell models apart earns no credit for a lucky order.
+    """
+    s, t = _aligned(scores, truth)
+    best = t.max()
+    if best <= 0:
+        raise ValueError("rel@k needs a positive best ground-truth value")
+    picked: list[int] = []
+    for group in tie_groups(list(s)):
+        room = k - len(picked)
+        if room <= 0:
+            break
+        if len(group) <= room:
+            picked.extend(group)
+        else:  # a tie straddles the cut: take the worst members
+            picked.extend(sorted(group, key=lambda i: t[i])[:room])
+    return float(t[picked].max() / best)
+
+
+def evaluate(scores: Mapping[str, float], truth: Mapping[str, float]) -> dict[str, float]:
+    """Rank correlation and top-k quality of ``scores`` against ground-truth accuracies."""
+    s, t = _aligned(scores, truth)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        wtau = stats.weightedtau(s, t).statistic
+        ktau = stats.kendalltau(s, t).statistic
+        pear = stats.pearsonr(s, t).statistic if np.ptp(s) > 0 and np.ptp(t) > 0 else np.nan
+    return {
+        "weighted_tau": float(wtau),
+        "kendall_tau": float(ktau),
+        "pearson": float(pear),
+        "rel@1": rel_at_k(scores, truth, 1),
+        "rel@3": rel_at_k(scores, truth, 3),
+    }

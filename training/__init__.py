@@ -1,0 +1,1 @@
+"""Sparse-communication data-parallel fine-tuning (a plain library, no web code)."""

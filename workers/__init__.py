@@ -1,0 +1,1 @@
+"""Celery workers of the zoopick service (to come: see the service issue)."""
