@@ -1,0 +1,621 @@
+"""Target datasets: an ImageFolder (directory or archive) or an ``.npz`` array file.
+
+A dataset is held compactly: an npz keeps its uint8 array, an ImageFolder keeps each image's
+encoded bytes (archives are read member by member in memory, never extracted) and decodes on
+demand. Every image is decoded once at load so a corrupt file is reported by name up front,
+not halfway through scoring a zoo.
+
+``digest`` is a content digest: the image data, labels and class names, in order. The same
+images give the same digest wherever they live (a folder, its zip, a copy elsewhere), and any
+subsampling shows because the subset's content is what is hashed. It keys the feature cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import posixpath
+import tarfile
+import zipfile
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "DatasetError",
+    "TargetDataset",
+    "load_dataset",
+    "split_dataset",
+]
+
+IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+MAX_ARCHIVE_BYTES = 16 << 30  # refuse archives whose images would expand beyond this
+_DIGEST_VERSION = b"zoopick-dataset-v1"
+
+
+class DatasetError(ValueError):
+    """A target dataset cannot be used (the message names the file or member at fault)."""
+
+
+# --------------------------------------------------------------------------------------------
+# the dataset
+
+
+@dataclass(eq=False)  # identity equality: comparing arrays field by field is ambiguous
+class TargetDataset:
+    """Labelled target images. ``labels`` index ``class_names``.
+
+    ``images`` is either a uint8 array (N,H,W) / (N,H,W,C) or a list of encoded image files
+    (bytes); ``sources`` names each image (its path inside the folder/archive) for messages.
+    """
+
+    name: str
+    labels: np.ndarray
+    class_names: list[str]
+    digest: str
+    images: np.ndarray | list[bytes] | None = field(default=None, repr=False)
+    sources: list[str] | None = field(default=None, repr=False)
+    _hashes: list[bytes] | None = field(default=None, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def image(self, i: int) -> Image.Image:
+        """Image ``i`` as an RGB PIL image (grayscale and palette images converted)."""
+        if self.images is None:
+            raise DatasetError(f"dataset {self.name!r} holds labels only, no images")
+        if isinstance(self.images, np.ndarray):
+            arr = self.images[i]
+            if arr.ndim == 3 and arr.shape[-1] == 1:
+                arr = arr[..., 0]
+            return Image.fromarray(arr).convert("RGB")
+        where = self.sources[i] if self.sources else f"image {i}"
+        return _decode(self.images[i], where)
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> TargetDataset:
+        """The images at ``indices`` (in that order), with their own digest."""
+        idx = np.asarray(indices)
+        if idx.dtype == bool:
+            idx = np.flatnonzero(idx)
+        idx = idx.astype(np.int64, copy=False).reshape(-1)
+        if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
+            raise DatasetError(f"subset indices out of range for {len(self)} images")
+        labels = self.labels[idx]
+        if isinstance(self.images, np.ndarray):
+            images: Any = np.ascontiguousarray(self.images[idx])
+            hashes = None
+        elif self.images is not None:
+            images = [self.images[i] for i in idx]
+            hashes = [self._hashes[i] for i in idx] if self._hashes is not None else None
+        else:
+            images, hashes = None, None
+        sources = [self.sources[i] for i in idx] if self.sources is not None else None
+        out = TargetDataset(
+            self.name, labels, list(self.class_names), "", images, sources, _hashes=hashes
+        )
+        out.digest = out.compute_digest()
+        return out
+
+    def class_counts(self) -> dict[str, int]:
+        counts = np.bincount(self.labels, minlength=len(self.class_names))
+        return {name: int(c) for name, c in zip(self.class_names, counts, strict=True)}
+
+    def compute_digest(self) -> str:
+        """sha256 over the images (array bytes, or each file's sha256), labels, class names."""
+        h = hashlib.sha256(_DIGEST_VERSION)
+        if isinstance(self.images, np.ndarray):
+            arr = np.ascontiguousarray(self.images)
+            h.update(b"array" + json.dumps([list(arr.shape), arr.dtype.str]).encode())
+            h.update(memoryview(arr).cast("B"))
+        elif self.images is not None:
+            if self._hashes is None or len(self._hashes) != len(self.images):
+                self._hashes = _file_hashes(self.images)
+            h.update(b"files%d" % len(self._hashes))
+            for d in self._hashes:
+                h.update(d)
+        h.update(b"labels" + np.ascontiguousarray(self.labels, dtype="<i8").tobytes())
+        h.update(b"classes" + json.dumps(list(self.class_names)).encode())
+        return h.hexdigest()
+
+    @classmethod
+    def from_arrays(
+        cls,
+        x: np.ndarray,
+        y: np.ndarray,
+        class_names: Sequence[str] | None = None,
+        *,
+        name: str = "arrays",
+    ) -> TargetDataset:
+        """A dataset from in-memory arrays, validated like an ``.npz`` file."""
+        images, labels, names = _check_arrays(x, y, class_names, name)
+        ds = cls(name, labels, names, "", images)
+        ds.digest = ds.compute_digest()
+        return ds
+
+
+def _file_hashes(blobs: Sequence[bytes]) -> list[bytes]:
+    return [hashlib.sha256(b).digest() for b in blobs]
+
+
+def _to_8bit(img: Image.Image) -> Image.Image:
+    """16-bit / 32-bit / float images scaled to 8 bits (``convert`` would clip them)."""
+    arr = np.asarray(img, dtype=np.float64)
+    top = 65535.0 if img.mode.startswith("I;16") or arr.max(initial=0) > 255 else 255.0
+    if img.mode == "F" and arr.max(initial=0) <= 1.0:
+        top = 1.0
+    return Image.fromarray(np.clip(np.rint(arr / top * 255), 0, 255).astype(np.uint8))
+
+
+def _decode(data: bytes, where: str, *, draft: bool = False) -> Image.Image:
+    """Decode one encoded image to RGB; ``draft`` lets JPEG decode at reduced scale (enough to
+    prove the whole file decodes, several times faster)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if draft:
+                img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
+            img.load()
+            if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+                img = _to_8bit(img)
+            return img.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise DatasetError(f"unreadable or corrupt image {where}: {exc}") from exc
+    except Image.DecompressionBombError as exc:
+        raise DatasetError(f"image {where} is too large: {exc}") from exc
+
+
+def _parallel(fn: Callable[[int], Any], n: int) -> list[Any]:
+    """``[fn(i) for i in range(n)]``, threaded for large n (PIL releases the GIL while
+    decoding and resizing)."""
+    workers = min(8, os.cpu_count() or 1)
+    if n < 64 or workers < 2:
+        return [fn(i) for i in range(n)]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, range(n), chunksize=32))
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+def load_dataset(
+    path: str | Path,
+    *,
+    max_per_class: int | None = None,
+    seed: int = 0,
+    split: str = "train",
+) -> TargetDataset:
+    """Load an ImageFolder (directory, .zip, .tar, .tar.gz/.tgz) or an ``.npz`` dataset.
+
+    ImageFolder: one sub-folder per class (possibly under a single top-level folder); class
+    names are the sorted folder names. npz: ``x``/``y`` (or Keras ``x_train``/``y_train``,
+    ``x_test``/``y_test`` with ``split="test"``) and optional ``class_names``.
+    ``max_per_class`` keeps a seeded random subset of each larger class, independently per
+    class (adding a class does not change the others' picks).
+    """
+    path = Path(path).expanduser()
+    if max_per_class is not None and (
+        isinstance(max_per_class, bool) or not isinstance(max_per_class, int) or max_per_class < 1
+    ):
+        raise DatasetError(f"max_per_class must be a positive integer, got {max_per_class!r}")
+    if split not in ("train", "test"):
+        raise DatasetError(f"split must be 'train' or 'test', got {split!r}")
+    if not path.exists():
+        raise DatasetError(f"dataset not found: {path}")
+    lower = path.name.lower()
+    if path.is_dir():
+        kind, name = "dir", path.name
+    elif lower.endswith(".npz"):
+        kind, name = "npz", path.name[:-4]
+    elif lower.endswith(ARCHIVE_SUFFIXES):
+        kind = "zip" if lower.endswith(".zip") else "tar"
+        suffix = next(s for s in ARCHIVE_SUFFIXES if lower.endswith(s))
+        name = path.name[: -len(suffix)]
+    else:
+        raise DatasetError(
+            f"unknown dataset format: {path.name} (expected an ImageFolder directory, "
+            f"{', '.join(ARCHIVE_SUFFIXES)} archive, or .npz)"
+        )
+    if kind == "npz":
+        return _load_npz(path, name, max_per_class, seed, split)
+    if split != "train":
+        raise DatasetError("split='test' applies to .npz files with x_test/y_test only")
+    if kind == "dir":
+        reader: _Reader = _DirReader(path)
+    elif kind == "zip":
+        reader = _ZipReader(path)
+    else:
+        reader = _TarReader(path)
+    with reader:
+        return _load_folder(reader, name, max_per_class, seed)
+
+
+def _subsample(labels: np.ndarray, names: Sequence[str], max_per_class: int | None, seed: int):
+    """Sorted indices keeping at most ``max_per_class`` of each class; each class's pick is
+    seeded by (seed, class name) only."""
+    if max_per_class is None:
+        return np.arange(len(labels))
+    keep = []
+    for c, cname in enumerate(names):
+        members = np.flatnonzero(labels == c)
+        if len(members) > max_per_class:
+            rng = np.random.default_rng([seed, zlib.crc32(str(cname).encode())])
+            members = np.sort(rng.choice(members, max_per_class, replace=False))
+        keep.append(members)
+    return np.sort(np.concatenate(keep)) if keep else np.arange(0)
+
+
+def _check_classes(labels: np.ndarray, names: Sequence[str], where: str) -> None:
+    present = np.unique(labels)
+    if len(present) < 2:
+        shown = [names[i] for i in present]
+        raise DatasetError(f"{where}: need at least 2 classes with images, found {shown}")
+
+
+# ---- npz
+
+
+def _check_arrays(
+    x: Any, y: Any, class_names: Any, where: str
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    x = np.asarray(x)
+    y = np.asarray(y)
+    if x.ndim == 4 and x.shape[-1] not in (1, 3):
+        hint = (
+            " (looks channels-first: use x.transpose(0, 2, 3, 1))" if x.shape[1] in (1, 3) else ""
+        )
+        raise DatasetError(
+            f"{where}: x must be (N,H,W), (N,H,W,1) or (N,H,W,3) channels-last, got shape "
+            f"{x.shape}{hint}"
+        )
+    if x.ndim not in (3, 4) or 0 in x.shape:
+        raise DatasetError(
+            f"{where}: x must be (N,H,W), (N,H,W,1) or (N,H,W,3), got shape {x.shape}"
+        )
+    if x.dtype == np.uint8:
+        images = np.ascontiguousarray(x)
+    elif np.issubdtype(x.dtype, np.floating):
+        if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1:
+            raise DatasetError(f"{where}: float x must lie in [0, 1] (got {x.min()}..{x.max()})")
+        images = np.rint(x * 255).astype(np.uint8)
+    elif np.issubdtype(x.dtype, np.integer) and x.dtype != np.bool_:
+        if x.min() < 0 or x.max() > 255:
+            raise DatasetError(f"{where}: integer x must lie in 0..255 (got {x.min()}..{x.max()})")
+        images = x.astype(np.uint8)
+    else:
+        raise DatasetError(f"{where}: x must be uint8 or float in [0, 1], got dtype {x.dtype}")
+    if images.ndim == 4 and images.shape[-1] == 1:
+        images = np.ascontiguousarray(images[..., 0])
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise DatasetError(f"{where}: y must be a 1-D label vector, got shape {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_:
+        raise DatasetError(f"{where}: y must hold integer labels, got dtype {y.dtype}")
+    if len(y) != len(images):
+        raise DatasetError(f"{where}: x has {len(images)} images but y has {len(y)} labels")
+    if len(y) and y.min() < 0:
+        raise DatasetError(f"{where}: labels must be non-negative, got {y.min()}")
+    if class_names is None:
+        present, labels = np.unique(y, return_inverse=True)
+        names = [str(v) for v in present]
+    else:
+        arr = np.asarray(class_names)
+        if arr.ndim != 1 or arr.dtype.kind not in "US":
+            raise DatasetError(f"{where}: class_names must be a 1-D string array")
+        names = [v.decode() if isinstance(v, bytes) else str(v) for v in arr.tolist()]
+        if len(set(names)) != len(names):
+            raise DatasetError(f"{where}: class_names has duplicates")
+        if len(y) and y.max() >= len(names):
+            raise DatasetError(
+                f"{where}: label {y.max()} has no class name ({len(names)} class_names)"
+            )
+        labels = y
+    labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+    _check_classes(labels, names, where)
+    return images, labels, names
+
+
+def _load_npz(
+    path: Path, name: str, max_per_class: int | None, seed: int, split: str
+) -> TargetDataset:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            files = set(npz.files)
+            if split == "train":
+                keys = ("x", "y") if {"x", "y"} <= files else ("x_train", "y_train")
+            else:
+                keys = ("x_test", "y_test")
+            if not set(keys) <= files:
+                raise DatasetError(
+                    f"{path.name}: needs arrays {keys[0]!r} and {keys[1]!r} for split "
+                    f"{split!r} (has {', '.join(sorted(files)) or 'none'})"
+                )
+            x, y = npz[keys[0]], npz[keys[1]]
+            class_names = npz["class_names"] if "class_names" in files else None
+    except DatasetError:
+        raise
+    except ValueError as exc:  # object arrays (allow_pickle=False) and malformed members
+        raise DatasetError(f"{path.name}: cannot read arrays: {exc}") from exc
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise DatasetError(f"{path.name}: not a readable .npz file: {exc}") from exc
+    images, labels, names = _check_arrays(x, y, class_names, path.name)
+    keep = _subsample(labels, names, max_per_class, seed)
+    ds = TargetDataset(name, labels, names, "", images)
+    if len(keep) != len(labels):
+        return ds.subset(keep)
+    ds.digest = ds.compute_digest()
+    return ds
+
+
+# ---- ImageFolder
+
+
+class _Reader:
+    """Lists the regular files of a folder or archive (posix relative names) and reads them."""
+
+    where: str
+
+    def names(self) -> list[str]:
+        raise NotImplementedError
+
+    def size(self, name: str) -> int:
+        raise NotImplementedError
+
+    def read(self, names: Sequence[str]) -> list[bytes]:
+        raise NotImplementedError
+
+    def __enter__(self) -> _Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _safe_member(name: str, where: str) -> str | None:
+    """The member's normalised relative name, or None for directories. Absolute names and
+    ``..`` components are refused: nothing may point outside the archive."""
+    name = name.replace("\\", "/")
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise DatasetError(f"{where}: unsafe archive member {name!r} (absolute path)")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise DatasetError(f"{where}: unsafe archive member {name!r} (path traversal)")
+    return "/".join(parts) or None
+
+
+class _DirReader(_Reader):
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.where = root.name
+        self._sizes: dict[str, int] = {}
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            dirnames[:] = [d for d in dirnames if not _ignored(d)]
+            rel = Path(dirpath).relative_to(root)
+            for f in filenames:
+                p = Path(dirpath) / f
+                if p.is_file():
+                    self._sizes[(rel / f).as_posix()] = p.stat().st_size
+
+    def names(self) -> list[str]:
+        return list(self._sizes)
+
+    def size(self, name: str) -> int:
+        return self._sizes[name]
+
+    def read(self, names: Sequence[str]) -> list[bytes]:
+        def one(i: int) -> bytes:
+            try:
+                return (self.root / names[i]).read_bytes()
+            except OSError as exc:
+                raise DatasetError(f"cannot read {names[i]}: {exc}") from exc
+
+        return _parallel(one, len(names))
+
+
+class _ZipReader(_Reader):
+    def __init__(self, path: Path) -> None:
+        self.where = path.name
+        try:
+            self.zf = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise DatasetError(f"{path.name}: not a readable zip archive: {exc}") from exc
+        self.members: dict[str, zipfile.ZipInfo] = {}
+        try:
+            for info in self.zf.infolist():
+                name = _safe_member(info.filename, self.where)
+                if name is not None and not info.is_dir():
+                    self.members[name] = info
+        except DatasetError:
+            self.zf.close()
+            raise
+
+    def names(self) -> list[str]:
+        return list(self.members)
+
+    def size(self, name: str) -> int:
+        return self.members[name].file_size
+
+    def read(self, names: Sequence[str]) -> list[bytes]:
+        out = []
+        for n in names:
+            try:
+                out.append(self.zf.read(self.members[n]))
+            except (zipfile.BadZipFile, OSError, zlib.error, NotImplementedError) as exc:
+                raise DatasetError(f"{self.where}: cannot read member {n}: {exc}") from exc
+        return out
+
+    def __exit__(self, *exc: object) -> None:
+        self.zf.close()
+
+
+class _TarReader(_Reader):
+    def __init__(self, path: Path) -> None:
+        self.where = path.name
+        try:
+            self.tf = tarfile.open(path, "r:*")  # noqa: SIM115 - closed by __exit__
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            raise DatasetError(f"{path.name}: not a readable tar archive: {exc}") from exc
+        try:
+            infos = self.tf.getmembers()
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            self.tf.close()
+            raise DatasetError(f"{path.name}: not a readable tar archive: {exc}") from exc
+        self.members: dict[str, tarfile.TarInfo] = {}
+        try:
+            for info in infos:
+                name = _safe_member(info.name, self.where)
+                if info.issym() or info.islnk():
+                    _check_link(info, self.where)
+                    continue  # links are not followed
+                if name is not None and info.isfile():
+                    self.members[name] = info
+        except DatasetError:
+            self.tf.close()
+            raise
+
+    def names(self) -> list[str]:
+        return list(self.members)
+
+    def size(self, name: str) -> int:
+        return self.members[name].size
+
+    def read(self, names: Sequence[str]) -> list[bytes]:
+        # in archive order, so a compressed stream is only ever read forwards
+        order = sorted(range(len(names)), key=lambda i: self.members[names[i]].offset_data)
+        out: list[bytes] = [b""] * len(names)
+        for i in order:
+            try:
+                fh = self.tf.extractfile(self.members[names[i]])
+                if fh is None:
+                    raise DatasetError(f"{self.where}: member {names[i]} is not a file")
+                out[i] = fh.read()
+            except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                raise DatasetError(f"{self.where}: cannot read member {names[i]}: {exc}") from exc
+        return out
+
+    def __exit__(self, *exc: object) -> None:
+        self.tf.close()
+
+
+def _check_link(info: tarfile.TarInfo, where: str) -> None:
+    """Refuse a link whose target lies outside the archive (symlinks are relative to their own
+    folder, hard links to the archive root)."""
+    target = info.linkname.replace("\\", "/")
+    if target.startswith("/"):
+        raise DatasetError(f"{where}: unsafe archive link {info.name!r} -> {target!r}")
+    if info.issym():
+        target = posixpath.join(posixpath.dirname(info.name), target)
+    target = posixpath.normpath(target)
+    if target == ".." or target.startswith("../"):
+        raise DatasetError(f"{where}: unsafe archive link {info.name!r} -> {info.linkname!r}")
+
+
+def _ignored(part: str) -> bool:
+    return part.startswith(".") or part == "__MACOSX"
+
+
+def _is_image(name: str) -> bool:
+    return PurePosixPath(name).suffix.lower() in IMAGE_EXTENSIONS
+
+
+def _class_files(names: Iterable[str], where: str) -> dict[str, list[str]]:
+    """Class folder -> sorted image files (recursively), after unwrapping single top-level
+    folders; hidden entries and __MACOSX are ignored."""
+    visible = [n for n in names if not any(_ignored(p) for p in n.split("/"))]
+    prefix = ""
+    while True:
+        below = [n[len(prefix) :] for n in visible if n.startswith(prefix)]
+        top_dirs = {n.split("/", 1)[0] for n in below if "/" in n}
+        top_images = [n for n in below if "/" not in n and _is_image(n)]
+        if len(top_dirs) == 1 and not top_images:
+            (only,) = top_dirs
+            inner = [n[len(only) + 1 :] for n in below if n.startswith(only + "/")]
+            if any("/" in n for n in inner) and not any(
+                "/" not in n and _is_image(n) for n in inner
+            ):
+                prefix += only + "/"
+                continue
+        break
+    classes: dict[str, list[str]] = {}
+    for n in visible:
+        if not n.startswith(prefix):
+            continue
+        rest = n[len(prefix) :]
+        if "/" not in rest:
+            continue  # files beside the class folders (README, labels.csv) are not images
+        cls = rest.split("/", 1)[0]
+        files = classes.setdefault(cls, [])
+        if _is_image(rest):
+            files.append(n)
+    if not classes:
+        raise DatasetError(
+            f"{where}: no class folders found (expected one sub-folder of images per class)"
+        )
+    empty = sorted(c for c, f in classes.items() if not f)
+    if empty:
+        raise DatasetError(
+            f"{where}: class folder(s) with no images: {', '.join(empty)} "
+            f"(image extensions: {', '.join(sorted(IMAGE_EXTENSIONS))})"
+        )
+    return {c: sorted(classes[c]) for c in sorted(classes)}
+
+
+def _load_folder(reader: _Reader, name: str, max_per_class: int | None, seed: int) -> TargetDataset:
+    where = reader.where
+    classes = _class_files(reader.names(), where)
+    class_names = list(classes)
+    if len(class_names) < 2:
+        raise DatasetError(f"{where}: need at least 2 classes, found {class_names}")
+    files = [f for c in class_names for f in classes[c]]
+    labels = np.array([k for k, c in enumerate(class_names) for _ in classes[c]], dtype=np.int64)
+    keep = _subsample(labels, class_names, max_per_class, seed)
+    files = [files[i] for i in keep]
+    labels = labels[keep]
+    total = sum(reader.size(f) for f in files)
+    if total > MAX_ARCHIVE_BYTES:
+        raise DatasetError(
+            f"{where}: images total {total} bytes, over the {MAX_ARCHIVE_BYTES} limit"
+        )
+    blobs = reader.read(files)
+    # decode each image once now, so a corrupt file is named at load time
+    _parallel(lambda i: _decode(blobs[i], f"{where}/{files[i]}", draft=True), len(blobs))
+    ds = TargetDataset(name, labels, class_names, "", blobs, files)
+    ds.digest = ds.compute_digest()
+    return ds
+
+
+# --------------------------------------------------------------------------------------------
+# splitting
+
+
+def split_dataset(
+    ds: TargetDataset, test_fraction: float, seed: int
+) -> tuple[TargetDataset, TargetDataset]:
+    """Stratified (train, test) split: each class with at least 2 images puts
+    ``round(count * test_fraction)`` of them (at least 1, and leaving at least 1) into test.
+    Both parts keep the original order."""
+    if not 0 < test_fraction < 1:
+        raise DatasetError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    test_idx = []
+    for c, cname in enumerate(ds.class_names):
+        members = np.flatnonzero(ds.labels == c)
+        if len(members) < 2:
+            continue
+        n_test = min(max(int(round(len(members) * test_fraction)), 1), len(members) - 1)
+        rng = np.random.default_rng([seed, zlib.crc32(str(cname).encode())])
+        test_idx.append(rng.choice(members, n_test, replace=False))
+    if not test_idx:
+        raise DatasetError(f"dataset {ds.name!r}: no class has 2 images to split")
+    mask = np.zeros(len(ds), dtype=bool)
+    mask[np.concatenate(test_idx)] = True
+    return ds.subset(np.flatnonzero(~mask)), ds.subset(np.flatnonzero(mask))

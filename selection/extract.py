@@ -1,0 +1,293 @@
+"""One forward pass per model over the target set: source logits and pre-logit features.
+
+Every transferability metric needs one or both of these, so they come from the same pass:
+``forward_features`` -> ``forward_head(pre_logits=True)`` (the features) -> the classifier
+(the logits). Preprocessing follows the model's own timm eval data config (resize, centre
+crop, normalise; no augmentation).
+
+Two caches keep repeated work away:
+
+* in process, the decoded, resized and cropped images of a dataset are kept as uint8 tensors
+  (one byte a pixel) per (dataset digest, transform), so models sharing a data config decode
+  the images once; normalisation is done per batch in float;
+* on disk (when ``cache_dir`` is given), each model's outputs are stored as ``.npz`` keyed by
+  the weights' digest, the dataset's digest and the transform, so scoring again with another
+  metric costs no forward pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from selection.data import DatasetError, TargetDataset, _parallel
+from selection.zoo import ZooEntry
+
+__all__ = [
+    "Extraction",
+    "cache_key",
+    "clear_preprocess_cache",
+    "default_device",
+    "extract",
+    "normalise",
+    "preprocess",
+    "transform_key",
+]
+
+_CACHE_VERSION = 1
+PREPROCESS_CACHE_ENTRIES = 4
+PREPROCESS_CACHE_BYTES = int(os.environ.get("ZOOPICK_PREPROCESS_CACHE_BYTES", 4 << 30))
+
+
+@dataclass
+class Extraction:
+    """A model's outputs on a dataset. ``seconds`` is the forward time this call spent
+    (0.0 when ``cached``, i.e. read from the disk cache)."""
+
+    logits: np.ndarray  # float32 (n, C_s)
+    features: np.ndarray  # float32 (n, D)
+    seconds: float
+    cached: bool
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# --------------------------------------------------------------------------------------------
+# preprocessing
+
+
+def transform_key(data_config: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What determines the uint8 images: size, interpolation and crop (not normalisation)."""
+    return (
+        tuple(int(v) for v in data_config["input_size"]),
+        str(data_config.get("interpolation", "bilinear")),
+        float(data_config.get("crop_pct") or 0.875),
+        str(data_config.get("crop_mode") or "center"),
+    )
+
+
+_PREPROCESSED: OrderedDict[tuple[str, tuple[Any, ...]], torch.Tensor] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def clear_preprocess_cache() -> None:
+    with _LOCK:
+        _PREPROCESSED.clear()
+
+
+def _eval_transform(data_config: Mapping[str, Any]):
+    from timm.data import create_transform
+
+    size, interpolation, crop_pct, crop_mode = transform_key(data_config)
+    return create_transform(
+        input_size=size,
+        interpolation=interpolation,
+        crop_pct=crop_pct,
+        crop_mode=crop_mode,
+        is_training=False,
+        normalize=False,  # ends in a uint8 CHW tensor; normalised per batch
+    )
+
+
+def preprocess(dataset: TargetDataset, data_config: Mapping[str, Any]) -> torch.Tensor:
+    """The dataset through the eval transform, without normalisation: uint8 (N, 3, H, W).
+
+    Cached in process per (dataset digest, transform key); an array too large for the cache
+    budget (``ZOOPICK_PREPROCESS_CACHE_BYTES``, default 4 GiB) is returned but not kept.
+    Callers must not modify the returned tensor.
+    """
+    key = (dataset.digest, transform_key(data_config))
+    with _LOCK:
+        hit = _PREPROCESSED.get(key)
+        if hit is not None:
+            _PREPROCESSED.move_to_end(key)
+            return hit
+    c, h, w = key[1][0]
+    if c != 3:
+        raise DatasetError(f"input_size {key[1][0]}: only 3-channel (RGB) models are supported")
+    transform = _eval_transform(data_config)
+    out = torch.empty((len(dataset), 3, h, w), dtype=torch.uint8)
+
+    def one(i: int) -> None:
+        t = transform(dataset.image(i))
+        if t.shape != (3, h, w):  # a transform that does not end at input_size
+            raise DatasetError(f"image {i}: transform gave shape {tuple(t.shape)}, not {(3, h, w)}")
+        out[i] = t
+
+    _parallel(one, len(dataset))
+    if dataset.digest and out.numel() <= PREPROCESS_CACHE_BYTES:
+        with _LOCK:
+            _PREPROCESSED[key] = out
+            total = sum(t.numel() for t in _PREPROCESSED.values())
+            while len(_PREPROCESSED) > 1 and (
+                len(_PREPROCESSED) > PREPROCESS_CACHE_ENTRIES or total > PREPROCESS_CACHE_BYTES
+            ):
+                _, dropped = _PREPROCESSED.popitem(last=False)
+                total -= dropped.numel()
+    return out
+
+
+def normalise(
+    x: torch.Tensor, data_config: Mapping[str, Any], device: torch.device | str
+) -> torch.Tensor:
+    """uint8 NCHW -> float, ``(x / 255 - mean) / std``: the same operations as timm's
+    ToTensor + Normalize, so results match the PIL pipeline exactly."""
+    mean = torch.tensor(data_config["mean"], dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    std = torch.tensor(data_config["std"], dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    return x.to(device, non_blocking=True).float().div_(255).sub_(mean).div_(std)
+
+
+# --------------------------------------------------------------------------------------------
+# the disk cache
+
+
+def cache_key(
+    entry: ZooEntry,
+    dataset: TargetDataset,
+    data_config: Mapping[str, Any],
+    *,
+    precision: str = "fp32",
+) -> str:
+    """Digest of everything the outputs depend on: weights, arch and head size, the dataset,
+    the full transform (including normalisation) and the forward precision."""
+    parts: dict[str, Any] = {
+        "v": _CACHE_VERSION,
+        "weights": entry.weights_digest(),
+        "arch": entry.arch,
+        "num_classes": entry.num_classes,
+        "dataset": dataset.digest,
+        "n": len(dataset),
+        "transform": list(transform_key(data_config)),
+        "mean": [float(v) for v in data_config["mean"]],
+        "std": [float(v) for v in data_config["std"]],
+        "precision": precision,
+    }
+    if not entry.is_checkpoint:  # hub and seeded-random weights come from timm's code
+        import timm
+
+        parts["timm"] = timm.__version__
+    text = json.dumps(parts, sort_keys=True, default=list)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_cache(path: Path, key: str, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["key"]) != key:
+                return None
+            logits = z["logits"].astype(np.float32, copy=False)
+            features = z["features"].astype(np.float32, copy=False)
+    except (OSError, KeyError, ValueError, EOFError):
+        return None  # missing or damaged: recompute (and overwrite)
+    if logits.ndim != 2 or features.ndim != 2 or len(logits) != n or len(features) != n:
+        return None
+    return logits, features
+
+
+def _write_cache(path: Path, key: str, logits: np.ndarray, features: np.ndarray, meta: dict):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, key=np.array(key), logits=logits, features=features, meta=json.dumps(meta))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# extraction
+
+
+def _forward(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    data_config: Mapping[str, Any],
+    batch_size: int,
+    device: torch.device,
+) -> tuple[np.ndarray, np.ndarray]:
+    cuda = device.type == "cuda"
+    model.eval().to(device)
+    if cuda:
+        model.to(memory_format=torch.channels_last)
+    classifier = model.get_classifier()
+    linear_head = isinstance(classifier, torch.nn.Linear)
+    logits, features = [], []
+    with (
+        torch.inference_mode(),
+        torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda),
+    ):
+        for start in range(0, len(x), batch_size):
+            xb = normalise(x[start : start + batch_size], data_config, device)
+            if cuda:
+                xb = xb.contiguous(memory_format=torch.channels_last)
+            feats = model.forward_features(xb)
+            pre = model.forward_head(feats, pre_logits=True)
+            # a Linear head maps the pre-logits exactly as forward_head does; anything else
+            # (distilled pairs, conv heads, Identity) goes through forward_head itself
+            out = classifier(pre) if linear_head else model.forward_head(feats)
+            features.append(pre.reshape(len(xb), -1).float().cpu())
+            logits.append(out.reshape(len(xb), -1).float().cpu())
+    return torch.cat(logits).numpy(), torch.cat(features).numpy()
+
+
+def extract(
+    entry: ZooEntry,
+    dataset: TargetDataset,
+    *,
+    batch_size: int = 64,
+    device: str | None = None,
+    cache_dir: str | Path | None = None,
+    model: torch.nn.Module | None = None,
+) -> Extraction:
+    """Source logits and pre-logit features of ``entry``'s model on ``dataset``.
+
+    With ``cache_dir``, a stored result for the same weights, dataset and transform is
+    returned without building the model or decoding an image. ``model``, when given, must be
+    ``entry``'s model with its source weights (it saves rebuilding; it is moved to ``device``).
+    """
+    if len(dataset) == 0:
+        raise DatasetError(f"dataset {dataset.name!r} is empty")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    dev = torch.device(device or default_device())
+    precision = "bf16" if dev.type == "cuda" else "fp32"
+    data_config = entry.data_config(model)
+    path = key = None
+    if cache_dir is not None:
+        key = cache_key(entry, dataset, data_config, precision=precision)
+        path = Path(cache_dir).expanduser() / f"{key}.npz"
+        hit = _read_cache(path, key, len(dataset))
+        if hit is not None:
+            return Extraction(hit[0], hit[1], 0.0, True)
+    x = preprocess(dataset, data_config)
+    if model is None:
+        model = entry.create_model()
+    start = time.perf_counter()
+    logits, features = _forward(model, x, data_config, batch_size, dev)
+    seconds = time.perf_counter() - start
+    if path is not None and key is not None:
+        meta = {
+            "model": entry.id,
+            "arch": entry.arch,
+            "dataset": dataset.name,
+            "dataset_digest": dataset.digest,
+            "precision": precision,
+        }
+        _write_cache(path, key, logits, features, meta)
+    return Extraction(logits, features, seconds, False)
