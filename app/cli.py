@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
+from app.service_cli import service_app
+
 app = typer.Typer(
     name="zoopick",
     help="Pick the pretrained model to reuse for your dataset, without training any.",
@@ -21,6 +23,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+# the service's commands: serve, worker, migrate, keys (light imports only)
+app.add_typer(service_app)
 
 EXIT_BAD_INPUT = 2
 
@@ -199,6 +204,102 @@ def demo(
         no_cache=False,
         as_json=as_json,
     )
+
+
+@app.command()
+def train(
+    zoo: Annotated[Path, typer.Option(help="Zoo manifest.")],
+    model: Annotated[str, typer.Option(help="Zoo id of the model to fine-tune.")],
+    data: Annotated[Path, typer.Option(help="Training dataset (ImageFolder or .npz).")],
+    out: Annotated[Path, typer.Option(help="Output folder (checkpoints, metrics.jsonl).")] = Path(
+        "runs/latest"
+    ),
+    test_data: Annotated[
+        Path | None, typer.Option(help="Test dataset [default: a stratified split]")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Local workers [one per GPU, else 2]")
+    ] = None,
+    compressor: Annotated[str, typer.Option(help="Comm hook: dense, topk, spardl ...")] = "spardl",
+    density: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.01,
+    epochs: Annotated[int, typer.Option(min=1)] = 3,
+    batch_size: Annotated[int, typer.Option(min=1)] = 32,
+    lr: Annotated[float, typer.Option(min=0.0)] = 0.01,
+    optimizer: Annotated[str, typer.Option(help="sgd or adam")] = "sgd",
+    max_per_class: Annotated[int | None, typer.Option(min=1)] = None,
+    hook_option: Annotated[
+        list[str] | None, typer.Option("--hook-option", help="NAME=VALUE (repeatable)")
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from out/checkpoint")] = False,
+    seed: int = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+) -> None:
+    """Fine-tune a zoo model on a dataset, data-parallel with a sparse comm hook."""
+    from selection.data import DatasetError, load_dataset
+    from selection.zoo import ZooError, load_zoo
+    from training.comm import available as hooks_available
+    from training.finetune import FinetuneConfig
+    from training.launch import metric_lines, spawn_local
+
+    hook_options: dict[str, Any] = {}
+    for item in hook_option or []:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise fail(f"--hook-option {item!r}: expected NAME=VALUE")
+        try:
+            hook_options[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            hook_options[name] = raw
+    cfg = FinetuneConfig(
+        zoo=str(zoo),
+        model=model,
+        data=str(data),
+        out=str(out),
+        test_data=str(test_data) if test_data else None,
+        max_per_class=max_per_class,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        optimizer=optimizer,
+        compressor=compressor,
+        density=density,
+        hook_options=hook_options,
+        seed=seed,
+        resume=resume,
+    )
+    # reject bad input here, before any worker process starts
+    try:
+        cfg.check()
+        if compressor not in hooks_available():
+            raise ValueError(
+                f"unknown compressor {compressor!r}; available: {', '.join(hooks_available())}"
+            )
+        load_zoo(zoo)[model]
+        load_dataset(data, max_per_class=max_per_class)
+        if test_data:
+            load_dataset(test_data)
+    except (ZooError, DatasetError, ValueError) as exc:
+        raise fail(str(exc)) from None
+
+    proc = spawn_local(cfg, workers)
+    for record in metric_lines(proc):
+        if as_json:
+            typer.echo(json.dumps(record))
+        else:
+            s = record["seconds"]
+            typer.echo(
+                f"epoch {record['epoch']}: loss {record['loss']:.4f} "
+                f"train {record['train_acc']:.3f} test {record['test_acc']:.3f} "
+                f"sent {record['bytes_sent'] / 1e6:.2f} MB "
+                f"(compute {s['compute']:.1f}s select {s['select']:.1f}s "
+                f"comm {s['communicate']:.1f}s)"
+            )
+    code = proc.wait()
+    err = proc.stderr.read() if proc.stderr else ""
+    if code != 0:
+        reasons = [ln for ln in err.splitlines() if ln.startswith('{"error"')]
+        raise fail(json.loads(reasons[0])["error"] if reasons else err.strip()[-500:], code=1)
+    typer.echo(f"model written to {out / 'model.safetensors'}", err=True)
 
 
 @app.command()

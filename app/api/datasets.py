@@ -1,0 +1,185 @@
+"""``/datasets``: upload (streamed to storage), validate, list, show, delete."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+
+from app import datasets as store
+from app import pipeline
+from app.api import pagination
+from app.api.deps import CallerDep, DispatcherDep, SessionDep, SettingsDep, parse_id
+from app.api.schemas import DatasetOut, Page
+from app.db.models import Dataset, DatasetStatus
+from app.problems import Problem, ProblemDetail
+from app.uploads import receive_file
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+
+ERRORS = {
+    code: {"model": ProblemDetail, "content": {"application/problem+json": {}}}
+    for code in (400, 401, 404, 409, 413, 415, 422)
+}
+
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": ".npz (x/y) or an ImageFolder archive "
+                            "(.zip, .tar, .tar.gz: one sub-folder per class)",
+                        },
+                        "name": {"type": "string", "description": "Default: the file name."},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def owned(session, caller, dataset_id: str) -> Dataset:
+    ds = session.get(Dataset, parse_id(dataset_id, "dataset"))
+    if ds is None or ds.tenant_id != caller.tenant_id:
+        raise Problem(404, f"no dataset {dataset_id!r}", kind="dataset-not-found")
+    return ds
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=DatasetOut,
+    responses={201: {"model": DatasetOut, "description": "Validated in the request"}, **ERRORS},
+    openapi_extra=UPLOAD_BODY,
+    summary="Upload a dataset",
+)
+async def upload_dataset(
+    request: Request,
+    caller: CallerDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatcher: DispatcherDep,
+) -> Response:
+    """Stream the file to storage, then validate it with the selection engine's loader.
+
+    Answers 202 with the dataset in status ``uploaded`` while a cpu worker validates it (poll
+    ``GET /datasets/{id}`` until ``ready`` or ``invalid``); a deployment that validates in the
+    request answers 201 with a ready dataset, or 422 naming what is wrong with the file.
+    """
+    dataset_id = uuid.uuid4()
+    folder = store.dataset_dir(settings, dataset_id)
+    try:
+        upload = await receive_file(
+            request, folder / "upload.part", max_bytes=settings.upload_max_bytes
+        )
+        fmt = store.detect_format(upload.filename)
+        if fmt is None:
+            raise Problem(
+                415,
+                f"unsupported file {upload.filename!r}: expected .npz, .zip, .tar, .tar.gz or .tgz",
+                kind="unsupported-format",
+            )
+        if upload.size == 0:
+            raise Problem(422, "the uploaded file is empty", kind="invalid-dataset")
+        name = (upload.fields.get("name") or "").strip() or upload.filename
+        path = folder / store.safe_filename(upload.filename)
+        upload.path.rename(path)
+        ds = Dataset(
+            id=dataset_id,
+            tenant_id=caller.tenant_id,
+            name=name[:200],
+            format=fmt,
+            filename=upload.filename[:255],
+            size_bytes=upload.size,
+            file_sha256=upload.sha256,
+            storage_path=str(path),
+            status=DatasetStatus.uploaded.value,
+        )
+        session.add(ds)
+        await run_in_threadpool(session.commit)
+    except BaseException:
+        await run_in_threadpool(store.remove_files, settings, dataset_id)
+        raise
+
+    location = {"Location": f"{request.url.path}/{dataset_id}"}
+    if settings.validate_inline:
+        status = await run_in_threadpool(store.validate, request.app.state.sessionmaker, dataset_id)
+        session.expire_all()
+        ds = session.get(Dataset, dataset_id)
+        if status == DatasetStatus.invalid.value:
+            error = ds.error or "not a dataset"
+            session.delete(ds)
+            session.commit()
+            await run_in_threadpool(store.remove_files, settings, dataset_id)
+            raise Problem(422, f"not a usable dataset: {error}", kind="invalid-dataset")
+        body = DatasetOut.model_validate(ds).model_dump(mode="json")
+        return JSONResponse(body, status_code=201, headers=location)
+    try:
+        dispatcher.validate_dataset(str(dataset_id))
+    except Exception as exc:  # noqa: BLE001 - the broker is down: do not keep a dead upload
+        session.delete(ds)
+        session.commit()
+        await run_in_threadpool(store.remove_files, settings, dataset_id)
+        raise Problem(
+            503, f"could not queue validation: {exc}", kind="broker-unavailable"
+        ) from None
+    body = DatasetOut.model_validate(ds).model_dump(mode="json")
+    headers = {**location, "Retry-After": str(settings.retry_after_seconds)}
+    return JSONResponse(body, status_code=202, headers=headers)
+
+
+@router.get("", response_model=Page[DatasetOut], responses=ERRORS, summary="List datasets")
+def list_datasets(
+    caller: CallerDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    page_size: Annotated[int | None, Query(ge=1)] = None,
+    page_token: str | None = None,
+    status: Annotated[str | None, Query(pattern="^(uploaded|validating|ready|invalid)$")] = None,
+) -> Page[DatasetOut]:
+    size = min(page_size or settings.page_size_default, settings.page_size_max)
+    stmt = select(Dataset).where(Dataset.tenant_id == caller.tenant_id)
+    if status:
+        stmt = stmt.where(Dataset.status == status)
+    rows = list(session.scalars(pagination.page(stmt, Dataset, page_token, size)))
+    items, token = pagination.split(rows, size)
+    return Page[DatasetOut](
+        items=[DatasetOut.model_validate(d) for d in items], next_page_token=token
+    )
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut, responses=ERRORS, summary="Show a dataset")
+def get_dataset(dataset_id: str, caller: CallerDep, session: SessionDep) -> DatasetOut:
+    return DatasetOut.model_validate(owned(session, caller, dataset_id))
+
+
+@router.delete("/{dataset_id}", status_code=204, responses=ERRORS, summary="Delete a dataset")
+def delete_dataset(
+    dataset_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep
+) -> Response:
+    """Delete the dataset and its files; refused (409) while a job still uses it. Finished
+    jobs keep their results, with ``dataset_id`` cleared."""
+    ds = owned(session, caller, dataset_id)
+    active = pipeline.active_jobs_for_dataset(session, ds.id)
+    if active:
+        raise Problem(
+            409,
+            f"dataset is used by {active} unfinished job(s); cancel them first",
+            kind="dataset-in-use",
+        )
+    session.delete(ds)
+    session.commit()
+    store.remove_files(settings, ds.id)
+    return Response(status_code=204)

@@ -1,0 +1,82 @@
+"""Request dependencies: settings, a database session, and the authenticated caller."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from app.dispatch import Dispatcher
+from app.problems import Problem
+from app.security import authenticate, touch
+from app.settings import Settings
+
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    description="An API key (`zoopick keys create --name NAME`) as a Bearer token.",
+)
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_dispatcher(request: Request) -> Dispatcher:
+    return request.app.state.dispatcher
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessionmaker() as session:
+        yield session
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant_id: uuid.UUID
+    key_id: uuid.UUID
+    admin: bool
+
+
+def _unauthorized(detail: str) -> Problem:
+    return Problem(401, detail, kind="unauthorized", headers={"WWW-Authenticate": "Bearer"})
+
+
+def get_caller(
+    session: Annotated[Session, Depends(get_session)],
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Caller:
+    if creds is None:
+        raise _unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
+    key = authenticate(session, creds.credentials)
+    if key is None:
+        raise _unauthorized("invalid or revoked API key")
+    touch(session, key)
+    session.commit()
+    return Caller(tenant_id=key.tenant_id, key_id=key.id, admin=key.is_admin)
+
+
+def get_admin(caller: Annotated[Caller, Depends(get_caller)]) -> Caller:
+    if not caller.admin:
+        raise Problem(403, "this needs an admin API key", kind="forbidden")
+    return caller
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+CallerDep = Annotated[Caller, Depends(get_caller)]
+AdminDep = Annotated[Caller, Depends(get_admin)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
+
+
+def parse_id(value: str, what: str) -> uuid.UUID:
+    """A path id; anything that is not a UUID is simply not found (no 422 for a typo)."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise Problem(404, f"no {what} {value!r}", kind=f"{what}-not-found") from None

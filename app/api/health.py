@@ -1,0 +1,46 @@
+"""Liveness (``/healthz``: the process answers) and readiness (``/readyz``: it can reach the
+database and the broker)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from app.api.schemas import Health
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness")
+def healthz() -> Health:
+    return Health(status="ok")
+
+
+def _database(request: Request) -> str | None:
+    try:
+        with request.app.state.sessionmaker() as session:
+            session.execute(text("SELECT 1"))
+    except Exception as exc:  # noqa: BLE001
+        return f"database unreachable: {type(exc).__name__}: {exc}"
+    return None
+
+
+@router.get(
+    "/readyz",
+    response_model=Health,
+    responses={503: {"description": "Not ready (problem details name what is down)"}},
+    summary="Readiness",
+)
+async def readyz(request: Request) -> JSONResponse:
+    db = await run_in_threadpool(_database, request)
+    broker = await run_in_threadpool(request.app.state.dispatcher.broker_problem)
+    checks = {"database": db or "ok", "broker": broker or "ok"}
+    if db or broker:
+        from app.problems import problem_response
+
+        return problem_response(
+            request, 503, "; ".join(p for p in (db, broker) if p), kind="not-ready", checks=checks
+        )
+    return JSONResponse({"status": "ok", "checks": checks})

@@ -1,0 +1,163 @@
+"""Request and response bodies of the REST API."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_METRICS = ["sms", "isms", "logme"]
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_page_token: str | None = Field(
+        None, description="Pass as ?page_token= for the next page; null on the last page."
+    )
+
+
+class DatasetOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    name: str
+    format: str
+    filename: str
+    size_bytes: int
+    file_sha256: str
+    status: Literal["uploaded", "validating", "ready", "invalid"]
+    error: str | None
+    classes: list[str] | None
+    counts: dict[str, int] | None
+    num_samples: int | None
+    digest: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class ZooModelIn(BaseModel):
+    """A model to register. ``weights``: a checkpoint path on the workers' file system,
+    ``"hub"`` (timm's pretrained weights) or ``"none"`` (random init)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
+    arch: str = Field(min_length=1, max_length=200)
+    weights: str = Field(min_length=1, max_length=4096)
+    num_classes: int = Field(ge=1, le=1_000_000)
+    input_size: list[int] | None = Field(None, min_length=3, max_length=3)
+    mean: list[float] | None = Field(None, min_length=3, max_length=3)
+    std: list[float] | None = Field(None, min_length=3, max_length=3)
+    interpolation: str | None = Field(None, max_length=32)
+    crop_pct: float | None = Field(None, gt=0, le=1)
+    crop_mode: str | None = Field(None, max_length=16)
+    source: str | None = Field(None, max_length=200)
+    tags: list[str] = Field(default_factory=list, max_length=32)
+
+    def overrides(self) -> dict[str, Any]:
+        keys = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+class ZooModelOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    arch: str
+    weights: str
+    num_classes: int
+    overrides: dict[str, Any]
+    source: str | None
+    tags: list[str]
+    origin: str
+    created_at: datetime
+
+
+class FinetuneSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: int = Field(3, ge=1)
+    workers: int = Field(2, ge=1, description="Data-parallel worker processes.")
+    compressor: str = Field("spardl", min_length=1, max_length=64)
+    density: float = Field(0.01, gt=0, le=1, description="Fraction of gradient entries sent.")
+    lr: float = Field(0.01, gt=0, le=10)
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset_id: uuid.UUID
+    models: list[str] | Literal["all"] = Field(
+        "all", description='Zoo model ids to score, or "all".'
+    )
+    metrics: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_METRICS), min_length=1, max_length=32
+    )
+    select_by: str = Field("isms", description="The metric that picks the model to fine-tune.")
+    finetune: FinetuneSpec | None = None
+
+
+class RankedModel(BaseModel):
+    rank: int
+    model: str
+    scores: dict[str, float]
+    seconds: dict[str, float]
+
+
+class EpochOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    epoch: int
+    loss: float | None
+    train_accuracy: float | None
+    test_accuracy: float | None
+    bytes_sent: int | None
+    compute_seconds: float | None
+    select_seconds: float | None
+    comm_seconds: float | None
+
+
+class TrainingOut(BaseModel):
+    run_id: uuid.UUID
+    model: str
+    status: str
+    world_size: int
+    error: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    epochs: list[EpochOut]
+
+
+class JobSummary(BaseModel):
+    id: uuid.UUID
+    status: Literal["queued", "scoring", "training", "succeeded", "failed", "cancelled"]
+    progress: float
+    error: str | None
+    dataset_id: uuid.UUID | None
+    models: list[str]
+    metrics: list[str]
+    select_by: str
+    finetune: FinetuneSpec | None
+    chosen_model: str | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobOut(JobSummary):
+    ranking: list[RankedModel] = Field(
+        description="Models scored so far, best first by select_by (equal scores share a rank)."
+    )
+    training: TrainingOut | None
+    links: dict[str, str]
+
+
+class Health(BaseModel):
+    status: str
+    checks: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,101 @@
+"""Uploaded datasets: where they live on disk, which formats are accepted, and validation.
+
+Validation is the selection engine's own loader (``selection.data.load_dataset``): a dataset
+is ``ready`` exactly when the engine can read it, with its classes, per-class counts and digest
+recorded; otherwise ``invalid`` with the loader's message naming the problem.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.models import Dataset, DatasetStatus
+from app.db.session import session_scope
+from app.db.types import utcnow
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+FORMATS = {".npz": "npz", ".zip": "zip", ".tar": "tar", ".tar.gz": "tar.gz", ".tgz": "tar.gz"}
+
+
+def detect_format(filename: str) -> str | None:
+    lower = filename.lower()
+    for suffix in sorted(FORMATS, key=len, reverse=True):
+        if lower.endswith(suffix):
+            return FORMATS[suffix]
+    return None
+
+
+def safe_filename(filename: str) -> str:
+    """The client's file name reduced to a harmless basename."""
+    base = re.split(r"[\\/]", filename)[-1]
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "dataset"
+    return base[-200:]
+
+
+def dataset_dir(settings: Settings, dataset_id: uuid.UUID) -> Path:
+    return settings.storage_dir / "datasets" / str(dataset_id)
+
+
+def remove_files(settings: Settings, dataset_id: uuid.UUID) -> None:
+    shutil.rmtree(dataset_dir(settings, dataset_id), ignore_errors=True)
+
+
+def _counts(dataset: Any) -> dict[str, int]:
+    counts = dataset.class_counts()
+    names = list(dataset.class_names)
+    if isinstance(counts, Mapping):
+        return {str(names[k] if isinstance(k, int) else k): int(v) for k, v in counts.items()}
+    return {str(name): int(n) for name, n in zip(names, list(counts), strict=True)}
+
+
+def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID) -> str:
+    """Load the dataset with the selection engine and record the outcome; returns the final
+    status. Safe to run twice (a re-delivered task simply validates again)."""
+    from selection.data import DatasetError, load_dataset
+
+    with session_scope(factory) as session:
+        ds = session.get(Dataset, dataset_id)
+        if ds is None:  # deleted meanwhile
+            return "deleted"
+        path = Path(ds.storage_path)
+        session.execute(
+            update(Dataset)
+            .where(Dataset.id == dataset_id)
+            .values(status=DatasetStatus.validating.value, error=None, updated_at=utcnow())
+        )
+    values: dict[str, Any]
+    try:
+        loaded = load_dataset(path)
+        labels = loaded.labels
+        values = {
+            "status": DatasetStatus.ready.value,
+            "classes": [str(c) for c in loaded.class_names],
+            "counts": _counts(loaded),
+            "num_samples": int(len(labels)),
+            "digest": str(loaded.digest),
+            "error": None,
+        }
+    except DatasetError as exc:
+        values = {"status": DatasetStatus.invalid.value, "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - an unreadable upload must not stay "validating"
+        log.exception("validating dataset %s", dataset_id)
+        values = {
+            "status": DatasetStatus.invalid.value,
+            "error": f"could not read the dataset: {type(exc).__name__}: {exc}",
+        }
+    with session_scope(factory) as session:
+        session.execute(
+            update(Dataset).where(Dataset.id == dataset_id).values(**values, updated_at=utcnow())
+        )
+    return values["status"]

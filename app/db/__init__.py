@@ -1,0 +1,1 @@
+"""Database layer: the typed ORM models, engine/session helpers and Alembic migrations."""

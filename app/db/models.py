@@ -1,0 +1,265 @@
+"""The service's data model (SQLAlchemy 2 typed ORM).
+
+PostgreSQL is the source of truth for everything a job does: tasks claim the job row with a
+lease, scores and per-epoch metrics carry unique keys so a re-delivered task upserts instead of
+duplicating, and progress is written as it happens. The Alembic migrations in ``migrations/``
+must create exactly these tables (a test compares them).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    Uuid,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from app.db.types import UTCDateTime, utcnow
+
+# Deterministic constraint names, so migrations can name (and drop) what they create.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class DatasetStatus(StrEnum):
+    uploaded = "uploaded"
+    validating = "validating"
+    ready = "ready"
+    invalid = "invalid"
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    scoring = "scoring"
+    training = "training"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+TERMINAL = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+
+
+def _in(values: type[StrEnum]) -> str:
+    return ", ".join(f"'{v.value}'" for v in values)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    api_keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
+
+
+class ApiKey(Base):
+    """Only the SHA-256 of a token is stored; ``prefix`` (its first characters) identifies a
+    key in listings without revealing it."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(100))
+    prefix: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+    tenant: Mapped[Tenant] = relationship(back_populates="api_keys")
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+    __table_args__ = (
+        CheckConstraint(f"status IN ({_in(DatasetStatus)})", name="status"),
+        Index("ix_datasets_tenant_created", "tenant_id", "created_at", "id"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    format: Mapped[str] = mapped_column(String(16))
+    filename: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    file_sha256: Mapped[str] = mapped_column(String(64))
+    storage_path: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default=DatasetStatus.uploaded.value)
+    error: Mapped[str | None] = mapped_column(Text)
+    classes: Mapped[list[Any] | None]
+    counts: Mapped[dict[str, Any] | None]
+    num_samples: Mapped[int | None]
+    digest: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class ZooModel(Base):
+    """A candidate model. ``weights`` is a checkpoint path on the workers' file system,
+    ``"hub"`` or ``"none"``; ``overrides`` holds data-config keys (input_size, mean, ...)."""
+
+    __tablename__ = "zoo_models"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    arch: Mapped[str] = mapped_column(String(200))
+    weights: Mapped[str] = mapped_column(Text)
+    num_classes: Mapped[int]
+    overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    source: Mapped[str | None] = mapped_column(String(200))
+    tags: Mapped[list[Any]] = mapped_column(default=list)
+    origin: Mapped[str] = mapped_column(String(16), default="api")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(f"status IN ({_in(JobStatus)})", name="status"),
+        CheckConstraint("progress >= 0 AND progress <= 1", name="progress"),
+        UniqueConstraint("tenant_id", "idempotency_key"),
+        Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_jobs_status", "status"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    dataset_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("datasets.id", ondelete="SET NULL"), index=True
+    )
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.queued.value)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    request: Mapped[dict[str, Any]]
+    models: Mapped[list[Any]]
+    metrics: Mapped[list[Any]]
+    select_by: Mapped[str] = mapped_column(String(64))
+    finetune: Mapped[dict[str, Any] | None]
+    chosen_model: Mapped[str | None] = mapped_column(String(200))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    task_ids: Mapped[list[Any]] = mapped_column(default=list)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    scores: Mapped[list[Score]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", passive_deletes=True
+    )
+    training_runs: Mapped[list[TrainingRun]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", passive_deletes=True
+    )
+    artefacts: Mapped[list[Artefact]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class Score(Base):
+    """One metric's value for one model in one job; unique per (job, model, metric) so a
+    re-delivered scoring task overwrites rather than duplicates."""
+
+    __tablename__ = "scores"
+    __table_args__ = (UniqueConstraint("job_id", "model_id", "metric"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    model_id: Mapped[str] = mapped_column(String(200))
+    metric: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    seconds: Mapped[float] = mapped_column(Float)
+    forward_seconds: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(back_populates="scores")
+
+
+class TrainingRun(Base):
+    __tablename__ = "training_runs"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    model_id: Mapped[str] = mapped_column(String(200))
+    config: Mapped[dict[str, Any]]
+    world_size: Mapped[int]
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    error: Mapped[str | None] = mapped_column(Text)
+    output_dir: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+    job: Mapped[Job] = relationship(back_populates="training_runs")
+    epochs: Mapped[list[EpochMetric]] = relationship(
+        back_populates="run",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+        order_by="EpochMetric.epoch",
+    )
+
+
+class EpochMetric(Base):
+    __tablename__ = "epoch_metrics"
+    __table_args__ = (UniqueConstraint("run_id", "epoch"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("training_runs.id", ondelete="CASCADE"))
+    epoch: Mapped[int]
+    loss: Mapped[float | None] = mapped_column(Float)
+    train_accuracy: Mapped[float | None] = mapped_column(Float)
+    test_accuracy: Mapped[float | None] = mapped_column(Float)
+    bytes_sent: Mapped[int | None] = mapped_column(BigInteger)
+    compute_seconds: Mapped[float | None] = mapped_column(Float)
+    select_seconds: Mapped[float | None] = mapped_column(Float)
+    comm_seconds: Mapped[float | None] = mapped_column(Float)
+    extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    run: Mapped[TrainingRun] = relationship(back_populates="epochs")
+
+
+class Artefact(Base):
+    __tablename__ = "artefacts"
+    __table_args__ = (UniqueConstraint("job_id", "kind"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    path: Mapped[str] = mapped_column(Text)
+    digest: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(back_populates="artefacts")

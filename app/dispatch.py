@@ -1,0 +1,81 @@
+"""Sending work to the Celery workers: dataset validation and a job's canvas.
+
+A job is ``chord(group(score(job, m) for m in models), select(job) [-> finetune(job)])``. Task
+ids are derived from the job id, so the API can revoke a job's queued tasks without having kept
+any Celery state. Tasks are sent by name: the API never imports task code (or torch).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cached_property
+
+from celery import Celery, chain, chord, group
+from celery.canvas import Signature
+
+from app.db.models import Job
+from app.settings import Settings
+from workers.celery_app import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED, make_celery
+
+log = logging.getLogger(__name__)
+
+
+def job_task_ids(job: Job) -> list[str]:
+    ids = [f"{job.id}-score-{i}" for i in range(len(job.models))] + [f"{job.id}-select"]
+    if job.finetune:
+        ids.append(f"{job.id}-finetune")
+    return ids
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @cached_property
+    def celery(self) -> Celery:
+        return make_celery(self.settings)
+
+    def _sig(self, name: str, *args: str, task_id: str | None = None) -> Signature:
+        sig = self.celery.signature(name, args=args, immutable=True)
+        return sig.set(task_id=task_id) if task_id else sig
+
+    def validate_dataset(self, dataset_id: str) -> None:
+        self._sig(VALIDATE, dataset_id).apply_async()
+
+    def workflow(self, job: Job) -> Signature:
+        jid = str(job.id)
+        ids = job_task_ids(job)
+        header = group(
+            self._sig(SCORE, jid, model, task_id=ids[i]) for i, model in enumerate(job.models)
+        )
+        body: Signature = self._sig(SELECT, jid, task_id=f"{jid}-select")
+        if job.finetune:
+            body = chain(body, self._sig(FINETUNE, jid, task_id=f"{jid}-finetune"))
+        workflow = chord(header, body)
+        # a crashed or timed-out task never reaches its own error handling: settle the job here
+        workflow.link_error(self._sig(WORKFLOW_FAILED, jid))
+        return workflow
+
+    def submit_job(self, job: Job) -> list[str]:
+        self.workflow(job).apply_async()
+        return job_task_ids(job)
+
+    def revoke(self, task_ids: list[str]) -> None:
+        """Drop tasks still queued (never terminate running ones: they stop cooperatively).
+        Best effort: a worker that is down misses the broadcast, which is why every task also
+        checks the job's state before doing anything."""
+        if not task_ids:
+            return
+        try:
+            self.celery.control.revoke(task_ids)
+        except Exception:  # noqa: BLE001 - the cancel flag in the database still holds
+            log.warning("could not broadcast revoke for %d tasks", len(task_ids), exc_info=True)
+
+    def broker_problem(self) -> str | None:
+        """None when the broker answers, else why not."""
+        try:
+            with self.celery.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, timeout=2)
+        except Exception as exc:  # noqa: BLE001
+            return f"broker unreachable: {exc}"
+        return None

@@ -1,0 +1,57 @@
+"""The FastAPI application factory: ``create_app(settings)``.
+
+``uvicorn --factory app.main:create_app`` serves it with settings from the environment; tests
+and ``zoopick serve`` pass their own :class:`~app.settings.Settings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.api import datasets, health, jobs, zoo
+from app.db.session import make_engine, make_sessionmaker
+from app.dispatch import Dispatcher
+from app.problems import install as install_problems
+from app.settings import Settings
+
+API_PREFIX = "/api/v1"
+
+DESCRIPTION = """
+Upload a labelled image dataset, and zoopick ranks the pretrained models of its zoo for it
+**without training any of them** (transferability metrics from one forward pass per model),
+picks the best and, on request, fine-tunes it with sparse-communication data parallelism.
+
+Authenticate with an API key as a Bearer token. Errors are RFC 9457 problem details.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    settings.ensure_dirs()
+    engine = make_engine(settings.database_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="zoopick",
+        version="0.1.0",
+        description=DESCRIPTION,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.dispatcher = Dispatcher(settings)
+    install_problems(app)
+    app.include_router(health.router)
+    for module in (datasets, zoo, jobs):
+        app.include_router(module.router, prefix=API_PREFIX)
+    return app

@@ -1,0 +1,330 @@
+"""A job's life in the database, shared by the API and the workers.
+
+Every change is a conditional UPDATE on the job row (the state machine below), so two tasks
+racing on the same job (a re-delivered message, a cancel arriving mid-run) cannot move it
+backwards or out of a terminal state. Scores and epoch metrics are upserted on their unique
+keys, so running a task twice leaves one row per (job, model, metric) and (run, epoch).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.orm import Session
+
+from app.db.models import (
+    TERMINAL,
+    Artefact,
+    EpochMetric,
+    Job,
+    JobStatus,
+    Score,
+    TrainingRun,
+)
+from app.db.types import utcnow
+
+S = JobStatus
+ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
+    S.queued: frozenset({S.scoring, S.failed, S.cancelled}),
+    S.scoring: frozenset({S.training, S.succeeded, S.failed, S.cancelled}),
+    S.training: frozenset({S.succeeded, S.failed, S.cancelled}),
+}
+SCORING_SHARE_WITH_TRAINING = 0.2
+"""Share of the progress bar given to scoring when the job also fine-tunes."""
+
+
+def sources_of(target: JobStatus) -> list[str]:
+    return [s.value for s, targets in ALLOWED.items() if target in targets]
+
+
+def transition(session: Session, job_id: uuid.UUID, to: JobStatus, **values: Any) -> bool:
+    """Move the job to ``to`` if the state machine allows it from where it is now; returns
+    whether it moved. Terminal states stamp ``finished_at`` and drop the lease."""
+    now = utcnow()
+    values = {"status": to.value, "updated_at": now, **values}
+    if to in TERMINAL:
+        values.setdefault("finished_at", now)
+        values.update(lease_owner=None, lease_expires_at=None)
+        if to is S.succeeded:
+            values["progress"] = 1.0
+    stmt = update(Job).where(Job.id == job_id, Job.status.in_(sources_of(to))).values(**values)
+    if to is S.scoring:
+        stmt = stmt.values(started_at=func.coalesce(Job.started_at, now))
+    return session.execute(stmt).rowcount == 1
+
+
+def fail(session: Session, job_id: uuid.UUID, error: str) -> bool:
+    """Mark the job failed with ``error`` unless it already finished."""
+    return transition(session, job_id, S.failed, error=error[:10_000])
+
+
+def finish_cancelled(session: Session, job_id: uuid.UUID) -> bool:
+    return transition(session, job_id, S.cancelled)
+
+
+# -- the lease: which task currently drives a job stage ------------------------------------
+
+
+def claim_lease(session: Session, job_id: uuid.UUID, owner: str, seconds: int) -> bool:
+    """Take the job's lease if it is free, expired or already ours."""
+    now = utcnow()
+    stmt = (
+        update(Job)
+        .where(
+            Job.id == job_id,
+            or_(
+                Job.lease_owner.is_(None),
+                Job.lease_expires_at < now,
+                Job.lease_owner == owner,
+            ),
+        )
+        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds))
+    )
+    return session.execute(stmt).rowcount == 1
+
+
+def renew_lease(session: Session, job_id: uuid.UUID, owner: str, seconds: int) -> bool:
+    """Extend our lease; False means we lost it (it expired and another task took it)."""
+    stmt = (
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == owner)
+        .values(lease_expires_at=utcnow() + timedelta(seconds=seconds))
+    )
+    return session.execute(stmt).rowcount == 1
+
+
+def release_lease(session: Session, job_id: uuid.UUID, owner: str) -> None:
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == owner)
+        .values(lease_owner=None, lease_expires_at=None)
+    )
+
+
+# -- scores ---------------------------------------------------------------------------------
+
+
+def _insert(session: Session):
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert
+
+
+def upsert_scores(
+    session: Session,
+    job_id: uuid.UUID,
+    model_id: str,
+    scores: Mapping[str, float],
+    seconds: Mapping[str, float],
+) -> None:
+    """Write one model's scores; a second write of the same (job, model, metric) replaces the
+    first instead of adding a row."""
+    if not scores:
+        return
+    now = utcnow()
+    rows = [
+        {
+            "job_id": job_id,
+            "model_id": model_id,
+            "metric": metric,
+            "value": float(value),
+            "seconds": float(seconds.get(metric, 0.0)),
+            "forward_seconds": seconds.get("forward"),
+            "created_at": now,
+        }
+        for metric, value in scores.items()
+    ]
+    stmt = _insert(session)(Score).values(rows)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["job_id", "model_id", "metric"],
+        set_={
+            "value": stmt.excluded.value,
+            "seconds": stmt.excluded.seconds,
+            "forward_seconds": stmt.excluded.forward_seconds,
+            "created_at": stmt.excluded.created_at,
+        },
+    )
+    session.execute(stmt)
+
+
+def scored_models(session: Session, job: Job) -> set[str]:
+    """Models of ``job`` that have a score for every requested metric."""
+    rows = session.execute(
+        select(Score.model_id)
+        .where(Score.job_id == job.id, Score.metric.in_(job.metrics))
+        .group_by(Score.model_id)
+        .having(func.count(Score.id) >= len(job.metrics))
+    )
+    return {r[0] for r in rows}
+
+
+def update_scoring_progress(session: Session, job: Job) -> float:
+    done = len(scored_models(session, job) & set(job.models))
+    share = SCORING_SHARE_WITH_TRAINING if job.finetune else 1.0
+    progress = min(1.0, share * done / max(1, len(job.models)))
+    session.execute(
+        update(Job)
+        .where(
+            Job.id == job.id,
+            Job.status.in_([S.queued.value, S.scoring.value]),
+            Job.progress <= progress,  # never backwards (tasks finish in any order)
+        )
+        .values(progress=progress, updated_at=utcnow())
+    )
+    return progress
+
+
+def ranking(session: Session, job: Job) -> list[dict[str, Any]]:
+    """The ranking so far: models with every metric scored, best first by ``select_by``
+    (models the metric cannot tell apart share a rank)."""
+    from selection.rank import tie_groups
+
+    by_model: dict[str, dict[str, Any]] = {}
+    for s in session.scalars(select(Score).where(Score.job_id == job.id)):
+        entry = by_model.setdefault(s.model_id, {"model": s.model_id, "scores": {}, "seconds": {}})
+        entry["scores"][s.metric] = s.value
+        entry["seconds"][s.metric] = s.seconds
+        if s.forward_seconds is not None:
+            entry["seconds"]["forward"] = s.forward_seconds
+    order = {m: i for i, m in enumerate(job.models)}
+    complete = sorted(
+        (e for e in by_model.values() if all(m in e["scores"] for m in job.metrics)),
+        key=lambda e: order.get(e["model"], len(order)),
+    )
+    out: list[dict[str, Any]] = []
+    values = [e["scores"][job.select_by] for e in complete]
+    for rank, group in enumerate(tie_groups(values), start=1):
+        for i in sorted(group, key=lambda i: order.get(complete[i]["model"], len(order))):
+            out.append({"rank": rank, **complete[i]})
+    return out
+
+
+def choose(session: Session, job: Job) -> str | None:
+    """The winner by ``select_by``; ties go to the model listed first in the request."""
+    ranked = ranking(session, job)
+    return ranked[0]["model"] if ranked else None
+
+
+# -- training runs --------------------------------------------------------------------------
+
+
+EPOCH_FIELDS = (
+    "loss",
+    "train_accuracy",
+    "test_accuracy",
+    "bytes_sent",
+    "compute_seconds",
+    "select_seconds",
+    "comm_seconds",
+)
+_ALIASES = {
+    "train_accuracy": ("train_accuracy", "train_acc"),
+    "test_accuracy": ("test_accuracy", "test_acc"),
+    "compute_seconds": ("compute_seconds", "seconds.compute"),
+    "select_seconds": ("select_seconds", "seconds.select"),
+    "comm_seconds": ("comm_seconds", "seconds.communicate", "seconds.comm"),
+}
+
+
+def _lookup(record: Mapping[str, Any], name: str) -> Any:
+    for key in _ALIASES.get(name, (name,)):
+        head, _, tail = key.partition(".")
+        value = record.get(head)
+        if tail:
+            value = value.get(tail) if isinstance(value, Mapping) else None
+        if value is not None:
+            return value
+    return None
+
+
+def epoch_values(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Columns of an ``epoch_metrics`` row from one JSON line of the trainer (which writes
+    ``train_acc``/``test_acc`` and a ``seconds`` object); other keys go to ``extra``."""
+    values: dict[str, Any] = {"epoch": int(record["epoch"])}
+    for name in EPOCH_FIELDS:
+        value = _lookup(record, name)
+        values[name] = None if value is None else (int if name == "bytes_sent" else float)(value)
+    used = {"epoch", "seconds"} | {k.partition(".")[0] for a in _ALIASES.values() for k in a}
+    values["extra"] = {k: v for k, v in record.items() if k not in used and k not in EPOCH_FIELDS}
+    return values
+
+
+def record_epoch(session: Session, run_id: uuid.UUID, record: Mapping[str, Any]) -> None:
+    """Upsert one per-epoch record (as the trainer prints it) on (run, epoch)."""
+    values = {"run_id": run_id, **epoch_values(record), "created_at": utcnow()}
+    stmt = _insert(session)(EpochMetric).values(values)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["run_id", "epoch"],
+        set_={k: getattr(stmt.excluded, k) for k in (*EPOCH_FIELDS, "extra", "created_at")},
+    )
+    session.execute(stmt)
+
+
+def add_artefact(
+    session: Session, job_id: uuid.UUID, kind: str, path: str, digest: str, size: int
+) -> None:
+    stmt = _insert(session)(Artefact).values(
+        id=uuid.uuid4(),
+        job_id=job_id,
+        kind=kind,
+        path=path,
+        digest=digest,
+        size_bytes=size,
+        created_at=utcnow(),
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["job_id", "kind"],
+        set_={k: getattr(stmt.excluded, k) for k in ("path", "digest", "size_bytes", "created_at")},
+    )
+    session.execute(stmt)
+
+
+def latest_run(session: Session, job_id: uuid.UUID) -> TrainingRun | None:
+    return session.scalar(
+        select(TrainingRun)
+        .where(TrainingRun.job_id == job_id)
+        .order_by(TrainingRun.started_at.desc())
+        .limit(1)
+    )
+
+
+def active_jobs_for_dataset(session: Session, dataset_id: uuid.UUID) -> int:
+    return (
+        session.scalar(
+            select(func.count(Job.id)).where(
+                Job.dataset_id == dataset_id, Job.status.not_in([s.value for s in TERMINAL])
+            )
+        )
+        or 0
+    )
+
+
+def finish_cancelled_if_queued(session: Session, job_id: uuid.UUID) -> bool:
+    """Cancel now a job no task has started (nothing running would ever notice the flag)."""
+    now = utcnow()
+    stmt = (
+        update(Job)
+        .where(Job.id == job_id, Job.status == S.queued.value)
+        .values(status=S.cancelled.value, finished_at=now, updated_at=now, cancel_requested=True)
+    )
+    return session.execute(stmt).rowcount == 1
+
+
+def set_progress(session: Session, job_id: uuid.UUID, progress: float) -> None:
+    """Raise the progress of a running job (never lowers it, never touches a finished one)."""
+    progress = max(0.0, min(1.0, progress))
+    session.execute(
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.status.not_in([s.value for s in TERMINAL]),
+            Job.progress <= progress,
+        )
+        .values(progress=progress, updated_at=utcnow())
+    )

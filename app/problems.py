@@ -1,0 +1,133 @@
+"""RFC 9457 problem details for every error the API returns.
+
+Handlers turn our :class:`Problem`, Starlette's HTTP errors (404 for an unknown route, 405) and
+request-validation errors into ``application/problem+json`` with ``type``, ``title``,
+``status`` and ``detail``; anything unexpected becomes a 500 problem without internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+MEDIA_TYPE = "application/problem+json"
+TYPE_PREFIX = "urn:zoopick:problem:"
+
+
+class ProblemDetail(BaseModel):
+    """The body of every error response (RFC 9457)."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+
+
+class Problem(Exception):
+    """Raise from anywhere in a request to answer with a problem document.
+
+    ``kind`` names the problem class (it becomes ``urn:zoopick:problem:<kind>``); ``extra``
+    members are added to the body (RFC 9457 extensions), ``headers`` to the response.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        kind: str | None = None,
+        title: str | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        phrase = HTTPStatus(status).phrase
+        self.kind = kind or phrase.lower().replace(" ", "-").replace("'", "")
+        self.title = title or phrase
+        self.headers = headers or {}
+        self.extra = extra
+
+
+def problem_response(
+    request: Request | None,
+    status: int,
+    detail: str,
+    *,
+    kind: str | None = None,
+    title: str | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    p = Problem(status, detail, kind=kind, title=title, headers=headers, **extra)
+    body: dict[str, Any] = {
+        "type": TYPE_PREFIX + p.kind,
+        "title": p.title,
+        "status": p.status,
+        "detail": p.detail,
+    }
+    if request is not None:
+        body["instance"] = request.url.path
+    body.update(jsonable_encoder(p.extra))
+    return JSONResponse(body, status_code=status, headers=p.headers, media_type=MEDIA_TYPE)
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = ".".join(str(part) for part in err.get("loc", ()) if part != "body") or "request"
+    return f"{loc}: {err.get('msg', 'invalid')}"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(
+            request,
+            exc.status,
+            exc.detail,
+            kind=exc.kind,
+            title=exc.title,
+            headers=exc.headers,
+            **exc.extra,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no such endpoint: {request.method} {request.url.path}"
+        return problem_response(request, exc.status_code, detail, headers=dict(exc.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        detail = "; ".join(_describe(e) for e in errors) or "invalid request"
+        return problem_response(
+            request,
+            422,
+            detail,
+            kind="validation-error",
+            title="Request validation failed",
+            errors=errors,
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem_response(
+            request, 500, "internal error; the server log has the details", kind="internal"
+        )

@@ -1,0 +1,283 @@
+"""Service commands, mounted into the ``zoopick`` CLI: ``serve``, ``worker``, ``migrate``,
+``keys create|list|revoke``.
+
+``zoopick serve`` on defaults needs nothing installed beyond Python: SQLite and a file-system
+broker in ``.zoopick/data``, the API and one local worker process. With
+``ZOOPICK_DATABASE_URL=postgresql+psycopg://...`` and ``ZOOPICK_BROKER_URL=redis://...`` the same
+commands run distributed: ``zoopick serve --no-worker`` on one machine, ``zoopick worker
+--queues gpu`` on each GPU machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from app.settings import Settings, get_settings
+
+service_app = typer.Typer(
+    help="Run the web service and its workers.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
+service_app.add_typer(keys_app, name="keys")
+
+LOCAL_TENANT = "local"
+KEY_FILE = "api-key"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a child process see exactly these settings."""
+    env = dict(os.environ)
+    env.update(
+        ZOOPICK_DATA_DIR=str(settings.data_dir),
+        ZOOPICK_DATABASE_URL=settings.database_url,
+        ZOOPICK_BROKER_URL=settings.broker_url,
+        ZOOPICK_RESULT_BACKEND=settings.result_backend,
+        ZOOPICK_STORAGE_DIR=str(settings.storage_dir),
+        ZOOPICK_CACHE_DIR=str(settings.cache_dir),
+        ZOOPICK_REDIS_KEY_PREFIX=settings.redis_key_prefix,
+    )
+    return env
+
+
+def worker_command(
+    queues: str,
+    concurrency: int,
+    pool: str = "prefork",
+    loglevel: str = "info",
+    hostname: str | None = None,
+) -> list[str]:
+    name = hostname or f"zoopick-{queues.replace(',', '-')}@%h"
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.celery_app",
+        "worker",
+        "--queues",
+        queues,
+        "--concurrency",
+        str(concurrency),
+        "--pool",
+        pool,
+        "--loglevel",
+        loglevel,
+        "--hostname",
+        name,
+        "--without-gossip",
+        "--without-mingle",
+    ]
+
+
+def bootstrap(settings: Settings, *, demo: bool, local_key: bool = True) -> str | None:
+    """Migrate, sync the zoo, and on first start create the local admin key. Returns the
+    local key when one is on file (the embedded single-user case)."""
+    from sqlalchemy import func, select
+
+    from app import zoo_catalog
+    from app.db import migrate
+    from app.db.models import ApiKey, ZooModel
+    from app.db.session import make_engine, make_sessionmaker, session_scope
+    from app.security import create_api_key
+
+    settings.ensure_dirs()
+    migrate.upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    factory = make_sessionmaker(engine)
+    key_file = settings.data_dir / KEY_FILE
+    try:
+        with session_scope(factory) as session:
+            if settings.zoo_manifest is not None:
+                ids = zoo_catalog.sync_manifest(session, settings.zoo_manifest)
+                typer.echo(f"zoo: {len(ids)} models from {settings.zoo_manifest}", err=True)
+            elif demo and not session.scalar(select(func.count()).select_from(ZooModel)):
+                from selection.demo import build_demo
+
+                folder = settings.data_dir / "demo"
+                typer.echo(f"zoo is empty: building the demo zoo in {folder} ...", err=True)
+                manifest, target = build_demo(folder)
+                ids = zoo_catalog.sync_manifest(session, Path(manifest))
+                typer.echo(f"zoo: {len(ids)} demo models; a demo dataset: {target}", err=True)
+            if local_key and not session.scalar(select(func.count()).select_from(ApiKey)):
+                _, token = create_api_key(session, tenant=LOCAL_TENANT, name="local", admin=True)
+                key_file.write_text(token + "\n")
+                key_file.chmod(0o600)
+    finally:
+        engine.dispose()
+    return key_file.read_text().strip() if key_file.exists() else None
+
+
+@service_app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    worker: Annotated[
+        bool, typer.Option("--worker/--no-worker", help="Also run a local worker process.")
+    ] = True,
+    concurrency: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
+    demo: Annotated[
+        bool, typer.Option("--demo/--no-demo", help="Build the demo zoo if the zoo is empty.")
+    ] = True,
+    local_key: Annotated[
+        bool,
+        typer.Option(
+            "--local-key/--no-local-key",
+            help="On first start, create an admin key and keep it in the data folder.",
+        ),
+    ] = True,
+) -> None:
+    """Run the API and a local worker (migrates the database first).
+
+    On the first start it creates a local admin API key and prints it.
+    """
+    import uvicorn
+
+    from app.main import create_app
+
+    settings = get_settings()
+    key = bootstrap(settings, demo=demo, local_key=local_key)
+    proc = None
+    if worker:
+        proc = subprocess.Popen(
+            worker_command("cpu,gpu", concurrency, loglevel="warning"),
+            env=worker_env(settings),
+        )
+    url = f"http://{host}:{port}"
+    typer.echo(f"zoopick: serving {url}  (API docs: {url}/docs)", err=True)
+    typer.echo(f"database: {settings.database_url}", err=True)
+    typer.echo(f"broker:   {settings.broker_url}", err=True)
+    if key:
+        typer.echo(f"API key:  {key}  (kept in {settings.data_dir / KEY_FILE})", err=True)
+    try:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@service_app.command("worker")
+def worker_cmd(
+    queues: Annotated[str, typer.Option(help="Comma-separated: cpu, gpu or both.")] = "cpu,gpu",
+    concurrency: Annotated[int, typer.Option(min=1, help="Processes (1 per GPU).")] = 1,
+    pool: Annotated[str, typer.Option(help="Celery pool: prefork, solo, threads.")] = "prefork",
+    loglevel: Annotated[str, typer.Option()] = "info",
+    hostname: Annotated[
+        str | None, typer.Option(help="Celery node name [zoopick-<queues>@<host>].")
+    ] = None,
+) -> None:
+    """Run a Celery worker on the given queues.
+
+    On a GPU machine run one per GPU, concurrency 1, with CUDA_VISIBLE_DEVICES set.
+    """
+    bad = set(queues.split(",")) - {"cpu", "gpu"}
+    if bad or not queues:
+        raise _fail(f"unknown queue(s) {sorted(bad)}; use cpu, gpu or cpu,gpu")
+    get_settings().ensure_dirs()
+    os.execv(sys.executable, worker_command(queues, concurrency, pool, loglevel, hostname))
+
+
+@service_app.command()
+def migrate(
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+) -> None:
+    """Bring the database schema to ``revision`` (head by default)."""
+    from app.db import migrate as mig
+
+    settings = get_settings()
+    settings.ensure_dirs()
+    mig.upgrade(settings.database_url, revision)
+    typer.echo(f"database at {', '.join(sorted(mig.current_heads(settings.database_url)))}")
+
+
+def _factory():
+    from sqlalchemy import inspect
+
+    from app.db.session import make_engine, make_sessionmaker
+
+    engine = make_engine(get_settings().database_url)
+    if not inspect(engine).has_table("api_keys"):
+        engine.dispose()
+        raise _fail("the database has no tables yet: run `zoopick migrate` first")
+    return engine, make_sessionmaker(engine)
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str, typer.Option(help="A label for the key, e.g. ci.")],
+    tenant: Annotated[
+        str | None, typer.Option(help="Tenant the key acts for (created if new); default: name.")
+    ] = None,
+    admin: Annotated[bool, typer.Option(help="May register zoo models.")] = False,
+) -> None:
+    """Create an API key; prints the token (shown once, only its hash is stored)."""
+    from app.db.session import session_scope
+    from app.security import create_api_key
+
+    engine, factory = _factory()
+    try:
+        with session_scope(factory) as session:
+            key, token = create_api_key(session, tenant=tenant or name, name=name, admin=admin)
+            typer.echo(f"created key {key.prefix}... for tenant {tenant or name!r}", err=True)
+    finally:
+        engine.dispose()
+    typer.echo(token)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """List keys (prefix, name, tenant, admin, revoked)."""
+    from sqlalchemy import select
+
+    from app.db.models import ApiKey, Tenant
+
+    engine, factory = _factory()
+    try:
+        with factory() as session:
+            rows = session.execute(
+                select(ApiKey, Tenant.name).join(Tenant).order_by(ApiKey.created_at)
+            )
+            for key, tenant in rows:
+                flags = ("admin " if key.is_admin else "") + ("revoked" if key.revoked_at else "")
+                typer.echo(f"{key.prefix}...  {key.name:20s} tenant={tenant:20s} {flags}")
+    finally:
+        engine.dispose()
+
+
+@keys_app.command("revoke")
+def keys_revoke(prefix: Annotated[str, typer.Argument(help="The key's prefix (zp_...).")]) -> None:
+    """Revoke the key(s) whose prefix is given."""
+    from sqlalchemy import select
+
+    from app.db.models import ApiKey
+    from app.db.session import session_scope
+    from app.db.types import utcnow
+
+    engine, factory = _factory()
+    try:
+        with session_scope(factory) as session:
+            keys = list(session.scalars(select(ApiKey).where(ApiKey.prefix == prefix[:11])))
+            if not keys:
+                raise _fail(f"no key with prefix {prefix!r}")
+            for key in keys:
+                key.revoked_at = key.revoked_at or utcnow()
+    finally:
+        engine.dispose()
+    typer.echo(f"revoked {len(keys)} key(s)")

@@ -1,0 +1,145 @@
+"""Service settings, read from ``ZOOPICK_*`` environment variables.
+
+Every default is *embedded*: SQLite in a data folder and a broker that lives in files of that
+folder, so ``zoopick serve`` runs with no external service. Pointing ``ZOOPICK_DATABASE_URL`` at
+PostgreSQL and ``ZOOPICK_BROKER_URL`` at Redis runs the same code distributed. Relative paths
+are resolved once, here, so the API and a worker started from another directory agree.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+EMBEDDED_BROKER = "filesystem://"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ZOOPICK_", extra="ignore")
+
+    data_dir: Path = Field(
+        Path(".zoopick/data"), description="Folder for the embedded database, broker, storage."
+    )
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite:///<data_dir>/zoopick.db."
+    )
+    broker_url: str | None = Field(
+        None, description="Celery broker; default: files under <data_dir>/broker (no server)."
+    )
+    result_backend: str | None = Field(
+        None, description="Celery result backend (chords need one); default follows the broker."
+    )
+    redis_key_prefix: str = Field(
+        "",
+        description="Prefix for every Redis key of broker and results (isolates tenants of "
+        "one Redis, and test runs).",
+    )
+    storage_dir: Path | None = Field(None, description="Uploads and artefacts; <data_dir>/storage.")
+    cache_dir: Path | None = Field(None, description="Feature cache; default <data_dir>/cache.")
+    zoo_manifest: Path | None = Field(
+        None, description="Zoo manifest (JSON/YAML) synced into the database at start."
+    )
+
+    # uploads
+    upload_max_bytes: int = Field(2 * 1024**3, gt=0)
+    upload_chunk_bytes: int = Field(1024 * 1024, gt=0)
+    validate_inline: bool = Field(
+        False,
+        description="Validate uploads in the request instead of on the cpu queue (tests, or a "
+        "deployment without workers).",
+    )
+
+    # jobs
+    max_models_per_job: int = Field(64, gt=0)
+    max_active_jobs_per_tenant: int = Field(16, gt=0)
+    max_epochs: int = Field(100, gt=0)
+    max_train_workers: int = Field(8, gt=0)
+    score_max_per_class: int | None = Field(
+        None, gt=0, description="Score on a deterministic per-class subsample of this size."
+    )
+    score_batch_size: int = Field(64, gt=0)
+    retry_after_seconds: int = Field(2, ge=1)
+    page_size_default: int = Field(20, gt=0)
+    page_size_max: int = Field(100, gt=0)
+
+    # workers: time limits (seconds) and the job lease
+    score_soft_time_limit: int = Field(1800, gt=0)
+    score_hard_time_limit: int = Field(1900, gt=0)
+    train_soft_time_limit: int = Field(6 * 3600, gt=0)
+    train_hard_time_limit: int = Field(6 * 3600 + 300, gt=0)
+    light_soft_time_limit: int = Field(600, gt=0)
+    light_hard_time_limit: int = Field(660, gt=0)
+    lease_seconds: int = Field(120, gt=0)
+
+    @field_validator(
+        "database_url",
+        "broker_url",
+        "result_backend",
+        "storage_dir",
+        "cache_dir",
+        "zoo_manifest",
+        "score_max_per_class",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """``ZOOPICK_ZOO_MANIFEST=`` (as compose writes an unset variable) means unset."""
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> Settings:
+        self.data_dir = self.data_dir.expanduser().resolve()
+        if self.database_url is None:
+            self.database_url = f"sqlite:///{self.data_dir / 'zoopick.db'}"
+        if self.broker_url is None:
+            self.broker_url = EMBEDDED_BROKER
+        if self.result_backend is None:
+            if self.broker_url.startswith(("redis://", "rediss://")):
+                self.result_backend = self.broker_url
+            else:
+                self.result_backend = f"file://{self.data_dir / 'results'}"
+        self.storage_dir = (self.storage_dir or self.data_dir / "storage").expanduser().resolve()
+        self.cache_dir = (self.cache_dir or self.data_dir / "cache").expanduser().resolve()
+        if self.zoo_manifest is not None:
+            self.zoo_manifest = self.zoo_manifest.expanduser().resolve()
+        for soft, hard in (
+            ("score_soft_time_limit", "score_hard_time_limit"),
+            ("train_soft_time_limit", "train_hard_time_limit"),
+            ("light_soft_time_limit", "light_hard_time_limit"),
+        ):
+            if getattr(self, soft) >= getattr(self, hard):
+                raise ValueError(f"{soft} must be below {hard}")
+        return self
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.broker_url == EMBEDDED_BROKER
+
+    @property
+    def broker_dir(self) -> Path:
+        """Where the embedded (file-system) broker keeps its messages."""
+        return self.data_dir / "broker"
+
+    @property
+    def visibility_timeout(self) -> int:
+        """Redis re-delivers an unacknowledged task after this long; it must exceed every hard
+        time limit, or a long GPU task would run twice at once."""
+        return max(self.score_hard_time_limit, self.train_hard_time_limit) + 600
+
+    def ensure_dirs(self) -> None:
+        for path in (self.data_dir, self.storage_dir, self.cache_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        if self.embedded_broker:
+            for sub in ("queue", "control", "processed"):
+                (self.broker_dir / sub).mkdir(parents=True, exist_ok=True)
+        if self.result_backend.startswith("file://"):
+            Path(self.result_backend.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings from the environment (workers and the CLI use this)."""
+    return Settings()

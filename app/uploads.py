@@ -1,0 +1,158 @@
+"""Streaming multipart upload: the file part goes to disk chunk by chunk as it arrives.
+
+Starlette's form parser would spool the whole file to a temporary file before the handler
+sees it (and only then could the size limit be checked). Here the request body is fed to
+python-multipart's push parser; file bytes are written (in a worker thread) and counted as
+they come, so an oversized upload is cut off with 413 at the limit and memory stays at one
+chunk whatever the file size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from fastapi import Request
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from app.problems import Problem
+
+MAX_FIELD_BYTES = 4096
+MAX_FIELDS = 16
+FILE_FIELD = "file"
+
+
+@dataclass
+class Upload:
+    filename: str
+    path: Path
+    size: int
+    sha256: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Part:
+    name: str | None = None
+    filename: str | None = None
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    value: bytearray = field(default_factory=bytearray)
+
+
+def too_large(limit: int) -> Problem:
+    return Problem(413, f"upload larger than the limit of {limit} bytes", kind="upload-too-large")
+
+
+async def receive_file(request: Request, dest: Path, *, max_bytes: int) -> Upload:
+    """Parse a ``multipart/form-data`` request, streaming part ``file`` into ``dest``.
+
+    Small text fields are returned in ``Upload.fields``. Raises :class:`Problem` (415 wrong
+    content type, 413 too large, 400 malformed or no file part); ``dest`` is removed then.
+    """
+    ctype, params = parse_options_header(request.headers.get("content-type", ""))
+    if ctype != b"multipart/form-data" or not params.get(b"boundary"):
+        raise Problem(
+            415,
+            "expected a multipart/form-data body with the dataset in a part named 'file'",
+            kind="unsupported-media-type",
+        )
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > max_bytes + 64 * 1024:
+        raise too_large(max_bytes)
+
+    state = {"size": 0, "file_parts": 0}
+    current = _Part()
+    header_field = bytearray()
+    header_value = bytearray()
+    pending: list[bytes] = []
+    fields: dict[str, str] = {}
+    filename: list[str] = []
+    digest = hashlib.sha256()
+    errors: list[Problem] = []
+
+    def on_part_begin() -> None:
+        nonlocal current
+        current = _Part()
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        header_field.extend(data[start:end])
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        header_value.extend(data[start:end])
+
+    def on_header_end() -> None:
+        current.headers[bytes(header_field).lower()] = bytes(header_value)
+        header_field.clear()
+        header_value.clear()
+
+    def on_headers_finished() -> None:
+        _, disp = parse_options_header(current.headers.get(b"content-disposition", b""))
+        current.name = disp.get(b"name", b"").decode("utf-8", "replace")
+        if b"filename" in disp:
+            current.filename = disp[b"filename"].decode("utf-8", "replace")
+        if current.name == FILE_FIELD and current.filename is not None:
+            state["file_parts"] += 1
+            filename.append(current.filename)
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        if current.name == FILE_FIELD and current.filename is not None:
+            if state["file_parts"] > 1:
+                return
+            chunk = data[start:end]
+            state["size"] += len(chunk)
+            if state["size"] > max_bytes:
+                if not errors:
+                    errors.append(too_large(max_bytes))
+                return
+            pending.append(bytes(chunk))
+        else:
+            current.value.extend(data[start:end])
+            if len(current.value) > MAX_FIELD_BYTES and not errors:
+                errors.append(Problem(400, f"form field {current.name!r} too long"))
+
+    def on_part_end() -> None:
+        if current.name and current.name != FILE_FIELD:
+            if len(fields) >= MAX_FIELDS:
+                errors.append(Problem(400, "too many form fields"))
+            fields[current.name] = current.value.decode("utf-8", "replace")
+
+    parser = MultipartParser(
+        params[b"boundary"],
+        {
+            "on_part_begin": on_part_begin,
+            "on_part_data": on_part_data,
+            "on_part_end": on_part_end,
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_header_end": on_header_end,
+            "on_headers_finished": on_headers_finished,
+        },
+    )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with dest.open("wb") as out:
+            async for chunk in request.stream():
+                try:
+                    parser.write(chunk)
+                except Exception as exc:  # noqa: BLE001 - python-multipart's parse errors
+                    raise Problem(400, f"malformed multipart body: {exc}") from None
+                if errors:
+                    raise errors[0]
+                if pending:
+                    data = b"".join(pending)
+                    pending.clear()
+                    digest.update(data)
+                    await anyio.to_thread.run_sync(out.write, data)
+            parser.finalize()
+            if errors:
+                raise errors[0]
+        if not filename:
+            raise Problem(400, "no file part: send the dataset as form field 'file'")
+        if state["file_parts"] > 1:
+            raise Problem(400, "send exactly one file per upload")
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
+    return Upload(filename[0], dest, state["size"], digest.hexdigest(), fields)

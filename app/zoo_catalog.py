@@ -1,0 +1,86 @@
+"""The zoo in the database: synced from the manifest at start, extended through ``POST /zoo``,
+and turned back into ``selection.zoo.ZooEntry`` objects for the workers.
+
+A manifest's relative checkpoint paths are resolved by ``selection.zoo.load_zoo``; the rows
+store the resolved paths, so workers need no manifest, only the same file system.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db.models import ZooModel
+
+MANIFEST_ORIGIN = "manifest"
+
+
+def _row_values(entry: Any) -> dict[str, Any]:
+    return {
+        "arch": entry.arch,
+        "weights": str(entry.weights),
+        "num_classes": int(entry.num_classes),
+        "overrides": dict(entry.overrides or {}),
+        "source": entry.source,
+        "tags": list(entry.tags or []),
+    }
+
+
+def sync_manifest(session: Session, manifest: Path) -> list[str]:
+    """Insert or update every model of ``manifest``; returns their ids. Models registered
+    through the API are left alone, and so are manifest models no longer listed (jobs may
+    still name them)."""
+    from selection.zoo import load_zoo
+
+    ids = []
+    for entry in load_zoo(manifest):
+        values = _row_values(entry)
+        row = session.get(ZooModel, entry.id)
+        if row is None:
+            session.add(ZooModel(id=entry.id, origin=MANIFEST_ORIGIN, **values))
+        elif row.origin == MANIFEST_ORIGIN:
+            for key, value in values.items():
+                setattr(row, key, value)
+        ids.append(entry.id)
+    session.flush()
+    return ids
+
+
+def to_entry(row: ZooModel) -> Any:
+    """The ``selection.zoo.ZooEntry`` of a row (what extraction and ranking consume)."""
+    from selection.zoo import ZooEntry
+
+    return ZooEntry(
+        id=row.id,
+        arch=row.arch,
+        weights=row.weights,
+        num_classes=row.num_classes,
+        overrides=dict(row.overrides or {}),
+        source=row.source,
+        tags=list(row.tags or []),
+    )
+
+
+def write_manifest(rows: list[ZooModel], path: Path) -> Path:
+    """A zoo manifest holding ``rows`` (the trainer takes a manifest path and a model id)."""
+    from selection.zoo import write_zoo
+
+    return write_zoo([to_entry(row) for row in rows], path)
+
+
+def check_fields(values: dict[str, Any]) -> None:
+    """Validate one manifest entry with the engine's own rules (checkpoint files are not
+    opened: they live on the workers); raises ``selection.zoo.ZooError`` naming the field."""
+    import tempfile
+
+    from selection.zoo import write_zoo
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_zoo([values], Path(tmp) / "zoo.json")
+
+
+def all_ids(session: Session) -> list[str]:
+    return list(session.scalars(select(ZooModel.id).order_by(ZooModel.id)))

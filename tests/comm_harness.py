@@ -1,0 +1,77 @@
+"""Launch P real gloo processes on 127.0.0.1 and collect what each one returns.
+
+Spawning a process costs a few seconds (torch import), so tests batch many checks into one
+launch: ``launch(fn, P, *args)`` runs ``fn(rank, P, *args)`` in P spawned processes joined by a
+gloo process group and returns the list of per-rank results (anything ``torch.save`` can
+store). ``launch_cached`` memoises launches by (function, P, args) inside one pytest process
+so several test functions can assert different parts of one run.
+
+``fn`` must be importable by name from the child (a module-level function of a test module or
+of this file): the children are started with the ``spawn`` method.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+_CACHE: dict[tuple[Any, ...], list[Any]] = {}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(
+    rank: int, fn: Callable[..., Any], world: int, port: int, outdir: str, args: tuple
+) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    result = fn(rank, world, *args)
+    torch.save(result, Path(outdir) / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+    # Skip the interpreter teardown (seconds with torch loaded); the result is on disk.
+    os._exit(0)
+
+
+def launch(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` on ``world`` gloo processes; return results by rank.
+
+    A failure in any child is re-raised here (``torch.multiprocessing`` reports the child's
+    traceback)."""
+    with tempfile.TemporaryDirectory(prefix="comm_harness_") as outdir:
+        mp.spawn(
+            _entry,
+            args=(fn, world, free_port(), outdir, args),
+            nprocs=world,
+            join=True,
+        )
+        return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def launch_cached(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
+    """``launch`` memoised on (module, name, world, args) for this pytest process."""
+    key = (fn.__module__, fn.__qualname__, world, args)
+    if key not in _CACHE:
+        _CACHE[key] = launch(fn, world, *args)
+    return _CACHE[key]

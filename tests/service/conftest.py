@@ -1,0 +1,163 @@
+"""Fixtures for the service tests: a throw-away PostgreSQL database and Redis key space.
+
+Each test session creates its own database ``zoopick_test_<random>`` (dropped afterwards) and
+uses a random Redis key prefix on its own db number, so parallel runs and the developer's data
+never meet. Tests that need a server skip, naming it, when it is not reachable.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+PG_ADMIN = os.environ.get("ZOOPICK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS = os.environ.get("ZOOPICK_TEST_REDIS", "redis://127.0.0.1:6379/13")
+
+
+def _pg_reachable() -> str | None:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, connect_timeout=3):
+            return None
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+        return f"PostgreSQL at {PG_ADMIN} not reachable: {exc}"
+
+
+def _redis_reachable() -> str | None:
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS, socket_connect_timeout=3).ping()
+        return None
+    except Exception as exc:  # noqa: BLE001
+        return f"Redis at {REDIS} not reachable: {exc}"
+
+
+@pytest.fixture(scope="session")
+def new_pg_database() -> Iterator[Callable[[], str]]:
+    """Factory of fresh, empty PostgreSQL databases (SQLAlchemy URLs), all dropped at the end
+    of the session."""
+    reason = _pg_reachable()
+    if reason:
+        pytest.skip(reason)
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    admin = make_url(PG_ADMIN.replace("postgresql://", "postgresql+psycopg://", 1))
+    created: list[str] = []
+
+    def new() -> str:
+        name = f"zoopick_test_{secrets.token_hex(6)}"
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        created.append(name)
+        return admin.set(database=name).render_as_string(hide_password=False)
+
+    yield new
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        for name in created:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_url(new_pg_database) -> str:
+    """A PostgreSQL database migrated to head, shared by the session's service tests."""
+    from app.db import migrate
+
+    url = new_pg_database()
+    migrate.upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[tuple[str, str]]:
+    """(URL, key prefix) of a Redis key space private to this session; emptied afterwards."""
+    reason = _redis_reachable()
+    if reason:
+        pytest.skip(reason)
+    import redis
+
+    prefix = f"zoopick-test-{secrets.token_hex(4)}:"
+    yield REDIS, prefix
+    client = redis.Redis.from_url(REDIS)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+# -- app fixtures ------------------------------------------------------------------------------
+
+
+@dataclass
+class Tenant:
+    name: str
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+@pytest.fixture(scope="session")
+def service_settings(pg_url, redis_url, tmp_path_factory):
+    """Settings of the API tests: PostgreSQL, Redis (private prefix), validation inline."""
+    from app.settings import Settings
+
+    url, prefix = redis_url
+    return Settings(
+        data_dir=tmp_path_factory.mktemp("zoopick-data"),
+        database_url=pg_url,
+        broker_url=url,
+        redis_key_prefix=prefix,
+        validate_inline=True,
+        upload_max_bytes=2 * 1024 * 1024,
+    )
+
+
+@pytest.fixture(scope="session")
+def service_app(service_settings):
+    from app.main import create_app
+
+    return create_app(service_settings)
+
+
+@pytest.fixture(scope="session")
+def client(service_app):
+    from fastapi.testclient import TestClient
+
+    with TestClient(service_app) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def make_key(service_app):
+    """make_key(tenant, admin=False) -> Tenant with a fresh API key."""
+    from app.db.session import session_scope
+    from app.security import create_api_key
+
+    def make(tenant: str, *, admin: bool = False) -> Tenant:
+        with session_scope(service_app.state.sessionmaker) as session:
+            _, token = create_api_key(session, tenant=tenant, name=f"{tenant}-key", admin=admin)
+        return Tenant(tenant, token)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def alice(make_key) -> Tenant:
+    return make_key("alice")
+
+
+@pytest.fixture(scope="session")
+def bob(make_key) -> Tenant:
+    return make_key("bob")
+
+
+@pytest.fixture(scope="session")
+def admin(make_key) -> Tenant:
+    return make_key("operators", admin=True)

@@ -1,0 +1,132 @@
+"""Start the real service processes for end-to-end tests: uvicorn, celery workers, serve."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from app.service_cli import worker_command, worker_env
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_for(settings: Settings) -> dict[str, str]:
+    env = worker_env(settings)
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    if settings.validate_inline:
+        env["ZOOPICK_VALIDATE_INLINE"] = "1"
+    return env
+
+
+class Proc:
+    """A child process in its own session, logging to a file; stopped with SIGTERM (then
+    SIGKILL) on the whole group."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.log = log_dir / f"{name}.log"
+        self._fh = self.log.open("wb")
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=ROOT,
+            stdout=self._fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def tail(self, n: int = 60) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        self._fh.close()
+
+
+def start_worker(settings: Settings, queues: str, log_dir: Path) -> Proc:
+    cmd = worker_command(queues, 1, "prefork", "info") + ["--without-heartbeat"]
+    return Proc(f"worker-{queues.replace(',', '-')}", cmd, env_for(settings), log_dir)
+
+
+def wait_worker_ready(worker: Proc, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not worker.alive():
+            raise AssertionError(f"{worker.name} exited:\n{worker.tail()}")
+        if "ready." in worker.log.read_text(errors="replace"):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{worker.name} not ready after {timeout}s:\n{worker.tail()}")
+
+
+def start_api(settings: Settings, log_dir: Path) -> tuple[Proc, str]:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "app.main:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    proc = Proc("api", cmd, env_for(settings), log_dir)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(proc, url + "/healthz")
+    return proc, url
+
+
+def wait_http(proc: Proc, url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise AssertionError(f"{proc.name} exited:\n{proc.tail()}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{url} not up after {timeout}s:\n{proc.tail()}")
+
+
+def poll(fn, until, timeout: float, interval: float = 0.3, what: str = "condition"):
+    """Call ``fn`` until ``until(value)``; returns the value (AssertionError on timeout)."""
+    deadline = time.monotonic() + timeout
+    value = fn()
+    while not until(value):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last value: {value}")
+        time.sleep(interval)
+        value = fn()
+    return value

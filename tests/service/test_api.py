@@ -1,0 +1,396 @@
+"""The REST API against PostgreSQL and Redis (no worker consumes here: jobs stay queued).
+
+Auth, problem details, tenant isolation on every endpoint, zoo registration, job submission
+rules, idempotency, cancellation of a queued job and pagination. Upload tests are in
+``test_uploads.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from app.db.models import Dataset, Job
+from app.db.session import session_scope
+from app.security import get_or_create_tenant
+
+PROBLEM = "application/problem+json"
+API = "/api/v1"
+
+
+def assert_problem(resp, status: int, *needles: str) -> dict:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith(PROBLEM)
+    body = resp.json()
+    assert {"type", "title", "status", "detail"} <= set(body)
+    assert body["status"] == status
+    for needle in needles:
+        assert needle in body["detail"], body["detail"]
+    return body
+
+
+@pytest.fixture(scope="module")
+def zoo(client, admin):
+    """Two random-weight models registered through the API."""
+    for mid, arch in (("tiny-resnet", "test_resnet"), ("tiny-vit", "test_vit")):
+        resp = client.post(
+            f"{API}/zoo",
+            json={
+                "id": mid,
+                "arch": arch,
+                "weights": "none",
+                "num_classes": 10,
+                "input_size": [3, 32, 32],
+                "tags": ["test"],
+            },
+            headers=admin.headers,
+        )
+        assert resp.status_code in (201, 409), resp.text
+    return ["tiny-resnet", "tiny-vit"]
+
+
+def ready_dataset(app, tenant: str, status: str = "ready", error: str | None = None) -> str:
+    """A dataset row as validation leaves it (the upload path is tested separately)."""
+    with session_scope(app.state.sessionmaker) as session:
+        owner = get_or_create_tenant(session, tenant)
+        ds = Dataset(
+            tenant_id=owner.id,
+            name="made-in-test",
+            format="npz",
+            filename="d.npz",
+            size_bytes=1,
+            file_sha256="0" * 64,
+            storage_path="/nonexistent/d.npz",
+            status=status,
+            error=error,
+            classes=["a", "b"],
+            counts={"a": 3, "b": 3},
+            num_samples=6,
+            digest="d" * 16,
+        )
+        session.add(ds)
+        session.flush()
+        return str(ds.id)
+
+
+def submit(client, tenant, dataset_id, **extra):
+    body = {"dataset_id": dataset_id, **extra}
+    headers = dict(tenant.headers)
+    if "key" in extra:
+        headers["Idempotency-Key"] = body.pop("key")
+    return client.post(f"{API}/jobs", json=body, headers=headers)
+
+
+# -- health, docs, problems ----------------------------------------------------------------
+
+
+def test_health_readiness_and_docs(client):
+    assert client.get("/healthz").json()["status"] == "ok"
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"] == {"database": "ok", "broker": "ok"}
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {f"{API}/datasets", f"{API}/jobs/{{job_id}}/cancel", f"{API}/zoo"} <= set(paths)
+
+
+def test_readyz_names_an_unreachable_broker(service_settings):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    settings = service_settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+    with TestClient(create_app(settings)) as c:
+        body = assert_problem(c.get("/readyz"), 503, "broker unreachable")
+        assert body["checks"]["database"] == "ok"
+
+
+def test_unknown_route_and_bad_body_are_problems(client, alice):
+    assert_problem(client.get(f"{API}/nothing", headers=alice.headers), 404, "no such endpoint")
+    body = assert_problem(
+        client.post(f"{API}/jobs", json={"models": 3}, headers=alice.headers), 422, "dataset_id"
+    )
+    assert body["errors"]
+    resp = client.post(
+        f"{API}/jobs",
+        content=b"{not json",
+        headers={**alice.headers, "content-type": "application/json"},
+    )
+    assert_problem(resp, 422)
+    assert_problem(client.get(f"{API}/jobs?page_size=0", headers=alice.headers), 422)
+    assert_problem(client.get(f"{API}/jobs?status=done", headers=alice.headers), 422, "status")
+
+
+# -- auth ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["/datasets", "/jobs", "/zoo", f"/jobs/{uuid.uuid4()}", f"/datasets/{uuid.uuid4()}"]
+)
+def test_missing_or_bad_key_is_401(client, path):
+    resp = client.get(API + path)
+    assert_problem(resp, 401, "missing API key")
+    assert resp.headers["www-authenticate"] == "Bearer"
+    assert_problem(client.get(API + path, headers={"Authorization": "Bearer zp_wrong"}), 401)
+    assert_problem(client.get(API + path, headers={"Authorization": "Basic dXNlcjpwdw=="}), 401)
+
+
+def test_revoked_key_is_401(client, service_app, make_key):
+    from sqlalchemy import update
+
+    from app.db.models import ApiKey
+    from app.db.types import utcnow
+    from app.security import hash_token
+
+    carol = make_key("carol")
+    assert client.get(f"{API}/jobs", headers=carol.headers).status_code == 200
+    with session_scope(service_app.state.sessionmaker) as session:
+        session.execute(
+            update(ApiKey)
+            .where(ApiKey.token_hash == hash_token(carol.token))
+            .values(revoked_at=utcnow())
+        )
+    assert_problem(client.get(f"{API}/jobs", headers=carol.headers), 401, "revoked")
+
+
+def test_only_the_hash_of_a_key_is_stored(service_app, alice):
+    from sqlalchemy import select
+
+    from app.db.models import ApiKey
+
+    with service_app.state.sessionmaker() as session:
+        stored = [tuple(r) for r in session.execute(select(ApiKey.token_hash, ApiKey.prefix))]
+    assert all(alice.token not in h for h, _ in stored)
+    assert any(alice.token.startswith(p) for _, p in stored)
+
+
+# -- zoo -------------------------------------------------------------------------------------
+
+
+def test_zoo_registration_rules(client, admin, alice, zoo):
+    good = {"id": "x-model", "arch": "test_resnet", "weights": "none", "num_classes": 10}
+    assert_problem(client.post(f"{API}/zoo", json=good, headers=alice.headers), 403, "admin")
+    dup = {**good, "id": "tiny-resnet"}
+    assert_problem(client.post(f"{API}/zoo", json=dup, headers=admin.headers), 409, "exists")
+    bad_arch = {**good, "arch": "no_such_net"}
+    assert_problem(
+        client.post(f"{API}/zoo", json=bad_arch, headers=admin.headers), 422, "no_such_net"
+    )
+    rel = {**good, "weights": "ckpt/m.safetensors"}
+    assert_problem(client.post(f"{API}/zoo", json=rel, headers=admin.headers), 422, "absolute")
+    listed = client.get(f"{API}/zoo", headers=alice.headers).json()["items"]
+    assert {"tiny-resnet", "tiny-vit"} <= {m["id"] for m in listed}
+    one = client.get(f"{API}/zoo/tiny-vit", headers=alice.headers).json()
+    assert one["overrides"] == {"input_size": [3, 32, 32]}
+    assert_problem(client.get(f"{API}/zoo/nope", headers=alice.headers), 404)
+
+
+# -- jobs ------------------------------------------------------------------------------------
+
+
+def test_submit_job_is_queued_on_the_broker(client, service_app, service_settings, alice, zoo):
+    ds = ready_dataset(service_app, "alice")
+    resp = submit(client, alice, ds, models=zoo, metrics=["sms", "isms"], select_by="isms")
+    assert resp.status_code == 202, resp.text
+    job = resp.json()
+    assert resp.headers["location"] == f"{API}/jobs/{job['id']}"
+    assert int(resp.headers["retry-after"]) >= 1
+    assert job["status"] == "queued" and job["progress"] == 0
+    assert job["models"] == zoo and job["ranking"] == [] and job["training"] is None
+
+    # the canvas really went to Redis: the scoring tasks wait on the gpu queue
+    r = redis.Redis.from_url(service_settings.broker_url)
+    assert r.llen(f"{service_settings.redis_key_prefix}gpu") >= len(zoo)
+    with service_app.state.sessionmaker() as session:
+        row = session.get(Job, uuid.UUID(job["id"]))
+        assert row.task_ids == [f"{row.id}-score-0", f"{row.id}-score-1", f"{row.id}-select"]
+
+    shown = client.get(f"{API}/jobs/{job['id']}", headers=alice.headers).json()
+    assert shown["id"] == job["id"] and shown["links"]["cancel"].endswith("/cancel")
+
+
+def test_models_all_and_default_metrics(client, service_app, alice, zoo):
+    ds = ready_dataset(service_app, "alice")
+    job = submit(client, alice, ds).json()
+    assert set(zoo) <= set(job["models"])
+    assert job["metrics"] == ["sms", "isms", "logme"] and job["select_by"] == "isms"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({"metrics": ["sms", "nope"]}, 422, "'nope'"),
+        ({"models": ["tiny-resnet", "ghost"]}, 422, "'ghost'"),
+        ({"models": []}, 422, "at least one"),
+        ({"metrics": ["sms"], "select_by": "logme"}, 422, "select_by"),
+        ({"finetune": {"epochs": 10_000}}, 422, "epochs"),
+        ({"finetune": {"density": 2}}, 422, "density"),
+        ({"bogus": 1}, 422, "bogus"),
+    ],
+)
+def test_bad_submissions_name_the_problem(client, service_app, alice, zoo, body, status, needle):
+    ds = ready_dataset(service_app, "alice")
+    assert_problem(submit(client, alice, ds, **body), status, needle)
+
+
+def test_unknown_or_unready_dataset(client, service_app, alice, zoo):
+    assert_problem(submit(client, alice, str(uuid.uuid4())), 422, "unknown dataset")
+    pending = ready_dataset(service_app, "alice", status="validating")
+    assert_problem(submit(client, alice, pending), 409, "validating")
+    broken = ready_dataset(service_app, "alice", status="invalid", error="class 'x' has no images")
+    assert_problem(submit(client, alice, broken), 409, "class 'x' has no images")
+
+
+def test_idempotency_key_returns_the_same_job(client, service_app, alice, bob, zoo):
+    ds = ready_dataset(service_app, "alice")
+    first = submit(client, alice, ds, models=zoo, key="k-1")
+    again = submit(client, alice, ds, models=zoo, key="k-1")
+    assert first.status_code == again.status_code == 202
+    assert first.json()["id"] == again.json()["id"]
+    assert again.headers["location"] == first.headers["location"]
+    assert_problem(submit(client, alice, ds, models=zoo[:1], key="k-1"), 422, "Idempotency-Key")
+    other = submit(client, alice, ds, models=zoo, key="k-2")
+    assert other.json()["id"] != first.json()["id"]
+    # keys are per tenant: bob's k-1 is his own job
+    ds_b = ready_dataset(service_app, "bob")
+    assert submit(client, bob, ds_b, models=zoo, key="k-1").json()["id"] != first.json()["id"]
+
+
+def test_cancel_a_queued_job(client, service_app, alice, zoo):
+    ds = ready_dataset(service_app, "alice")
+    job = submit(client, alice, ds, models=zoo).json()
+    resp = client.post(f"{API}/jobs/{job['id']}/cancel", headers=alice.headers)
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    assert body["status"] == "cancelled" and body["cancel_requested"] is True
+    assert body["finished_at"] is not None
+    assert_problem(
+        client.post(f"{API}/jobs/{job['id']}/cancel", headers=alice.headers), 409, "cancelled"
+    )
+    listed = client.get(f"{API}/jobs?status=cancelled", headers=alice.headers).json()["items"]
+    assert job["id"] in {j["id"] for j in listed}
+    assert all(j["status"] == "cancelled" for j in listed)
+
+
+def test_model_download_of_a_scoring_only_job_is_404(client, service_app, alice, zoo):
+    ds = ready_dataset(service_app, "alice")
+    job = submit(client, alice, ds, models=zoo).json()
+    assert_problem(client.get(f"{API}/jobs/{job['id']}/model", headers=alice.headers), 404)
+    ft = submit(client, alice, ds, models=zoo, finetune={"epochs": 1}).json()
+    assert ft["links"]["model"].endswith("/model")
+    assert_problem(client.get(f"{API}/jobs/{ft['id']}/model", headers=alice.headers), 409, "queued")
+
+
+def test_dataset_in_use_cannot_be_deleted(client, service_app, alice, zoo):
+    ds = ready_dataset(service_app, "alice")
+    job = submit(client, alice, ds, models=zoo).json()
+    assert_problem(client.delete(f"{API}/datasets/{ds}", headers=alice.headers), 409, "job")
+    client.post(f"{API}/jobs/{job['id']}/cancel", headers=alice.headers)
+    assert client.delete(f"{API}/datasets/{ds}", headers=alice.headers).status_code == 204
+    assert_problem(client.get(f"{API}/datasets/{ds}", headers=alice.headers), 404)
+    kept = client.get(f"{API}/jobs/{job['id']}", headers=alice.headers).json()
+    assert kept["dataset_id"] is None and kept["status"] == "cancelled"
+
+
+# -- isolation and pagination -------------------------------------------------------------------
+
+
+def test_tenant_isolation_on_every_endpoint(client, service_app, alice, bob, zoo):
+    ds = ready_dataset(service_app, "alice")
+    job = submit(client, alice, ds, models=zoo).json()
+    jid = job["id"]
+    for method, path in [
+        ("GET", f"/datasets/{ds}"),
+        ("DELETE", f"/datasets/{ds}"),
+        ("GET", f"/jobs/{jid}"),
+        ("POST", f"/jobs/{jid}/cancel"),
+        ("GET", f"/jobs/{jid}/model"),
+    ]:
+        assert_problem(client.request(method, API + path, headers=bob.headers), 404)
+    assert_problem(submit(client, bob, ds, models=zoo), 422, "unknown dataset")
+    bob_jobs = client.get(f"{API}/jobs?page_size=100", headers=bob.headers).json()["items"]
+    assert jid not in {j["id"] for j in bob_jobs}
+    bob_sets = client.get(f"{API}/datasets?page_size=100", headers=bob.headers).json()["items"]
+    assert ds not in {d["id"] for d in bob_sets}
+    # still alice's, untouched by bob's attempts
+    assert client.get(f"{API}/jobs/{jid}", headers=alice.headers).json()["status"] == "queued"
+    assert client.get(f"{API}/datasets/{ds}", headers=alice.headers).status_code == 200
+    # not-a-uuid ids are simply not found
+    assert_problem(client.get(f"{API}/jobs/xyz", headers=alice.headers), 404)
+
+
+def test_pagination_walks_every_job_once(client, service_app, make_key, zoo):
+    dave = make_key("dave")
+    ds = ready_dataset(service_app, "dave")
+    made = [submit(client, dave, ds, models=zoo[:1]).json()["id"] for _ in range(5)]
+    for jid in made[:2]:  # stay under the active-job limit and vary the statuses
+        client.post(f"{API}/jobs/{jid}/cancel", headers=dave.headers)
+    seen, token, pages = [], None, 0
+    while True:
+        url = f"{API}/jobs?page_size=2" + (f"&page_token={token}" if token else "")
+        page = client.get(url, headers=dave.headers).json()
+        assert len(page["items"]) <= 2
+        seen += [j["id"] for j in page["items"]]
+        pages += 1
+        token = page["next_page_token"]
+        if not token:
+            break
+    assert pages == 3
+    assert seen == list(reversed(made))  # newest first, each exactly once
+    assert_problem(client.get(f"{API}/jobs?page_token=garbage", headers=dave.headers), 400)
+    queued = client.get(f"{API}/jobs?status=queued", headers=dave.headers).json()["items"]
+    assert {j["id"] for j in queued} == set(made[2:])
+
+
+def test_active_job_limit_is_429(client, service_settings, make_key, zoo):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    erin = make_key("erin")
+    settings = service_settings.model_copy(update={"max_active_jobs_per_tenant": 1})
+    with TestClient(create_app(settings)) as c:
+        ds = ready_dataset(c.app, "erin")
+        assert submit(c, erin, ds, models=zoo[:1]).status_code == 202
+        resp = submit(c, erin, ds, models=zoo[:1])
+        assert_problem(resp, 429, "limit")
+        assert "retry-after" in resp.headers
+
+
+def test_bad_input_never_gives_a_500(service_app, alice, admin):
+    from fastapi.testclient import TestClient
+
+    c = TestClient(service_app, raise_server_exceptions=False)
+    h = alice.headers
+    ds = ready_dataset(service_app, "alice")
+    multipart = {**h, "content-type": "multipart/form-data; boundary=x"}
+    as_json = {**h, "content-type": "application/json"}
+    zoo = {"arch": "test_resnet", "weights": "none", "num_classes": 10}
+    ah = admin.headers
+    cases = [
+        ("POST", "/jobs", {"json": {"dataset_id": "nope"}}),
+        ("POST", "/jobs", {"json": []}),
+        ("POST", "/jobs", {"json": {"dataset_id": ds, "models": "some"}}),
+        ("POST", "/jobs", {"json": {"dataset_id": ds, "metrics": [1, 2]}}),
+        ("POST", "/jobs", {"json": {"dataset_id": ds, "finetune": {"workers": 0}}}),
+        ("POST", "/jobs", {"json": {"dataset_id": ds}, "headers": {**h, "Idempotency-Key": ""}}),
+        ("POST", "/jobs", {"content": b"\xff\xfe", "headers": as_json}),
+        ("GET", "/jobs?page_token=%00%ff", {}),
+        ("GET", "/jobs?page_token=eyJjIjogIngiLCAiaSI6ICJ5In0", {}),
+        ("GET", "/jobs/" + "9" * 300, {}),
+        ("GET", "/jobs/%00/model", {}),
+        ("POST", "/datasets", {"content": b"--x\r\nbroken", "headers": multipart}),
+        ("POST", "/datasets", {"files": {"file": ("a.npz", b"", "x")}}),
+        ("POST", "/datasets", {"files": {"file": ("../../etc/a.npz", b"garbage", "x")}}),
+        ("POST", "/datasets", {"files": {"file": ("a.tar.gz", b"garbage", "x")}}),
+        ("POST", "/zoo", {"json": {**zoo, "id": "../x"}, "headers": ah}),
+        ("POST", "/zoo", {"json": {**zoo, "id": "ok2", "interpolation": "weird"}, "headers": ah}),
+        ("PUT", "/jobs", {}),
+    ]  # fmt: skip
+    for method, path, kw in cases:
+        kw = {"headers": h, **kw}
+        resp = c.request(method, API + path, **kw)
+        assert 400 <= resp.status_code < 500, (method, path, resp.status_code, resp.text)
+        assert resp.headers["content-type"].startswith(PROBLEM), (method, path)

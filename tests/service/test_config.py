@@ -1,0 +1,74 @@
+"""Settings defaults (embedded), the environment prefix, and the Celery configuration that
+makes at-least-once delivery safe for long GPU tasks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from app.settings import EMBEDDED_BROKER, Settings
+from workers.celery_app import CPU, FINETUNE, GPU, SCORE, SELECT, VALIDATE, make_celery
+
+
+def test_defaults_are_embedded_and_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for var in [v for v in __import__("os").environ if v.startswith("ZOOPICK_")]:
+        monkeypatch.delenv(var)
+    s = Settings()
+    data = tmp_path / ".zoopick" / "data"
+    assert s.data_dir == data
+    assert s.database_url == f"sqlite:///{data / 'zoopick.db'}"
+    assert s.broker_url == EMBEDDED_BROKER and s.embedded_broker
+    assert s.result_backend == f"file://{data / 'results'}"
+    assert s.storage_dir == data / "storage" and s.cache_dir == data / "cache"
+
+
+def test_environment_prefix(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZOOPICK_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("ZOOPICK_DATABASE_URL", "postgresql+psycopg://u@db/zoopick")
+    monkeypatch.setenv("ZOOPICK_BROKER_URL", "redis://redis:6379/0")
+    monkeypatch.setenv("ZOOPICK_UPLOAD_MAX_BYTES", "1234")
+    s = Settings()
+    assert s.database_url == "postgresql+psycopg://u@db/zoopick"
+    assert s.result_backend == "redis://redis:6379/0"  # follows a Redis broker
+    assert s.upload_max_bytes == 1234 and not s.embedded_broker
+
+
+def test_soft_limits_must_be_below_hard_limits(tmp_path):
+    with pytest.raises(ValidationError, match="score_soft_time_limit"):
+        Settings(data_dir=tmp_path, score_soft_time_limit=100, score_hard_time_limit=100)
+
+
+def test_celery_delivery_settings(tmp_path):
+    s = Settings(data_dir=tmp_path, broker_url="redis://127.0.0.1:6379/0", redis_key_prefix="p:")
+    conf = make_celery(s).conf
+    assert conf.task_acks_late and conf.task_reject_on_worker_lost
+    assert conf.worker_prefetch_multiplier == 1
+    opts = conf.broker_transport_options
+    assert opts["visibility_timeout"] > max(s.score_hard_time_limit, s.train_hard_time_limit)
+    assert opts["global_keyprefix"] == "p:"
+    assert conf.result_backend_transport_options["global_keyprefix"] == "p:"
+    routes = conf.task_routes
+    assert routes[SCORE]["queue"] == routes[FINETUNE]["queue"] == GPU
+    assert routes[VALIDATE]["queue"] == routes[SELECT]["queue"] == CPU
+
+
+def test_task_time_limits_come_from_settings(tmp_path, monkeypatch):
+    from workers import tasks
+
+    assert tasks.score_model.soft_time_limit == tasks._settings.score_soft_time_limit
+    assert tasks.score_model.time_limit == tasks._settings.score_hard_time_limit
+    assert tasks.finetune.time_limit == tasks._settings.train_hard_time_limit
+
+
+def test_importing_the_workers_does_not_import_torch():
+    """Forked pool children must not inherit CUDA state: nothing heavy at import time."""
+    code = (
+        "import sys, workers.celery_app, workers.tasks, app.main; "
+        "heavy = [m for m in ('torch', 'timm') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,70 @@
+"""The Docker deployment files (no Docker engine here): the compose file wires what the issue
+asks for, and every ``zoopick`` command the images run parses against the real CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+
+from app.service_cli import service_app
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def parses(argv: list[str]) -> None:
+    """Resolve ``zoopick <argv>`` to its sub-command and parse its options (no run)."""
+    assert argv[0] == "zoopick", argv
+    group = typer.main.get_command(service_app)
+    ctx = group.make_context("zoopick", list(argv[1:]), resilient_parsing=False)
+    name, cmd, rest = group.resolve_command(ctx, list(argv[1:]))
+    cmd.make_context(name, rest, parent=ctx)
+
+
+def test_compose_services_and_dependencies(compose):
+    services = compose["services"]
+    assert {"postgres", "redis", "migrate", "api", "worker-cpu", "worker-gpu"} <= set(services)
+    for name in ("postgres", "redis", "api", "worker-cpu", "worker-gpu"):
+        assert "healthcheck" in services[name], name
+    for name in ("api", "worker-cpu", "worker-gpu"):
+        needs = services[name]["depends_on"]
+        assert needs["migrate"]["condition"] == "service_completed_successfully"
+        assert "data:/data" in services[name]["volumes"]  # uploads shared with the workers
+    gpu = services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["capabilities"] == ["gpu"]
+    env = services["api"]["environment"]
+    assert env["ZOOPICK_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert env["ZOOPICK_BROKER_URL"].startswith("redis://")
+
+
+def test_compose_commands_parse(compose):
+    for svc in compose["services"].values():
+        cmd = svc.get("command")
+        if cmd and cmd[0] == "zoopick":
+            parses(cmd)
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_images_run_as_non_root_and_their_command_parses(dockerfile):
+    text = (DOCKER / dockerfile).read_text()
+    assert re.search(r"^USER (?!root)\w+", text, re.M)
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))
+    parses(cmd)
+
+
+def test_worker_healthcheck_names_match_the_cli(compose):
+    from app.service_cli import worker_command
+
+    for name, queue in (("worker-cpu", "cpu"), ("worker-gpu", "gpu")):
+        check = " ".join(compose["services"][name]["healthcheck"]["test"])
+        node = worker_command(queue, 1)[worker_command(queue, 1).index("--hostname") + 1]
+        assert node.replace("%h", "$$HOSTNAME") in check

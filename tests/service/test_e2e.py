@@ -1,0 +1,273 @@
+"""End to end with real processes: a uvicorn API, Celery workers (prefork) on Redis, and
+PostgreSQL as the source of truth, over a tiny zoo of random-weight timm models.
+
+Order matters and is part of the test: a cpu-only worker runs first, so scoring tasks wait on
+the gpu queue and a job can be cancelled while it is still queued; then a gpu worker joins
+(it never saw the revoke broadcast, so it must skip the cancelled job's tasks by itself).
+A job with fine-tuning runs the real trainer (``training.launch`` under torchrun, 2 CPU
+processes with gloo, spardl) and its model is downloaded and loaded.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from app.db.models import Job, Score
+from app.db.session import make_engine, make_sessionmaker
+from app.security import create_api_key
+from tests.service.datafiles import not_a_dataset_zip_bytes, npz_bytes
+from tests.service.procs import poll, start_api, start_worker, wait_worker_ready
+
+API = "/api/v1"
+ZOO = [("tiny-resnet", "test_resnet"), ("tiny-vit", "test_vit"), ("tiny-resnet-b", "test_resnet")]
+METRICS = ["sms", "isms", "logme"]
+
+
+@pytest.fixture(scope="module")
+def stack(new_pg_database, redis_url, tmp_path_factory):
+    pytest.importorskip("selection.extract", reason="selection.extract not written yet")
+    from app.db import migrate
+    from app.settings import Settings
+
+    url, prefix = redis_url
+    data = tmp_path_factory.mktemp("e2e")
+    settings = Settings(
+        data_dir=data,
+        database_url=new_pg_database(),
+        broker_url=url,
+        redis_key_prefix=prefix + "e2e:",
+    )
+    migrate.upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    factory = make_sessionmaker(engine)
+    with factory.begin() as session:
+        _, user = create_api_key(session, tenant="e2e", name="e2e")
+        _, admin = create_api_key(session, tenant="ops", name="ops", admin=True)
+
+    procs = []
+    try:
+        api, base = start_api(settings, data)
+        procs.append(api)
+        cpu = start_worker(settings, "cpu", data)
+        procs.append(cpu)
+        client = httpx.Client(
+            base_url=base + API, headers={"Authorization": f"Bearer {user}"}, timeout=30
+        )
+        for mid, arch in ZOO:
+            resp = client.post(
+                "/zoo",
+                json={
+                    "id": mid,
+                    "arch": arch,
+                    "weights": "none",
+                    "num_classes": 10,
+                    "input_size": [3, 32, 32],
+                },
+                headers={"Authorization": f"Bearer {admin}"},
+            )
+            assert resp.status_code == 201, resp.text
+        wait_worker_ready(cpu)
+        yield {
+            "settings": settings,
+            "client": client,
+            "factory": factory,
+            "procs": procs,
+            "dir": data,
+            "admin": admin,
+        }
+    finally:
+        for p in procs:
+            p.stop()
+        engine.dispose()
+
+
+def gpu_worker(stack):
+    """The gpu worker, started on first need (the queued-cancel test needs it absent)."""
+    if "gpu" not in stack:
+        stack["gpu"] = start_worker(stack["settings"], "gpu", stack["dir"])
+        stack["procs"].append(stack["gpu"])
+    return stack["gpu"]
+
+
+def _job(client, jid):
+    return client.get(f"/jobs/{jid}").json()
+
+
+def _upload_ready(stack, data: bytes | None = None) -> str:
+    client = stack["client"]
+    resp = client.post("/datasets", files={"file": ("shapes.npz", data or npz_bytes(), "x")})
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["status"] == "uploaded" and "retry-after" in resp.headers
+    ds = poll(
+        lambda: client.get(f"/datasets/{resp.json()['id']}").json(),
+        lambda d: d["status"] in ("ready", "invalid"),
+        timeout=60,
+        what="validation on the cpu worker",
+    )
+    assert ds["status"] == "ready", ds
+    return ds["id"]
+
+
+def test_invalid_archive_is_reported_by_the_worker(stack):
+    client = stack["client"]
+    resp = client.post("/datasets", files={"file": ("notes.zip", not_a_dataset_zip_bytes(), "x")})
+    assert resp.status_code == 202, resp.text
+    ds = poll(
+        lambda: client.get(f"/datasets/{resp.json()['id']}").json(),
+        lambda d: d["status"] in ("ready", "invalid"),
+        timeout=60,
+        what="validation",
+    )
+    assert ds["status"] == "invalid" and "class" in ds["error"]
+    job = client.post("/jobs", json={"dataset_id": ds["id"]})
+    assert job.status_code == 409 and "invalid" in job.json()["detail"]
+
+
+def test_queued_job_cancelled_then_scoring_job_succeeds(stack):
+    client, factory = stack["client"], stack["factory"]
+    dataset = _upload_ready(stack)
+    models = [m for m, _ in ZOO]
+
+    # no gpu worker yet: the job stays queued, and cancelling it is immediate
+    doomed = client.post("/jobs", json={"dataset_id": dataset, "models": models}).json()
+    assert _job(client, doomed["id"])["status"] == "queued"
+    cancelled = client.post(f"/jobs/{doomed['id']}/cancel")
+    assert cancelled.status_code == 202 and cancelled.json()["status"] == "cancelled"
+
+    resp = client.post(
+        "/jobs",
+        json={"dataset_id": dataset, "models": models, "metrics": METRICS, "select_by": "isms"},
+        headers={"Idempotency-Key": "e2e-1"},
+    )
+    assert resp.status_code == 202, resp.text
+    jid = resp.json()["id"]
+
+    gpu = gpu_worker(stack)
+    seen: list[str] = []
+
+    def status():
+        job = _job(client, jid)
+        seen.append(job["status"])
+        return job
+
+    job = poll(
+        status,
+        lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+        timeout=150,
+        what="the scoring job",
+    )
+    assert job["status"] == "succeeded", (job, gpu.tail())
+    assert job["progress"] == 1.0 and job["error"] is None
+    assert set(seen) <= {"queued", "scoring", "succeeded"}
+    assert job["started_at"] and job["finished_at"] >= job["started_at"]
+
+    # the ranking: every model, best first by isms, and the winner is its head
+    ranking = job["ranking"]
+    assert {r["model"] for r in ranking} == set(models)
+    isms = [r["scores"]["isms"] for r in ranking]
+    assert isms == sorted(isms, reverse=True)
+    assert job["chosen_model"] == ranking[0]["model"]
+    assert all(set(r["scores"]) == set(METRICS) and "forward" in r["seconds"] for r in ranking)
+
+    # PostgreSQL holds exactly one score per (model, metric)
+    with factory() as session:
+        rows = list(session.scalars(select(Score).where(Score.job_id == uuid.UUID(jid))))
+        assert sorted((s.model_id, s.metric) for s in rows) == sorted(
+            (m, k) for m in models for k in METRICS
+        )
+        by_key = {(s.model_id, s.metric): s.value for s in rows}
+        for r in ranking:
+            for k in METRICS:
+                assert by_key[(r["model"], k)] == pytest.approx(r["scores"][k])
+
+        # the cancelled job: the gpu worker (which missed the revoke) skipped its tasks
+        old = session.get(Job, uuid.UUID(doomed["id"]))
+        assert old.status == "cancelled"
+        assert not list(session.scalars(select(Score).where(Score.job_id == old.id)))
+
+    # a retry with the same Idempotency-Key returns the finished job
+    again = client.post(
+        "/jobs",
+        json={"dataset_id": dataset, "models": models, "metrics": METRICS, "select_by": "isms"},
+        headers={"Idempotency-Key": "e2e-1"},
+    )
+    assert again.json()["id"] == jid and again.json()["status"] == "succeeded"
+
+
+def test_running_job_is_cancelled_between_models(stack):
+    """A resnet18 at 128 px over 120 images takes seconds to score on a CPU: long enough to
+    cancel while the first model runs. Its task finishes that model, sees the flag and settles
+    the job as cancelled; the other models are revoked or skipped."""
+    client, factory = stack["client"], stack["factory"]
+    gpu_worker(stack)
+    slow = ["slow-a", "slow-b", "slow-c"]
+    for mid in slow:
+        resp = client.post(
+            "/zoo",
+            json={
+                "id": mid,
+                "arch": "resnet18",
+                "weights": "none",
+                "num_classes": 1000,
+                "input_size": [3, 128, 128],
+            },
+            headers={"Authorization": f"Bearer {stack['admin']}"},
+        )
+        assert resp.status_code == 201, resp.text
+    dataset = _upload_ready(stack, npz_bytes(n_per_class=40, seed=7))
+    jid = client.post("/jobs", json={"dataset_id": dataset, "models": slow}).json()["id"]
+    poll(
+        lambda: _job(client, jid),
+        lambda j: j["status"] != "queued",
+        timeout=60,
+        interval=0.1,
+        what="scoring to start",
+    )
+    resp = client.post(f"/jobs/{jid}/cancel")
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["cancel_requested"] and resp.json()["status"] == "scoring"
+    job = poll(
+        lambda: _job(client, jid),
+        lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+        timeout=90,
+        what="the cancel to settle",
+    )
+    assert job["status"] == "cancelled", job
+    assert job["finished_at"] and job["chosen_model"] is None
+    with factory() as session:
+        scored = set(session.scalars(select(Score.model_id).where(Score.job_id == uuid.UUID(jid))))
+    assert len(scored) <= 1  # stopped after the model that was running
+
+
+def test_job_with_finetuning_stores_curve_and_model(stack):
+    """Score, pick, fine-tune with 2 CPU workers (gloo) and spardl; then download the model."""
+    pytest.importorskip("training.launch", reason="training not written yet")
+    client = stack["client"]
+    gpu = gpu_worker(stack)
+    dataset = _upload_ready(stack)
+    models = ["tiny-resnet", "tiny-vit"]
+    ft = {"epochs": 2, "workers": 2, "compressor": "spardl", "density": 0.1, "lr": 0.01}
+    resp = client.post("/jobs", json={"dataset_id": dataset, "models": models, "finetune": ft})
+    assert resp.status_code == 202, resp.text
+    jid = resp.json()["id"]
+    job = poll(
+        lambda: _job(client, jid),
+        lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+        timeout=240,
+        interval=1,
+        what="the fine-tuning job",
+    )
+    assert job["status"] == "succeeded", (job, gpu.tail())
+    training = job["training"]
+    assert training["model"] == job["chosen_model"] and training["world_size"] == 2
+    assert [e["epoch"] for e in training["epochs"]] == [1, 2]
+    assert all(e["bytes_sent"] > 0 and e["loss"] is not None for e in training["epochs"])
+    model = client.get(f"/jobs/{jid}/model")
+    assert model.status_code == 200 and len(model.content) > 1000
+    from safetensors.torch import load as load_safetensors
+
+    assert load_safetensors(model.content)

@@ -1,0 +1,89 @@
+"""``zoopick serve`` on embedded defaults: SQLite and a file-system broker in the data folder,
+the API plus a local worker process, no external service. A first start migrates and creates
+a local admin key; a dataset goes through validation and a scoring job to success."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from app.db.models import ApiKey, Job, Score
+from app.db.session import make_engine, make_sessionmaker
+from tests.service.datafiles import npz_bytes
+from tests.service.procs import ROOT, Proc, free_port, poll, wait_http
+
+SERVE = "from app.service_cli import service_app; service_app()"
+
+
+def test_serve_runs_a_job_with_no_external_service(tmp_path):
+    pytest.importorskip("selection.extract", reason="selection.extract not written yet")
+    from app.service_cli import KEY_FILE, bootstrap
+    from app.settings import Settings
+
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
+    env.update(
+        ZOOPICK_DATA_DIR=str(data), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)
+    )
+    port = free_port()
+    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
+    cmd += ["--concurrency", "1"]
+    serve = Proc("serve", cmd, env, tmp_path)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_http(serve, base + "/readyz", timeout=90)
+        key = (data / KEY_FILE).read_text().strip()
+        out = serve.log.read_text()
+        assert base in out and key in out and "sqlite" in out
+        client = httpx.Client(
+            base_url=base + "/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=30
+        )
+        for mid, arch in (("emb-resnet", "test_resnet"), ("emb-vit", "test_vit")):
+            body = {"id": mid, "arch": arch, "weights": "none", "num_classes": 10}
+            body["input_size"] = [3, 32, 32]
+            assert client.post("/zoo", json=body).status_code == 201  # the local key is admin
+
+        up = client.post("/datasets", files={"file": ("d.npz", npz_bytes(seed=3), "x")})
+        assert up.status_code == 202, up.text
+        ds = poll(
+            lambda: client.get(f"/datasets/{up.json()['id']}").json(),
+            lambda d: d["status"] in ("ready", "invalid"),
+            timeout=90,
+            what="validation by the embedded worker",
+        )
+        assert ds["status"] == "ready", ds
+        jid = client.post(
+            "/jobs", json={"dataset_id": ds["id"], "models": ["emb-resnet", "emb-vit"]}
+        ).json()["id"]
+        job = poll(
+            lambda: client.get(f"/jobs/{jid}").json(),
+            lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+            timeout=120,
+            what="the embedded job",
+        )
+        assert job["status"] == "succeeded", (job, serve.tail())
+        assert job["chosen_model"] == job["ranking"][0]["model"]
+    finally:
+        serve.stop()
+
+    settings = Settings(data_dir=data)
+    assert settings.database_url.startswith("sqlite:///") and settings.embedded_broker
+    engine = make_engine(settings.database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            assert session.get(Job, uuid.UUID(jid)).status == "succeeded"
+            n = session.scalar(
+                select(func.count()).select_from(Score).where(Score.job_id == uuid.UUID(jid))
+            )
+            assert n == 2 * 3
+        # a second start keeps the same single local key
+        assert bootstrap(settings, demo=False) == key
+        with make_sessionmaker(engine)() as session:
+            assert session.scalar(select(func.count()).select_from(ApiKey)) == 1
+    finally:
+        engine.dispose()

@@ -1,0 +1,143 @@
+"""The job state machine, the lease and the idempotent writes, on PostgreSQL and SQLite:
+what makes a re-delivered or racing task harmless."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select, update
+
+from app import pipeline
+from app.db import migrate
+from app.db.models import EpochMetric, Job, JobStatus, Score, TrainingRun
+from app.db.session import make_engine, make_sessionmaker
+from app.db.types import utcnow
+from app.security import get_or_create_tenant
+
+S = JobStatus
+
+
+@pytest.fixture(params=["sqlite", "postgresql"], scope="module")
+def factory(request, tmp_path_factory):
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('pipe') / 'p.db'}"
+        migrate.upgrade(url)
+    else:
+        url = request.getfixturevalue("pg_url")
+    engine = make_engine(url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def job(factory) -> uuid.UUID:
+    with factory.begin() as session:
+        tenant = get_or_create_tenant(session, "pipeline")
+        row = Job(
+            tenant_id=tenant.id,
+            request={},
+            models=["a", "b"],
+            metrics=["sms", "logme"],
+            select_by="sms",
+        )
+        session.add(row)
+        session.flush()
+        return row.id
+
+
+def status(factory, job_id) -> str:
+    with factory() as session:
+        return session.get(Job, job_id).status
+
+
+def test_state_machine_moves_forward_only(factory, job):
+    with factory.begin() as s:
+        assert not pipeline.transition(s, job, S.training)  # queued -> training: not allowed
+        assert pipeline.transition(s, job, S.scoring)
+        assert pipeline.transition(s, job, S.scoring) is False  # already there
+        assert pipeline.transition(s, job, S.succeeded, chosen_model="a")
+    with factory.begin() as s:
+        for target in (S.failed, S.cancelled, S.scoring, S.training):
+            assert not pipeline.transition(s, job, target)  # terminal stays terminal
+        row = s.get(Job, job)
+        assert row.status == "succeeded" and row.progress == 1.0
+        assert row.finished_at >= row.started_at and row.chosen_model == "a"
+
+
+def test_cancel_if_queued_only_touches_queued_jobs(factory, job):
+    with factory.begin() as s:
+        pipeline.transition(s, job, S.scoring)
+        assert not pipeline.finish_cancelled_if_queued(s, job)
+        assert pipeline.fail(s, job, "boom")
+        assert not pipeline.finish_cancelled(s, job)
+    assert status(factory, job) == "failed"
+
+
+def test_lease_is_exclusive_until_it_expires(factory, job):
+    with factory.begin() as s:
+        assert pipeline.claim_lease(s, job, "w1", 60)
+        assert not pipeline.claim_lease(s, job, "w2", 60)
+        assert pipeline.claim_lease(s, job, "w1", 60)  # re-entrant for its owner
+        assert pipeline.renew_lease(s, job, "w1", 60)
+        assert not pipeline.renew_lease(s, job, "w2", 60)
+        s.execute(update(Job).where(Job.id == job).values(lease_expires_at=utcnow() - timedelta(1)))
+        assert pipeline.claim_lease(s, job, "w2", 60)  # w1 died: w2 takes over
+        assert not pipeline.renew_lease(s, job, "w1", 60)  # and w1 learns it lost it
+        pipeline.release_lease(s, job, "w2")
+        assert s.get(Job, job).lease_owner is None
+
+
+def test_scores_are_upserted_and_progress_counts_complete_models(factory, job):
+    with factory.begin() as s:
+        pipeline.transition(s, job, S.scoring)
+        pipeline.upsert_scores(s, job, "a", {"sms": 1.0, "logme": 2.0}, {"sms": 0.1, "forward": 3})
+        pipeline.upsert_scores(s, job, "b", {"sms": 5.0}, {})
+        row = s.get(Job, job)
+        assert pipeline.scored_models(s, row) == {"a"}
+        assert pipeline.update_scoring_progress(s, row) == 0.5
+    with factory.begin() as s:  # the same task again (re-delivery), with new values
+        pipeline.upsert_scores(s, job, "a", {"sms": 1.5, "logme": 2.0}, {"sms": 0.2})
+        pipeline.upsert_scores(s, job, "b", {"sms": 5.0, "logme": 0.5}, {})
+        n = s.scalar(select(func.count()).select_from(Score).where(Score.job_id == job))
+        assert n == 4
+        row = s.get(Job, job)
+        assert pipeline.update_scoring_progress(s, row) == 1.0
+        ranked = pipeline.ranking(s, row)
+        assert [(r["rank"], r["model"]) for r in ranked] == [(1, "b"), (2, "a")]
+        assert ranked[1]["scores"] == {"sms": 1.5, "logme": 2.0}
+        assert pipeline.choose(s, row) == "b"
+
+
+def test_ties_share_a_rank_and_go_to_the_first_listed(factory, job):
+    with factory.begin() as s:
+        for m in ("b", "a"):
+            pipeline.upsert_scores(s, job, m, {"sms": 1.0, "logme": 1.0}, {})
+        row = s.get(Job, job)
+        assert [(r["rank"], r["model"]) for r in pipeline.ranking(s, row)] == [(1, "a"), (1, "b")]
+        assert pipeline.choose(s, row) == "a"
+
+
+def test_epoch_records_are_upserted(factory, job):
+    with factory.begin() as s:
+        run = TrainingRun(job_id=job, model_id="a", config={}, world_size=2, output_dir="/x")
+        s.add(run)
+        s.flush()
+        record = {
+            "epoch": 1,
+            "loss": 2.5,
+            "train_acc": 0.25,
+            "test_acc": 0.5,
+            "bytes_sent": 1024,
+            "seconds": {"compute": 1.0, "select": 0.1, "communicate": 0.2},
+            "workers": 2,
+        }
+        pipeline.record_epoch(s, run.id, record)
+        pipeline.record_epoch(s, run.id, {**record, "loss": 2.0})  # re-sent line
+        rows = list(s.scalars(select(EpochMetric).where(EpochMetric.run_id == run.id)))
+        assert len(rows) == 1
+        e = rows[0]
+        assert (e.loss, e.train_accuracy, e.test_accuracy, e.bytes_sent) == (2.0, 0.25, 0.5, 1024)
+        assert (e.compute_seconds, e.select_seconds, e.comm_seconds) == (1.0, 0.1, 0.2)
+        assert e.extra == {"workers": 2}

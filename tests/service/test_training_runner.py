@@ -1,0 +1,91 @@
+"""The trainer subprocess runner, with a stand-in trainer script (the real trainer is
+exercised by the fine-tuning end-to-end test): epoch lines reach the callback as they are
+printed, a failing rank's error is reported, and a stop request takes the process group down."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+from workers import training_runner
+
+TRAINER = textwrap.dedent(
+    """
+    import json, subprocess, sys, time
+    epochs, fail, pause = int(sys.argv[1]), sys.argv[2] == "fail", float(sys.argv[3])
+    # a child in the same group, like torchrun's ranks
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print("starting", flush=True)
+    for e in range(1, epochs + 1):
+        time.sleep(pause)
+        print(json.dumps({"epoch": e, "loss": 1.0 / e, "train_acc": 0.5}), flush=True)
+    if fail:
+        print(json.dumps({"error": "RuntimeError: NCCL timeout", "rank": 1}), file=sys.stderr)
+        child.kill()
+        sys.exit(1)
+    child.kill()
+    """
+)
+
+
+def start(tmp_path, *args: str):
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    return lambda: subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_records_arrive_in_order_and_success(tmp_path):
+    records, checks = [], []
+    result = training_runner.run(
+        start(tmp_path, "3", "ok", "0.05"),
+        on_record=records.append,
+        keep_going=lambda: checks.append(1) or True,
+        poll=0.5,
+    )
+    assert result.returncode == 0 and not result.stopped and result.error is None
+    assert [r["epoch"] for r in records] == [1, 2, 3] and result.records == 3
+    assert checks  # asked between epochs
+
+
+def test_a_failing_rank_names_its_error(tmp_path):
+    result = training_runner.run(
+        start(tmp_path, "1", "fail", "0"), on_record=lambda r: None, keep_going=lambda: True
+    )
+    assert result.returncode == 1
+    assert result.error == "rank 1: RuntimeError: NCCL timeout"
+
+
+def live_in_group(pgid: int) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pgid=,stat="], capture_output=True, text=True).stdout
+    return [
+        ln for ln in out.splitlines() if ln.split()[0] == str(pgid) and "Z" not in ln.split()[1]
+    ]
+
+
+def test_stop_kills_the_whole_process_group(tmp_path):
+    t0 = time.monotonic()
+    seen, procs = [], []
+    launch = start(tmp_path, "100", "ok", "0.2")
+
+    def started():
+        procs.append(launch())
+        return procs[-1]
+
+    result = training_runner.run(
+        started,
+        on_record=seen.append,
+        keep_going=lambda: len(seen) < 2,
+        poll=0.2,
+    )
+    assert result.stopped and result.error is None
+    assert 2 <= len(seen) < 10 and time.monotonic() - t0 < 15
+    time.sleep(0.2)
+    assert live_in_group(procs[0].pid) == []  # the grandchild "rank" went down too

@@ -1,0 +1,130 @@
+"""Dataset upload: streamed to storage, size-limited while streaming, validated with the
+selection engine's loader (inline in these tests), listed with page tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.service.datafiles import imagefolder_zip_bytes, not_a_dataset_zip_bytes, npz_bytes
+from tests.service.test_api import API, assert_problem
+
+
+def upload(client, tenant, filename: str, data: bytes, name: str | None = None):
+    form = {"name": name} if name else None
+    return client.post(
+        f"{API}/datasets",
+        files={"file": (filename, data, "application/octet-stream")},
+        data=form,
+        headers=tenant.headers,
+    )
+
+
+def storage_files(settings) -> list:
+    root = settings.storage_dir / "datasets"
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+# -- streaming and limits (no dataset loader needed) -------------------------------------------
+
+
+def test_not_multipart_is_415(client, alice):
+    resp = client.post(f"{API}/datasets", content=b"x" * 10, headers=alice.headers)
+    assert_problem(resp, 415, "multipart/form-data")
+
+
+def test_unsupported_extension_is_415_and_nothing_kept(client, alice, service_settings):
+    before = storage_files(service_settings)
+    assert_problem(upload(client, alice, "data.csv", b"a,b\n1,2\n"), 415, "data.csv")
+    assert storage_files(service_settings) == before
+
+
+def test_missing_file_part_is_400(client, alice):
+    resp = client.post(
+        f"{API}/datasets",
+        files={"attachment": ("d.npz", b"abc", "application/octet-stream")},
+        data={"name": "x"},
+        headers=alice.headers,
+    )
+    assert_problem(resp, 400, "'file'")
+
+
+def test_oversized_upload_is_cut_off_with_413(client, alice, service_settings):
+    before = storage_files(service_settings)
+    big = b"\0" * (service_settings.upload_max_bytes + 1)
+    assert_problem(upload(client, alice, "big.npz", big), 413, "limit")
+    assert storage_files(service_settings) == before
+
+
+def test_oversized_upload_without_length_is_cut_off_while_streaming(
+    client, alice, service_settings
+):
+    """A chunked body (no Content-Length) is counted as it streams."""
+    boundary = "zpboundary"
+    limit = service_settings.upload_max_bytes
+
+    def body():
+        yield (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="big.npz"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        ).encode()
+        chunk = b"\1" * 65536
+        for _ in range(limit // len(chunk) + 2):
+            yield chunk
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    resp = client.post(
+        f"{API}/datasets",
+        content=body(),
+        headers={**alice.headers, "content-type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert_problem(resp, 413)
+
+
+# -- validation with the selection engine ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loader():
+    return pytest.importorskip("selection.data", reason="selection.data not written yet")
+
+
+def test_upload_npz_is_validated(client, alice, loader):
+    resp = upload(client, alice, "shapes.npz", npz_bytes(), name="my shapes")
+    assert resp.status_code == 201, resp.text
+    ds = resp.json()
+    assert resp.headers["location"] == f"{API}/datasets/{ds['id']}"
+    assert ds["status"] == "ready" and ds["error"] is None
+    assert ds["name"] == "my shapes" and ds["format"] == "npz"
+    assert len(ds["classes"]) == 3 and sum(ds["counts"].values()) == 18 == ds["num_samples"]
+    assert ds["digest"]
+    assert client.get(f"{API}/datasets/{ds['id']}", headers=alice.headers).json() == ds
+
+
+def test_upload_imagefolder_zip_is_validated(client, alice, loader):
+    resp = upload(client, alice, "pets.zip", imagefolder_zip_bytes())
+    assert resp.status_code == 201, resp.text
+    ds = resp.json()
+    assert ds["classes"] == ["cat", "dog"] and ds["counts"] == {"cat": 4, "dog": 4}
+    assert ds["format"] == "zip" and ds["name"] == "pets.zip"
+
+
+def test_archive_that_is_not_a_dataset_is_422(client, alice, service_settings, loader):
+    before = storage_files(service_settings)
+    body = assert_problem(upload(client, alice, "notes.zip", not_a_dataset_zip_bytes()), 422)
+    assert "not a usable dataset" in body["detail"] and "class" in body["detail"]
+    assert storage_files(service_settings) == before
+
+
+def test_dataset_list_pagination_and_delete(client, make_key, service_settings, loader):
+    fay = make_key("fay")
+    ids = [upload(client, fay, f"d{i}.npz", npz_bytes(seed=i)).json()["id"] for i in range(3)]
+    first = client.get(f"{API}/datasets?page_size=2", headers=fay.headers).json()
+    assert [d["id"] for d in first["items"]] == ids[::-1][:2]
+    second = client.get(
+        f"{API}/datasets?page_size=2&page_token={first['next_page_token']}", headers=fay.headers
+    ).json()
+    assert [d["id"] for d in second["items"]] == ids[:1] and second["next_page_token"] is None
+    assert client.delete(f"{API}/datasets/{ids[0]}", headers=fay.headers).status_code == 204
+    assert not (service_settings.storage_dir / "datasets" / ids[0]).exists()
+    left = client.get(f"{API}/datasets", headers=fay.headers).json()["items"]
+    assert {d["id"] for d in left} == set(ids[1:])

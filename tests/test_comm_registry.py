@@ -1,0 +1,76 @@
+"""Hook registry and ``make_hook``: names, options, and the errors for bad ones (no process
+group needed: states resolve the group lazily)."""
+
+from __future__ import annotations
+
+import pytest
+
+import training.comm as comm
+from training.comm.dense import DenseState
+from training.comm.spardl import SparDLState
+
+
+def test_available_lists_every_hook():
+    assert comm.available() == ["dense", "dfs", "exdyna", "gaussiank", "spardl", "topk"]
+
+
+@pytest.mark.parametrize("name", ["dfs", "exdyna", "gaussiank", "spardl", "topk"])
+def test_sparse_hooks_share_the_common_options(name):
+    options = comm.get(name).options
+    for common in ("density", "warmup", "warmup_mode", "momentum", "fp16"):
+        assert common in options
+    state, hook = comm.make_hook(name, density=0.2, warmup=3, momentum=0.9, fp16=True)
+    assert (state.density, state.warmup, state.momentum, state.fp16) == (0.2, 3, 0.9, True)
+    assert callable(hook) and hook is comm.get(name).hook
+
+
+def test_make_hook_passes_scheme_options():
+    state, _ = comm.make_hook("spardl", density=0.05, teams=2, split="pow2")
+    assert isinstance(state, SparDLState)
+    assert (state.teams, state.split, state.density) == (2, "pow2", 0.05)
+    state, _ = comm.make_hook("dense")
+    assert isinstance(state, DenseState)
+
+
+def test_unknown_hook_names_it_and_lists_the_others():
+    with pytest.raises(comm.CommError, match="'nope'") as err:
+        comm.make_hook("nope")
+    assert "topk" in str(err.value) and isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "bad"),
+    [
+        ("topk", {"teams": 2}, "'teams'"),
+        ("dense", {"warmup": 2}, "'warmup'"),
+        ("exdyna", {"blocks": 8, "bogus": 1}, "'bogus'"),
+    ],
+)
+def test_unknown_option_is_named(name, options, bad):
+    with pytest.raises(comm.CommError, match=bad):
+        comm.make_hook(name, **options)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "what"),
+    [
+        ("topk", {"density": 0.0}, "density"),
+        ("topk", {"density": 1.5}, "density"),
+        ("topk", {"warmup": -1}, "warmup"),
+        ("topk", {"warmup_mode": "linear"}, "warmup_mode"),
+        ("topk", {"momentum": 1.0}, "momentum"),
+        ("spardl", {"teams": 0}, "teams"),
+        ("spardl", {"split": "thirds"}, "split"),
+        ("exdyna", {"blocks": 0}, "blocks"),
+        ("gaussiank", {"refine": -1}, "refine"),
+        ("dfs", {"block_size": 512}, "block_size"),
+        ("dfs", {"grow_at": 0.1, "shrink_at": 0.2}, "shrink_at"),
+    ],
+)
+def test_invalid_option_values_raise(name, options, what):
+    with pytest.raises(comm.CommError, match=what):
+        comm.make_hook(name, **options)
+
+
+def test_spec_summary_comes_from_the_hook_docstring():
+    assert "top-k" in comm.get("topk").summary

@@ -1,0 +1,87 @@
+"""Selection primitives against plain numpy / scipy versions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+
+from training.comm.select import (
+    even_bounds,
+    gaussian_threshold,
+    gaussiank_indices,
+    k_for,
+    threshold_indices,
+    topk_indices,
+)
+
+
+def test_k_for_rounds_up_without_float_noise():
+    assert k_for(0.07, 100) == 7
+    assert k_for(0.01, 1000) == 10
+    assert k_for(0.011, 1000) == 11
+    assert k_for(0.0001, 10) == 1  # at least one
+    assert k_for(1.0, 10) == 10
+    assert k_for(0.5, 0) == 0
+
+
+def test_topk_indices_are_the_largest_magnitudes():
+    x = torch.tensor([0.1, -5.0, 3.0, -0.2, 4.0, 0.0])
+    assert sorted(topk_indices(x, 3).tolist()) == [1, 2, 4]
+    assert topk_indices(x, 10).tolist() == list(range(6))
+    assert topk_indices(x, 0).numel() == 0
+
+
+def test_threshold_indices_skip_zeros():
+    x = torch.tensor([0.0, 0.5, -0.5, 0.2, 0.0])
+    assert threshold_indices(x, 0.5).tolist() == [1, 2]
+    assert threshold_indices(x, 0.0).tolist() == [1, 2, 3]
+
+
+def _plain_gaussian(a: np.ndarray, k: int) -> tuple[float, int]:
+    thr = abs(a.mean()) + a.std(ddof=1) * norm.ppf(1 - k / a.size / 2)
+    count = int((np.abs(a) >= thr).sum())
+    for _ in range(3):
+        if count < 2 * k / 3:
+            thr /= 2
+        elif count > 4 * k / 3:
+            thr *= 1.5
+        else:
+            break
+        count = int((np.abs(a) >= thr).sum())
+    return thr, count
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-3])
+@pytest.mark.parametrize("dist", ["normal", "laplace", "heavy"])
+def test_gaussian_threshold_matches_plain_numpy(dist, scale):
+    rng = np.random.default_rng(0)
+    a = {
+        "normal": rng.standard_normal(20_000),
+        "laplace": rng.laplace(size=20_000),
+        "heavy": rng.standard_t(2, size=20_000),
+    }[dist] * scale
+    k = 200
+    thr, count = gaussian_threshold(torch.from_numpy(a).float(), k)
+    ref_thr, ref_count = _plain_gaussian(a.astype(np.float32).astype(np.float64), k)
+    assert thr == pytest.approx(ref_thr, rel=1e-4)
+    assert abs(count - ref_count) <= 2
+    idx = gaussiank_indices(torch.from_numpy(a).float(), k)
+    assert idx.numel() == count
+
+
+def test_gaussian_threshold_is_within_the_refinement_band_on_normal_data():
+    x = torch.randn(100_000, generator=torch.Generator().manual_seed(1))
+    _, count = gaussian_threshold(x, 1000)
+    assert 2000 / 3 <= count <= 4000 / 3
+
+
+def test_gaussiank_density_one_selects_everything():
+    x = torch.randn(50)
+    assert gaussiank_indices(x, 50).tolist() == list(range(50))
+
+
+def test_even_bounds():
+    assert even_bounds(10, 3) == [0, 3, 6, 10]
+    assert even_bounds(2, 4) == [0, 0, 1, 1, 2]

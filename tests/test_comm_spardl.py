@@ -1,0 +1,208 @@
+"""SparDL: the reduce-scatter schedule for any P, and real gloo runs at P = 3, 5, 6.
+
+The schedule tests are pure Python on ``spardl_schedule`` (the function the hook uses) and its
+contributor simulation. The multi-process tests reuse the per-P launch of
+``tests/test_comm_hooks.py`` (one launch per P for all hooks), which also runs SparDL with
+teams (every divisor of P), fp16 and the power-of-two split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import training.comm as comm
+from tests.comm_harness import launch_cached
+from tests.test_comm_hooks import DENSITY, ITERS, SHAPES, check_conservation, raw_configs, suite
+from training.comm.spardl import simulate_schedule
+
+
+# ------------------------------------------------------------------------------ schedule
+@pytest.mark.parametrize("split", ["halving", "pow2"])
+@pytest.mark.parametrize("P", list(range(1, 34)))
+def test_schedule_gives_each_block_one_contribution_per_worker(P, split):
+    rounds = comm.spardl_schedule(P, split)
+    assert len(rounds) == math.ceil(math.log2(P)) if P > 1 else len(rounds) == 0
+    hold = simulate_schedule(P, rounds)
+    everyone = Counter(range(P))
+    for w in range(P):
+        assert set(hold[w]) == {w}, f"worker {w} ends holding blocks {sorted(hold[w])}"
+        assert hold[w][w] == everyone
+    sent = Counter()
+    received = Counter()
+    for rnd in rounds:
+        peers = Counter()
+        for tr in rnd:
+            assert tr.src != tr.dst and tr.blocks
+            sent[tr.src] += len(tr.blocks)
+            received[tr.dst] += len(tr.blocks)
+            peers[tr.src] += 1
+        if split == "halving":
+            assert max(peers.values()) <= 2  # at most two messages per worker and round
+    for w in range(P):
+        assert sent[w] == P - 1 and received[w] == P - 1
+
+
+def test_schedule_worked_examples_from_the_docstring():
+    def fmt(P):
+        return [sorted((t.src, t.dst, t.blocks) for t in rnd) for rnd in comm.spardl_schedule(P)]
+
+    assert fmt(3) == [
+        [(0, 2, (2,)), (1, 2, (2,)), (2, 0, (0,)), (2, 1, (1,))],
+        [(0, 1, (1,)), (1, 0, (0,))],
+    ]
+    assert fmt(5)[0] == [
+        (0, 3, (3, 4)),
+        (1, 3, (3,)),
+        (1, 4, (4,)),
+        (2, 4, (3, 4)),
+        (3, 0, (0, 1)),
+        (3, 1, (2,)),
+        (4, 1, (0,)),
+        (4, 2, (1, 2)),
+    ]
+    assert fmt(6)[0] == [
+        (0, 3, (3, 4, 5)),
+        (1, 4, (3, 4, 5)),
+        (2, 5, (3, 4, 5)),
+        (3, 0, (0, 1, 2)),
+        (4, 1, (0, 1, 2)),
+        (5, 2, (0, 1, 2)),
+    ]
+    assert [sorted((t.src, t.dst, t.blocks) for t in r) for r in comm.spardl_schedule(5, "pow2")][
+        0
+    ] == [(j, 4, (4,)) for j in range(4)] + [(4, j, (j,)) for j in range(4)]
+
+
+def test_simulation_catches_a_broken_schedule():
+    bad = ((comm.Transfer(0, 1, (1,)),), (comm.Transfer(0, 1, (1,)),))
+    with pytest.raises(comm.CommError, match="lacks"):
+        simulate_schedule(2, bad)
+    hold = simulate_schedule(2, bad[:1])
+    assert hold[0] == {0: Counter({0: 1})}  # worker 1 never sent block 0: contribution lost
+    assert hold[1][1] == Counter({0: 1, 1: 1})
+
+
+# --------------------------------------------------------------------------- real runs
+@pytest.fixture(scope="module", params=[3, 5, 6], ids=lambda p: f"P{p}")
+def run(request):
+    return launch_cached(suite, request.param)
+
+
+def _split_sizes(split):
+    return [sum(math.prod(SHAPES[i]) for i in members) for members in split]
+
+
+def _buckets(split, tensors):
+    return [torch.cat([tensors[i] for i in members]) for members in split]
+
+
+def _spardl_reference(accs: list[torch.Tensor], k: int) -> torch.Tensor:
+    """SparDL with one team, played in one process on float64 copies."""
+    P = len(accs)
+    n = accs[0].numel()
+    bounds = [j * n // P for j in range(P + 1)]
+    kb = math.ceil(k / P)
+    W = [a.double().clone() for a in accs]
+
+    def take(w: int, j: int) -> torch.Tensor:
+        lo, hi = bounds[j], bounds[j + 1]
+        out = torch.zeros(n, dtype=torch.float64)
+        top = torch.argsort(-W[w][lo:hi].abs())[: min(kb, hi - lo)] + lo
+        out[top] = W[w][top]
+        W[w][top] = 0
+        return out
+
+    for rnd in comm.spardl_schedule(P):
+        msgs = [(tr.dst, sum(take(tr.src, j) for j in tr.blocks)) for tr in rnd]
+        for dst, vec in msgs:
+            W[dst] += vec
+    return sum(take(w, w) for w in range(P))
+
+
+def test_matches_plain_reference(run):
+    P = len(run)
+    for it in range(ITERS):
+        recs = [res["raw"]["spardl"]["records"][it] for res in run]
+        split = recs[0]["split"]
+        got = _buckets(split, recs[0]["avg"])
+        accs = [
+            _buckets(split, [g + b for g, b in zip(r["grads"], r["before"], strict=True)])
+            for r in recs
+        ]
+        for b, per_rank in enumerate(zip(*accs, strict=True)):
+            k = math.ceil(DENSITY * per_rank[0].numel() - 1e-9)
+            expect = _spardl_reference(list(per_rank), k)
+            np.testing.assert_allclose(got[b].numpy(), expect.numpy() / P, atol=1e-5)
+
+
+def test_density_one_is_the_dense_average(run):
+    keys = [k for k in raw_configs(len(run)) if k.startswith("spardl") and k.endswith("dense")]
+    assert "spardl_dense" in keys
+    for key in keys:
+        for it in range(ITERS):
+            recs = [res["raw"][key]["records"][it] for res in run]
+            for i in range(len(SHAPES)):
+                dense = sum(r["grads"][i] for r in recs) / len(run)
+                torch.testing.assert_close(recs[0]["avg"][i], dense, rtol=1e-6, atol=1e-6)
+                for r in recs:
+                    assert torch.all(r["after"][i] == 0), key
+
+
+def test_residual_conservation_all_variants(run):
+    keys = [k for k in raw_configs(len(run)) if k.startswith("spardl")]
+    assert len(keys) >= 6
+    for key in keys:
+        check_conservation(run, key)
+
+
+def _ks(run, key: str, it: int, density: float) -> list[int]:
+    sizes = _split_sizes(run[0]["raw"][key]["records"][it]["split"])
+    return [math.ceil(density * n - 1e-9) for n in sizes]
+
+
+@pytest.mark.parametrize("variant", ["", "_fp16"])
+def test_bytes_per_worker_exact(run, variant):
+    """Teams = d (t = P / d workers per team): (t - 1) blocks of ceil(k / t) pairs in the
+    reduce-scatter, d - 1 across teams, t - 1 in the all-gather; same received."""
+    P = len(run)
+    pair = 4 + (2 if variant else 4)
+    for d in [d for d in range(1, P + 1) if P % d == 0]:
+        key = ("spardl" if d == 1 else f"spardl_teams{d}") + variant
+        t = P // d
+        for it in range(ITERS):
+            ks = _ks(run, key, it, DENSITY)
+            exact = sum((2 * (t - 1) + d - 1) * math.ceil(k / t) for k in ks) * pair
+            for res in run:
+                rec = res["raw"][key]["stats"][it]
+                assert rec["bytes_sent"] == exact, key
+                assert rec["bytes_recv"] == exact, key
+
+
+def test_bytes_per_worker_close_to_two_k_pairs(run):
+    """One team: 2 k (P - 1) / P (index, value) pairs each way, up to the rounding of
+    k / P per block (no header: all message sizes are known in advance)."""
+    P = len(run)
+    for it in range(ITERS):
+        ideal = sum(2 * k * (P - 1) / P for k in _ks(run, "spardl_d20", it, 0.2)) * 8
+        for res in run:
+            rec = res["raw"]["spardl_d20"]["stats"][it]
+            assert rec["bytes_sent"] == pytest.approx(ideal, rel=0.03)
+            assert rec["bytes_recv"] == pytest.approx(ideal, rel=0.03)
+
+
+def test_teams_apply_at_most_k_pairs_per_bucket(run):
+    P = len(run)
+    for d in [d for d in range(2, P + 1) if P % d == 0]:
+        key = f"spardl_teams{d}"
+        t = P // d
+        for it in range(ITERS):
+            recs = [res["raw"][key]["records"][it] for res in run]
+            split = recs[0]["split"]
+            for avg, n in zip(_buckets(split, recs[0]["avg"]), _split_sizes(split), strict=True):
+                k = math.ceil(DENSITY * n - 1e-9)
+                assert 0 < int((avg != 0).sum()) <= t * math.ceil(k / t)

@@ -1,0 +1,44 @@
+"""Per-iteration stats records, reset and sums; warm-up density schedule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training.comm import CommStats, make_hook, sum_stats
+
+
+def test_records_open_fill_and_close():
+    stats = CommStats()
+    stats.begin(0, torch.device("cpu"))
+    stats.add(bytes_sent=10, bytes_recv=4, nnz=3)
+    stats.begin(0, torch.device("cpu"))  # a second bucket of the same iteration
+    stats.add(bytes_sent=5, buckets=1)
+    with stats.timer("select_s"):
+        sum(range(1000))
+    stats.finish()
+    assert len(stats) == 1 and stats.current is None
+    rec = stats[0]
+    assert (rec["iteration"], rec["bytes_sent"], rec["bytes_recv"], rec["nnz"]) == (0, 15, 4, 3)
+    assert rec["select_s"] > 0 and rec["comm_s"] == 0.0
+    stats.begin(1, torch.device("cpu"))
+    stats.add(bytes_sent=1)
+    stats.finish()
+    total = stats.total()
+    assert total["bytes_sent"] == 16 and total["iterations"] == 2
+    assert stats.total(last=1)["bytes_sent"] == 1
+    assert sum_stats(stats)["bytes_recv"] == 4
+    stats.reset()
+    assert len(stats) == 0 and stats.total()["iterations"] == 0
+
+
+def test_add_outside_an_iteration_is_an_error():
+    with pytest.raises(RuntimeError):
+        CommStats().add(bytes_sent=1)
+
+
+def test_exponential_warmup_schedule():
+    state, _ = make_hook("topk", density=0.01, warmup=4)
+    assert [state.density_at(t) for t in range(6)] == [0.25, 0.0625, 0.015625, 0.01, 0.01, 0.01]
+    state, _ = make_hook("topk", density=0.1, warmup=2, warmup_mode="dense")
+    assert [state.density_at(t) for t in range(3)] == [None, None, 0.1]

@@ -1,0 +1,39 @@
+"""Sparse gradient communication as PyTorch DDP communication hooks.
+
+``make_hook(name, density=..., **options) -> (state, hook)`` for
+``ddp_model.register_comm_hook(state, hook)``; ``available()`` lists the names:
+
+- ``dense``: all-reduce average (DDP's default, instrumented);
+- ``topk``: exact local top-k, all-gather of (index, value) pairs;
+- ``gaussiank``: GaussianK threshold selection, all-gather;
+- ``spardl``: SparDL sparse reduce-scatter + all-gather, any P, optional teams;
+- ``exdyna``: ExDyna exclusive rotating partitions with online threshold scaling;
+- ``dfs``: block-aligned selection with a dynamic block size.
+
+All sparse hooks keep error-feedback residuals per parameter (surviving DDP's bucket
+rebuild), share ``density``, ``warmup``/``warmup_mode``, ``momentum`` (DGC momentum
+correction) and ``fp16`` options, return the average of what is applied, and record bytes and
+times per iteration in ``state.stats``. Only gloo/NCCL-common operations are used.
+"""
+
+from training.comm import dense, dfs, exdyna, gaussiank, spardl, topk  # noqa: F401  (register)
+from training.comm.bucket import SimpleBucket
+from training.comm.errors import CommError
+from training.comm.registry import available, get, make_hook
+from training.comm.spardl import Transfer, simulate_schedule, spardl_schedule
+from training.comm.state import HookState
+from training.comm.stats import CommStats, sum_stats
+
+__all__ = [
+    "CommError",
+    "CommStats",
+    "HookState",
+    "SimpleBucket",
+    "Transfer",
+    "available",
+    "get",
+    "make_hook",
+    "simulate_schedule",
+    "spardl_schedule",
+    "sum_stats",
+]

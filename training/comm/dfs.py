@@ -1,0 +1,135 @@
+"""``dfs``: DFS-style block sparsification with a dynamic block size; error feedback.
+
+Selection is aligned to blocks of ``B`` consecutive elements, so whole blocks are either sent
+or left at zero, and only non-zero blocks travel: ``m = ceil(k / B)`` block ids (int32) plus
+their ``m * B`` values, chosen as the blocks of ``acc = gradient + residual`` with the largest
+energy (sum of squares). The value budget stays about ``k = ceil(density * numel)``; the
+index cost drops from ``k`` to ``k / B`` ints.
+
+Dynamic block size from the observed density: each worker measures the in-block density of
+what it sent, the fraction of the sent values that are at least the element-wise top-k
+magnitude (estimated on a strided sample of at most 4096 elements). The value rides along at
+the end of the value payload, so every rank sees every worker's figure and applies the same
+rule to the mean: above ``grow_at`` (blocks are mostly significant) the block size doubles,
+below ``shrink_at`` it halves, within ``[1, max_block]``. With ``B = 1`` the scheme is exact
+top-k. All workers always use the same ``B`` and ``m``, so payloads have equal sizes.
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from training.comm.errors import CommError
+from training.comm.exchange import INDEX_DTYPE, allgather_parts, to_wire
+from training.comm.registry import register
+from training.comm.select import k_for, topk_indices
+from training.comm.state import HookState, run_hook
+from training.comm.store import BucketLayout
+
+SAMPLE = 4096
+
+
+class DFSState(HookState):
+    name = "dfs"
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        density: float = 0.01,
+        warmup: int = 0,
+        warmup_mode: str = "exp",
+        momentum: float = 0.0,
+        fp16: bool = False,
+        block_size: int = 16,
+        max_block: int = 256,
+        grow_at: float = 0.6,
+        shrink_at: float = 0.3,
+        sync_cuda_timing: bool = True,
+    ) -> None:
+        super().__init__(
+            process_group,
+            density=density,
+            warmup=warmup,
+            warmup_mode=warmup_mode,
+            momentum=momentum,
+            fp16=fp16,
+            sync_cuda_timing=sync_cuda_timing,
+        )
+        if not isinstance(max_block, int) or max_block < 1:
+            raise CommError(f"dfs: max_block must be a positive int, got {max_block!r}")
+        if not isinstance(block_size, int) or not 1 <= block_size <= max_block:
+            raise CommError(f"dfs: block_size must be an int in [1, max_block], got {block_size!r}")
+        if not 0.0 <= shrink_at < grow_at <= 1.0:
+            raise CommError(f"dfs: need 0 <= shrink_at < grow_at <= 1, got {shrink_at}, {grow_at}")
+        self.block_size = block_size
+        self.max_block = max_block
+        self.grow_at = grow_at
+        self.shrink_at = shrink_at
+        self.sizes: dict[tuple[int, ...], int] = {}
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        self.sizes.clear()
+
+
+def topk_magnitude_estimate(x: torch.Tensor, k: int) -> float:
+    """Approximate k-th largest ``|x|`` from a strided sample (no full sort)."""
+    n = x.numel()
+    step = max(1, n // SAMPLE)
+    sample = x[::step].abs()
+    rank = min(sample.numel(), max(1, round(k / n * sample.numel())))
+    return float(torch.topk(sample, rank, sorted=False).values.min())
+
+
+def _exchange(state: DFSState, layout: BucketLayout, acc: torch.Tensor, density: float):
+    P = state.size
+    n = acc.numel()
+    k = k_for(density, n)
+    B = min(state.sizes.get(layout.key, state.block_size), n)
+    nb = math.ceil(n / B)
+    m = min(nb, math.ceil(k / B))
+    dev = acc.device
+    with state.stats.timer("select_s"):
+        padded = torch.zeros(nb * B, device=dev)
+        padded[:n] = acc
+        rows = padded.view(nb, B)
+        ids = topk_indices(rows.pow(2).sum(1), m)
+        values = rows[ids].flatten()
+        if k < n:
+            thr = topk_magnitude_estimate(acc, k)
+            fill = float((values.abs() >= thr).sum()) / max(1, values.numel())
+        else:
+            fill = 1.0
+        payload, seen = to_wire(torch.cat([values, values.new_tensor([fill])]), state.fp16)
+    gathered = allgather_parts(state, [ids.to(INDEX_DTYPE), payload], [[m, m * B + 1]] * P)
+    offsets = torch.arange(B, device=dev)
+    total = torch.zeros(nb * B, device=dev)
+    fills = []
+    for g_ids, g_vals in gathered:
+        pos = (g_ids.long()[:, None] * B + offsets).flatten()
+        total.index_add_(0, pos, g_vals[:-1].float())
+        fills.append(float(g_vals[-1]))
+    mine = (ids[:, None] * B + offsets).flatten()
+    padded.index_add_(0, mine, -seen[:-1])
+    keep = mine < n
+    mean_fill = sum(fills) / len(fills)
+    grown = 2 * B
+    if mean_fill > state.grow_at and grown <= min(state.max_block, n):
+        state.sizes[layout.key] = grown
+    elif mean_fill < state.shrink_at and B > 1:
+        state.sizes[layout.key] = B // 2
+    else:
+        state.sizes[layout.key] = B
+    state.stats.add(nnz=P * m * B)
+    return total[:n], padded[:n], mine[keep]
+
+
+def dfs_hook(state: DFSState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Block-aligned selection of whole blocks (ids + values), dynamic block size; error
+    feedback."""
+    return run_hook(state, bucket, _exchange)
+
+
+register("dfs", DFSState, dfs_hook)

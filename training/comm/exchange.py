@@ -1,0 +1,150 @@
+"""Communication primitives shared by the hooks, with byte accounting.
+
+Only operations that both gloo (CPU) and NCCL (GPU) implement are used: ``all_gather`` (of
+equal-size tensors: variable payloads are padded after an exchange of sizes), ``all_reduce``
+and point-to-point ``isend``/``irecv`` batched with ``batch_isend_irecv`` (NCCL needs the
+batch when two workers send to each other in the same round). All calls are synchronous: the
+hooks return already-completed futures, which keeps multi-round schemes simple and makes every
+worker issue the same collectives in the same order (DDP calls the hook bucket by bucket in
+index order on every rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from training.comm.errors import CommError
+
+if TYPE_CHECKING:
+    from training.comm.state import HookState
+
+FP16_MAX = 65504.0
+INDEX_DTYPE = torch.int32
+
+
+def to_wire(values: torch.Tensor, fp16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(payload to send, float32 value the receiver will see). With ``fp16`` the payload is
+    half precision (clamped to its range); the caller keeps ``values - seen`` as residual, so
+    rounding is fed back instead of lost."""
+    if not fp16:
+        v = values.float()
+        return v, v
+    payload = values.clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
+    return payload, payload.float()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def allreduce_sum(state: HookState, tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` in place over the group (ring model for the byte count)."""
+    P = state.size
+    if P > 1:
+        with state.stats.timer("comm_s"):
+            dist.all_reduce(tensor, group=state.group)
+        b = _nbytes(tensor) * 2 * (P - 1) / P
+        state.stats.add(bytes_sent=b, bytes_recv=b)
+    return tensor
+
+
+def allgather_parts(
+    state: HookState,
+    parts: Sequence[torch.Tensor],
+    lengths: Sequence[Sequence[int]] | None = None,
+) -> list[list[torch.Tensor]]:
+    """All-gather 1-D tensors; returns ``out[r][i]`` = rank r's ``parts[i]``.
+
+    ``lengths[r][i]``, when every rank already knows it, is the length of rank r's part i (no
+    header is sent). Otherwise the lengths are all-gathered first (one int64 per part). Parts
+    are padded to the longest and trimmed after."""
+    P = state.size
+    if P == 1:
+        return [list(parts)]
+    group = state.group
+    stats = state.stats
+    if lengths is not None:
+        mine = [p.numel() for p in parts]
+        if list(lengths[state.rank]) != mine:
+            raise CommError(f"all-gather: parts of length {mine}, announced {lengths[state.rank]}")
+    with stats.timer("comm_s"):
+        if lengths is None:
+            dev = parts[0].device
+            mine = torch.tensor([p.numel() for p in parts], dtype=torch.int64, device=dev)
+            got = [torch.empty_like(mine) for _ in range(P)]
+            dist.all_gather(got, mine, group=group)
+            lengths = [g.tolist() for g in got]
+            hb = _nbytes(mine) * (P - 1)
+            stats.add(bytes_sent=hb, bytes_recv=hb)
+        gathered: list[list[torch.Tensor]] = [[] for _ in range(P)]
+        for i, part in enumerate(parts):
+            longest = max(lengths[r][i] for r in range(P))
+            if longest == 0:
+                for r in range(P):
+                    gathered[r].append(part.new_empty(0))
+                continue
+            if part.numel() < longest:
+                pad = part.new_zeros(longest - part.numel())
+                send = torch.cat([part, pad])
+            else:
+                send = part.contiguous()
+            bufs = [torch.empty_like(send) for _ in range(P)]
+            dist.all_gather(bufs, send, group=group)
+            for r in range(P):
+                gathered[r].append(bufs[r][: lengths[r][i]])
+            b = _nbytes(send) * (P - 1)
+            stats.add(bytes_sent=b, bytes_recv=b)
+    return gathered
+
+
+def p2p_exchange(
+    state: HookState,
+    sends: Sequence[tuple[int, Sequence[torch.Tensor]]],
+    recvs: Sequence[tuple[int, Sequence[tuple[int, torch.dtype]]]],
+) -> list[list[torch.Tensor]]:
+    """One round of point-to-point messages (peers are ranks within the group).
+
+    ``sends``: (peer, tensors); ``recvs``: (peer, [(numel, dtype), ...]) describing what that
+    peer sends us, in the same order. Empty tensors are not sent (both sides know the sizes).
+    Returns the received tensors per entry of ``recvs``."""
+    device = state.device
+    ops: list[dist.P2POp] = []
+    out: list[list[torch.Tensor]] = []
+    sent = 0
+    recv = 0
+    for peer, tensors in sends:
+        g = state.global_rank(peer)
+        for t in tensors:
+            if t.numel():
+                ops.append(dist.P2POp(dist.isend, t.contiguous(), g, group=state.group))
+                sent += _nbytes(t)
+    for peer, specs in recvs:
+        g = state.global_rank(peer)
+        got = []
+        for numel, dtype in specs:
+            t = torch.empty(numel, dtype=dtype, device=device)
+            if numel:
+                ops.append(dist.P2POp(dist.irecv, t, g, group=state.group))
+                recv += _nbytes(t)
+            got.append(t)
+        out.append(got)
+    if ops:
+        with state.stats.timer("comm_s"):
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+    state.stats.add(bytes_sent=sent, bytes_recv=recv)
+    return out
+
+
+def add_pairs(out: torch.Tensor, pieces: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """``out[idx] += val`` for each (idx, val) piece, one piece after another.
+
+    Adding piece by piece (indices are unique within a piece) keeps the summation order the
+    same on every rank and device, so all ranks apply bit-identical updates."""
+    for idx, val in pieces:
+        if idx.numel():
+            out.index_add_(0, idx.long(), val.to(out.dtype))

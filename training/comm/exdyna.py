@@ -1,0 +1,242 @@
+"""``exdyna``: ExDyna (Yoon et al. 2024), exclusive dynamic partitioning with error feedback.
+
+Per bucket, the flat gradient is cut into ``blocks`` fine-grained blocks (default 256, fewer
+for tiny buckets) and the blocks are grouped into P contiguous partitions. At iteration ``t``
+worker ``w`` selects only inside partition ``(w + t) mod P`` (the assignment rotates so every
+worker's residual is visited), so the selections of different workers never overlap:
+
+1. selection: ``|acc| >= threshold`` inside the own partition (the first iteration of a
+   bucket: the exact top-``k * len / numel`` of the partition, whose smallest magnitude seeds
+   the threshold); a worker keeps at most ``4 k / P`` (largest first) as a safety cap;
+2. a fixed-size header (count, seed threshold, counts above 9 probe thresholds) is
+   all-gathered, then the selected int32 indices (padded to the largest count);
+3. every worker all-reduces its own ``acc`` at the union of the indices (no overlap, so the
+   union is exactly the concatenation and ``sum`` is a true sum over workers there); the
+   residual keeps ``acc`` minus what it contributed, i.e. unselected values stay with the
+   worker that had them. (This is how the authors' code combines the exclusive selections;
+   at density 1 it is exactly the dense average.) With ``fp16`` the all-reduce sums in half
+   precision, so conservation holds up to the rounding of that sum.
+
+Online threshold scaling: the header's probe counts (how many elements of each partition
+exceed ``threshold * 2^(e/2)``, ``e = -4..4``) summed over workers give the global count as a
+function of the threshold at this iteration; the next threshold is the log-linear
+interpolation where that count equals a target. The target starts at
+``k = ceil(density * numel)`` and is corrected multiplicatively by ``(k / achieved)^0.3``
+every iteration (integral action: the next owner of a partition brings residual that grew
+meanwhile, which the probes cannot see), so the achieved density settles at the user's
+density without a sort.
+
+Partition balancing: the union of indices tells every worker how many selections fell into
+each block. Partition boundaries then move block by block (at most ``max_shift`` per boundary
+and iteration, left to right) from the busier to the less busy neighbour while that brings
+their counts closer, keeping at least one block per partition. All of this is computed from
+gathered data, so every rank keeps identical partitions and thresholds.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from training.comm.errors import CommError
+from training.comm.exchange import INDEX_DTYPE, allgather_parts, allreduce_sum, to_wire
+from training.comm.registry import register
+from training.comm.select import even_bounds, k_for, topk_indices
+from training.comm.state import HookState, run_hook
+from training.comm.store import BucketLayout
+
+PROBES = tuple(2.0 ** (e / 2) for e in range(-4, 5))
+CAP_FACTOR = 4.0
+RATIO_LIMIT = 16.0
+TARGET_GAIN = 0.3
+
+
+@dataclass
+class _Partitioning:
+    """Per-bucket ExDyna state: block edges (elements), partition edges (blocks), threshold."""
+
+    block_edges: list[int]
+    part_edges: list[int]
+    threshold: float | None = None
+    target_ratio: float = 1.0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class ExDynaState(HookState):
+    name = "exdyna"
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        density: float = 0.01,
+        warmup: int = 0,
+        warmup_mode: str = "exp",
+        momentum: float = 0.0,
+        fp16: bool = False,
+        blocks: int = 256,
+        max_shift: int = 1,
+        sync_cuda_timing: bool = True,
+    ) -> None:
+        super().__init__(
+            process_group,
+            density=density,
+            warmup=warmup,
+            warmup_mode=warmup_mode,
+            momentum=momentum,
+            fp16=fp16,
+            sync_cuda_timing=sync_cuda_timing,
+        )
+        if not isinstance(blocks, int) or blocks < 1:
+            raise CommError(f"exdyna: blocks must be a positive int, got {blocks!r}")
+        if not isinstance(max_shift, int) or max_shift < 0:
+            raise CommError(f"exdyna: max_shift must be a non-negative int, got {max_shift!r}")
+        self.blocks = blocks
+        self.max_shift = max_shift
+        self.partitions: dict[tuple[int, ...], _Partitioning] = {}
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        self.partitions.clear()
+
+
+def _partitioning(state: ExDynaState, layout: BucketLayout, P: int) -> _Partitioning:
+    part = state.partitions.get(layout.key)
+    if part is None or len(part.part_edges) != P + 1:
+        n = layout.numel
+        nb = max(1, min(state.blocks, n))
+        part = _Partitioning(even_bounds(n, nb), even_bounds(nb, P))
+        state.partitions[layout.key] = part
+    return part
+
+
+def rebalance(part_edges: list[int], block_counts: list[int], max_shift: int) -> list[int]:
+    """Move partition boundaries block by block toward equal selection counts.
+
+    Boundaries are visited left to right; boundary i (between partitions i-1 and i) moves at
+    most ``max_shift`` blocks, handing its edge block from the busier to the lighter side
+    while that strictly reduces the difference of the two counts or the block is empty (so a
+    boundary can walk through an idle region toward the busy one), and never leaves a
+    partition without a block."""
+    edges = list(part_edges)
+
+    def count(p: int) -> int:
+        return sum(block_counts[edges[p] : edges[p + 1]])
+
+    for i in range(1, len(edges) - 1):
+        for _ in range(max_shift):
+            left, right = count(i - 1), count(i)
+            if left > right and edges[i] - edges[i - 1] > 1:
+                moved = block_counts[edges[i] - 1]
+                if moved == 0 or abs((left - moved) - (right + moved)) < left - right:
+                    edges[i] -= 1
+                    continue
+            elif right > left and edges[i + 1] - edges[i] > 1:
+                moved = block_counts[edges[i]]
+                if moved == 0 or abs((left + moved) - (right - moved)) < right - left:
+                    edges[i] += 1
+                    continue
+            break
+    return edges
+
+
+def next_threshold(threshold: float, probe_counts: list[int], k: float) -> float:
+    """Threshold whose (interpolated) global count is ``k``, from the counts above
+    ``threshold * PROBES[e]`` (non-increasing in e)."""
+    levels = [threshold * s for s in PROBES]
+    if probe_counts[0] <= k:
+        return levels[0]
+    if probe_counts[-1] >= k:
+        return levels[-1]
+    for e in range(len(levels) - 1):
+        hi, lo = probe_counts[e], probe_counts[e + 1]
+        if hi >= k >= lo:
+            if hi == lo:
+                return levels[e]
+            lo_f = max(lo, 0.5)  # an empty probe: interpolate toward "half an element"
+            frac = (math.log(hi) - math.log(max(k, lo_f))) / (math.log(hi) - math.log(lo_f))
+            return math.exp(
+                math.log(levels[e]) + frac * (math.log(levels[e + 1]) - math.log(levels[e]))
+            )
+    return threshold
+
+
+def _exchange(state: ExDynaState, layout: BucketLayout, acc: torch.Tensor, density: float):
+    P, rank, it = state.size, state.rank, state.iteration
+    n = acc.numel()
+    k = k_for(density, n)
+    part = _partitioning(state, layout, P)
+    stats = state.stats
+    p = (rank + it) % P
+    lo = part.block_edges[part.part_edges[p]]
+    hi = part.block_edges[part.part_edges[p + 1]]
+    seg = acc[lo:hi]
+    dev = acc.device
+    nprobe = len(PROBES)
+    with stats.timer("select_s"):
+        seed = 0.0
+        probes = [0] * nprobe
+        if k >= n:
+            idx = torch.arange(seg.numel(), device=dev)
+        elif part.threshold is None:
+            idx = topk_indices(seg, k_for(density, seg.numel()) if seg.numel() else 0)
+            if idx.numel():
+                seed = float(seg[idx].abs().min())
+        else:
+            mag = seg.abs()
+            levels = torch.tensor([part.threshold * s for s in PROBES], device=dev)
+            above = torch.bucketize(mag, levels, right=True)  # number of levels <= |x|
+            hist = torch.bincount(above, minlength=nprobe + 1)
+            probes = hist.flip(0).cumsum(0).flip(0)[1:].tolist()
+            idx = torch.nonzero((mag >= part.threshold) & (mag > 0)).flatten()
+            cap = math.ceil(CAP_FACTOR * k / P)
+            if idx.numel() > cap:
+                idx = idx[topk_indices(seg[idx], cap)]
+        idx = idx + lo
+        header = torch.tensor([float(idx.numel()), seed, *probes], dtype=torch.float64)
+    headers = allgather_parts(state, [header.to(dev)], [[header.numel()]] * P)
+    rows = [h[0].tolist() for h in headers]
+    counts = [int(r[0]) for r in rows]
+    gathered = allgather_parts(state, [idx.to(INDEX_DTYPE)], [[c] for c in counts])
+    union = torch.cat([g[0] for g in gathered]).long()
+    payload, seen = to_wire(acc[union], state.fp16)
+    summed = allreduce_sum(state, payload.clone()).float()
+    total = torch.zeros_like(acc)
+    total[union] = summed
+    residual = acc.index_add_(0, union, -seen)
+
+    with stats.timer("select_s"):
+        selected = int(union.numel())
+        if k < n:
+            if part.threshold is None:
+                seeds = [r[1] for r in rows if r[1] > 0]
+                part.threshold = sum(seeds) / len(seeds) if seeds else None
+            else:
+                # integral correction: the probes see this iteration's partitions, but the next
+                # owner of a partition brings residual that has grown meanwhile, so aim the
+                # probe interpolation at a target that drifts until the achieved count is k
+                ratio = part.target_ratio * (k / max(selected, 1)) ** TARGET_GAIN
+                part.target_ratio = min(RATIO_LIMIT, max(1.0 / RATIO_LIMIT, ratio))
+                global_probes = [int(sum(r[2 + e] for r in rows)) for e in range(nprobe)]
+                part.threshold = next_threshold(
+                    part.threshold, global_probes, k * part.target_ratio
+                )
+            if state.max_shift and len(part.block_edges) - 1 >= P:
+                edges_t = torch.tensor(part.block_edges[1:-1], device=dev)
+                block_of = torch.bucketize(union, edges_t, right=True)
+                per_block = torch.bincount(block_of, minlength=len(part.block_edges) - 1)
+                part.part_edges = rebalance(part.part_edges, per_block.tolist(), state.max_shift)
+        part.history.append({"iteration": it, "selected": selected, "k": k})
+        del part.history[:-16]
+    stats.add(nnz=selected)
+    return total, residual, union
+
+
+def exdyna_hook(state: ExDynaState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """ExDyna: exclusive rotating partitions, threshold selection, index all-gather + value
+    all-reduce; error feedback."""
+    return run_hook(state, bucket, _exchange)
+
+
+register("exdyna", ExDynaState, exdyna_hook)

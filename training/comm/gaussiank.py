@@ -1,0 +1,63 @@
+"""``gaussiank``: GaussianK-SGD (Shi et al. 2019) with error feedback.
+
+Instead of an exact top-k, the threshold comes from the mean and std of
+``acc = gradient + residual`` through the normal quantile for the wanted density (two-sided:
+``|mean| + std * z(1 - density / 2)``), refined up to 3 times (halved if fewer than 2k/3 pass,
+x1.5 if more than 4k/3 pass). Counts differ between workers, so the exchange all-gathers the
+sizes first and pads (see ``exchange.allgather_parts``).
+"""
+
+import torch
+import torch.distributed as dist
+
+from training.comm.errors import CommError
+from training.comm.registry import register
+from training.comm.select import gaussiank_indices, k_for
+from training.comm.sparse import allgather_exchange
+from training.comm.state import HookState, run_hook
+from training.comm.store import BucketLayout
+
+
+class GaussianKState(HookState):
+    name = "gaussiank"
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        density: float = 0.01,
+        warmup: int = 0,
+        warmup_mode: str = "exp",
+        momentum: float = 0.0,
+        fp16: bool = False,
+        refine: int = 3,
+        sync_cuda_timing: bool = True,
+    ) -> None:
+        super().__init__(
+            process_group,
+            density=density,
+            warmup=warmup,
+            warmup_mode=warmup_mode,
+            momentum=momentum,
+            fp16=fp16,
+            sync_cuda_timing=sync_cuda_timing,
+        )
+        if not isinstance(refine, int) or refine < 0:
+            raise CommError(f"gaussiank: refine must be a non-negative int, got {refine!r}")
+        self.refine = refine
+
+
+def _exchange(state: GaussianKState, layout: BucketLayout, acc: torch.Tensor, density: float):
+    with state.stats.timer("select_s"):
+        idx = gaussiank_indices(acc, k_for(density, acc.numel()), state.refine)
+    return allgather_exchange(state, acc, idx, fixed=False)
+
+
+def gaussiank_hook(
+    state: GaussianKState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """GaussianK threshold selection of gradient + residual, all-gathered; error feedback."""
+    return run_hook(state, bucket, _exchange)
+
+
+register("gaussiank", GaussianKState, gaussiank_hook)

@@ -1,0 +1,90 @@
+"""Registry of communication hooks by name, and the ``make_hook`` entry point.
+
+A hook module registers ``(state class, hook function)``; the state class's keyword-only
+constructor arguments are the hook's options, so ``make_hook`` can reject an unknown one with
+a message naming it instead of failing deep inside a training step.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.comm.errors import CommError
+
+Hook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    name: str
+    state_cls: type
+    hook: Hook
+    summary: str
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Option name -> default value."""
+        sig = inspect.signature(self.state_cls.__init__)
+        return {
+            p.name: p.default
+            for p in sig.parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+
+
+_REGISTRY: dict[str, HookSpec] = {}
+
+
+def register(name: str, state_cls: type, hook: Hook) -> None:
+    """Register ``hook`` under ``name``. Hook modules must not use ``from __future__ import
+    annotations``: DDP compares the ``bucket`` annotation with ``dist.GradBucket`` itself."""
+    bucket_ann = inspect.signature(hook).parameters["bucket"].annotation
+    if bucket_ann not in (inspect.Parameter.empty, dist.GradBucket):
+        raise CommError(f"comm hook {name!r}: annotate bucket as dist.GradBucket, not a string")
+    if name in _REGISTRY:
+        raise CommError(f"comm hook {name!r} registered twice")
+    doc = (inspect.getdoc(hook) or "").strip().splitlines()
+    _REGISTRY[name] = HookSpec(name, state_cls, hook, doc[0] if doc else "")
+
+
+def available() -> list[str]:
+    """Names of the registered hooks."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> HookSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise CommError(
+            f"unknown comm hook {name!r}; available: {', '.join(available())}"
+        ) from None
+
+
+def make_hook(
+    name: str,
+    *,
+    process_group: dist.ProcessGroup | None = None,
+    density: float = 0.01,
+    **options: Any,
+) -> tuple[Any, Hook]:
+    """Build ``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``.
+
+    ``options`` are the hook's keyword options (see ``get(name).options``); an unknown one
+    raises ``CommError`` naming it."""
+    spec = get(name)
+    allowed = spec.options
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise CommError(
+            f"comm hook {name!r} has no option(s) {', '.join(map(repr, unknown))}; "
+            f"its options: {', '.join(sorted(allowed))}"
+        )
+    state = spec.state_cls(process_group, density=density, **options)
+    return state, spec.hook

@@ -1,0 +1,292 @@
+"""``spardl``: SparDL (Zhao et al. 2023) sparse reduce-scatter + all-gather, global residuals.
+
+Per bucket, with ``k = ceil(density * numel)``, the flattened ``acc = gradient + residual`` of a
+team of ``t`` workers is cut into ``t`` contiguous blocks; block ``j`` ends up owned by the
+worker at team position ``j`` and carries at most ``kb = ceil(k / t)`` (index, value) pairs.
+
+Spar-Reduce-Scatter (SRS)
+-------------------------
+``spardl_schedule(t)`` lists ``ceil(log2 t)`` rounds of transfers ``src -> dst: [blocks]``.
+Before every send the sender re-takes the top-``kb`` of each block's accumulated partial sum,
+so a message never carries more than ``kb`` pairs per block however many contributions the
+sum already holds. The receiver adds the pairs into its partial sums.
+
+The schedule recursively splits a contiguous range of workers (= the range of blocks they
+will own) into halves A (first ``ceil(s/2)``) and B (``split="halving"``, the default). Each
+worker of A hands its partial sums for B's blocks to B and vice versa; afterwards A and B
+recurse independently. Invariant: for every block of a group, each worker's contribution
+lies in exactly one group member's partial sum. A split keeps it if every partial of a block
+of the other half goes to exactly one worker of that half; which one is free, so the ``x*y``
+(sender, block) cells of a half of size ``x`` sending to a half of size ``y`` are dealt in
+row-major order, ``x`` consecutive cells per receiver: cell ``c = p*y + m`` (sender ``p``,
+block ``m``) goes to receiver ``c // x``. Equal halves give the classic pairwise recursive
+halving; unequal halves (odd sizes) make some workers talk to two peers, but every worker
+still receives exactly as many blocks as the other half has workers. A worker in a group of
+size ``s`` whose half has size ``h`` sends ``s - h`` blocks; summed over the rounds this
+telescopes to exactly ``t - 1`` blocks sent (and received) per worker, for every ``t``.
+
+Worked examples (``src->dst:[blocks]``; after the last round worker j holds block j with one
+contribution of every worker):
+
+P=3   round 1: 0->2:[2] 1->2:[2] 2->0:[0] 2->1:[1]   round 2: 0->1:[1] 1->0:[0]
+      block 2 at worker 2: own + 0 + 1 in round 1; block 0 at worker 0: own + 2 (round 1)
+      + 1's own (round 2); block 1 likewise.
+P=5   round 1 ({0,1,2} | {3,4}): 0->3:[3,4] 1->3:[3] 1->4:[4] 2->4:[3,4]
+                                 3->0:[0,1] 3->1:[2] 4->1:[0] 4->2:[1,2]
+      round 2 ({0,1,2} as P=3 round 1; {3,4} pairwise): 0->2:[2] 1->2:[2] 2->0:[0]
+                                 2->1:[1] 3->4:[4] 4->3:[3]
+      round 3 ({0,1}): 0->1:[1] 1->0:[0]
+P=6   round 1 ({0,1,2} | {3,4,5}, pairwise): 0<->3, 1<->4, 2<->5, three blocks each way
+      rounds 2-3: each half runs the P=3 schedule on its own blocks.
+
+``split="pow2"`` instead splits off the largest power of two ``2^(ceil(log2 s)-1)`` first, so
+the first round carries the ``s - 2^(ceil(log2 s)-1)`` extra blocks and the remaining rounds
+are classic recursive halving (P=5: 0..3->4:[4], 4->j:[j] for j<4, then halving on {0..3});
+it sends the same ``t - 1`` blocks per worker but loads the extra workers more in round 1.
+
+Spar-All-Gather with teams
+--------------------------
+With ``teams=d`` the ``P`` workers form ``d`` teams of ``t = P/d`` consecutive ranks; SRS runs
+inside each team on ``t`` blocks. The owner takes the top-``kb`` of its block; with ``d > 1``
+the ``d`` owners of the same block (one per team) exchange these pieces directly, each sums
+them in team order and re-takes the top-``kb`` (identical on all of them). Finally the owners
+spread their block's ``kb`` pairs to their team: with ``d = 1`` an all-gather over the group,
+with ``d > 1`` direct messages inside the team. Per worker and bucket this sends
+``(t - 1) kb`` pairs in SRS, ``(d - 1) kb`` across teams and ``(t - 1) kb`` in the gather:
+``2 k (P - 1) / P`` pairs with one team.
+
+Global residual collection
+--------------------------
+Each worker works on its own copy ``W`` of ``acc``: a send subtracts exactly what the receiver
+will see (fp16 rounding included), a receive adds it, the owner subtracts what it applies, and
+in the cross-team step each owner adds back its own piece where the final selection dropped it
+(plus, on team 0's owner, the rounding of re-quantising the final values). ``W`` left over is
+the residual, so summed over workers: residuals = sum of inputs - applied sum. Nothing is lost
+and nothing counted twice.
+"""
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import torch.distributed as dist
+
+from training.comm.errors import CommError
+from training.comm.exchange import (
+    INDEX_DTYPE,
+    add_pairs,
+    allgather_parts,
+    p2p_exchange,
+    to_wire,
+)
+from training.comm.registry import register
+from training.comm.select import even_bounds, k_for, topk_indices
+from training.comm.state import HookState, run_hook
+from training.comm.store import BucketLayout
+
+SPLITS = ("halving", "pow2")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """In one round, ``src`` sends its partial sums of ``blocks`` to ``dst``."""
+
+    src: int
+    dst: int
+    blocks: tuple[int, ...]
+
+
+def _split_size(size: int, split: str) -> int:
+    if split == "halving":
+        return (size + 1) // 2
+    return 1 << (math.ceil(math.log2(size)) - 1)
+
+
+def _deal(xlo: int, xhi: int, ylo: int, yhi: int) -> list[Transfer]:
+    """Transfers from half [xlo, xhi) of the blocks of half [ylo, yhi) (see module doc)."""
+    x, y = xhi - xlo, yhi - ylo
+    msgs: dict[tuple[int, int], list[int]] = {}
+    for p in range(x):
+        for m in range(y):
+            msgs.setdefault((xlo + p, ylo + (p * y + m) // x), []).append(ylo + m)
+    return [Transfer(s, d, tuple(b)) for (s, d), b in msgs.items()]
+
+
+@lru_cache(maxsize=64)
+def spardl_schedule(P: int, split: str = "halving") -> tuple[tuple[Transfer, ...], ...]:
+    """The Spar-Reduce-Scatter rounds for ``P`` workers (block j ends at worker j)."""
+    if P < 1:
+        raise CommError(f"spardl: need at least one worker, got {P}")
+    if split not in SPLITS:
+        raise CommError(f"spardl: split must be one of {SPLITS}, got {split!r}")
+    rounds: list[tuple[Transfer, ...]] = []
+    groups = [(0, P)]
+    while any(hi - lo > 1 for lo, hi in groups):
+        transfers: list[Transfer] = []
+        nxt: list[tuple[int, int]] = []
+        for lo, hi in groups:
+            if hi - lo == 1:
+                nxt.append((lo, hi))
+                continue
+            mid = lo + _split_size(hi - lo, split)
+            transfers += _deal(lo, mid, mid, hi) + _deal(mid, hi, lo, mid)
+            nxt += [(lo, mid), (mid, hi)]
+        rounds.append(tuple(transfers))
+        groups = nxt
+    return tuple(rounds)
+
+
+def simulate_schedule(
+    P: int, rounds: tuple[tuple[Transfer, ...], ...]
+) -> list[dict[int, Counter[int]]]:
+    """Play ``rounds`` on contributor multisets: ``out[w][j]`` counts, for each worker, how
+    many times each worker's contribution to block j sits in w's partial sum at the end.
+
+    Sends of a round use the holdings at the start of the round (a worker cannot forward
+    what it receives in the same round). Raises ``CommError`` if a worker sends a block it
+    does not hold."""
+    hold: list[dict[int, Counter[int]]] = [{j: Counter({w: 1}) for j in range(P)} for w in range(P)]
+    for i, rnd in enumerate(rounds):
+        outgoing: list[tuple[int, int, Counter[int]]] = []
+        for tr in rnd:
+            for j in tr.blocks:
+                if j not in hold[tr.src]:
+                    raise CommError(f"round {i}: worker {tr.src} sends block {j} it lacks")
+                outgoing.append((tr.dst, j, hold[tr.src].pop(j)))
+        for dst, j, contrib in outgoing:
+            hold[dst].setdefault(j, Counter()).update(contrib)
+    return hold
+
+
+class SparDLState(HookState):
+    name = "spardl"
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        density: float = 0.01,
+        warmup: int = 0,
+        warmup_mode: str = "exp",
+        momentum: float = 0.0,
+        fp16: bool = False,
+        teams: int = 1,
+        split: str = "halving",
+        sync_cuda_timing: bool = True,
+    ) -> None:
+        super().__init__(
+            process_group,
+            density=density,
+            warmup=warmup,
+            warmup_mode=warmup_mode,
+            momentum=momentum,
+            fp16=fp16,
+            sync_cuda_timing=sync_cuda_timing,
+        )
+        if not isinstance(teams, int) or teams < 1:
+            raise CommError(f"spardl: teams must be a positive int, got {teams!r}")
+        if split not in SPLITS:
+            raise CommError(f"spardl: split must be one of {SPLITS}, got {split!r}")
+        self.teams = teams
+        self.split = split
+
+
+def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, density: float):
+    P, d = state.size, state.teams
+    if P % d:
+        raise CommError(f"spardl: teams={d} does not divide the {P} workers")
+    t = P // d
+    team, q = divmod(state.rank, t)
+    base = team * t  # group rank of team position 0
+    n = acc.numel()
+    k = k_for(density, n)
+    bounds = even_bounds(n, t)
+    kb = math.ceil(k / t) if k else 0
+    kbs = [min(kb, bounds[j + 1] - bounds[j]) for j in range(t)]
+    wire_dtype = torch.float16 if state.fp16 else torch.float32
+    stats = state.stats
+    W = acc  # becomes this worker's residual
+    sent = torch.zeros(n, dtype=torch.bool, device=acc.device)
+
+    def take(j: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Remove the top-kb pairs of block j from W: (positions, payload, value seen)."""
+        lo, hi = bounds[j], bounds[j + 1]
+        with stats.timer("select_s"):
+            idx = topk_indices(W[lo:hi], kbs[j]) + lo
+            payload, seen = to_wire(W[idx], state.fp16)
+            W.index_add_(0, idx, -seen)
+            sent[idx] = True
+        return idx, payload, seen
+
+    # Spar-Reduce-Scatter inside the team.
+    for rnd in spardl_schedule(t, state.split):
+        sends, recvs = [], []
+        for tr in rnd:
+            if tr.src == q:
+                taken = [take(j) for j in tr.blocks]
+                idx = torch.cat([i for i, _, _ in taken]).to(INDEX_DTYPE)
+                sends.append((base + tr.dst, [idx, torch.cat([p for _, p, _ in taken])]))
+            if tr.dst == q:
+                length = sum(kbs[j] for j in tr.blocks)
+                recvs.append((base + tr.src, [(length, INDEX_DTYPE), (length, wire_dtype)]))
+        if sends or recvs:
+            got = p2p_exchange(state, sends, recvs)
+            add_pairs(W, [(i, v) for i, v in got])
+
+    # The owned block: this team's sum, then (d > 1) merged across teams.
+    own_idx, own_payload, own_seen = take(q)
+    lo = bounds[q]
+    if d > 1:
+        peers = [s * t + q for s in range(d) if s != team]
+        got = p2p_exchange(
+            state,
+            [(peer, [own_idx.to(INDEX_DTYPE), own_payload]) for peer in peers],
+            [(peer, [(kbs[q], INDEX_DTYPE), (kbs[q], wire_dtype)]) for peer in peers],
+        )
+        pieces = [(i, v) for i, v in got]
+        pieces.insert(team, (own_idx, own_payload))  # team order: same sum on every owner
+        with stats.timer("select_s"):
+            block_sum = torch.zeros(bounds[q + 1] - lo, device=acc.device)
+            add_pairs(block_sum, [(i.long() - lo, v) for i, v in pieces])
+            fin = topk_indices(block_sum, kbs[q])
+            kept = torch.zeros_like(block_sum, dtype=torch.bool)
+            kept[fin] = True
+            dropped = ~kept[own_idx - lo]
+            W.index_add_(0, own_idx[dropped], own_seen[dropped])
+            fin_payload, fin_seen = to_wire(block_sum[fin], state.fp16)
+            if team == 0 and state.fp16:
+                W.index_add_(0, fin + lo, block_sum[fin] - fin_seen)
+        final = ((fin + lo).to(INDEX_DTYPE), fin_payload)
+    else:
+        final = (own_idx.to(INDEX_DTYPE), own_payload)
+
+    # Spread the final blocks to the team (everyone, when there is one team).
+    blocks: list[tuple[torch.Tensor, torch.Tensor]]
+    if d == 1:
+        blocks = [(i, v) for i, v in allgather_parts(state, final, [[m, m] for m in kbs])]
+    else:
+        mates = [base + j for j in range(t) if j != q]
+        got = p2p_exchange(
+            state,
+            [(mate, list(final)) for mate in mates],
+            [
+                (mate, [(kbs[mate - base], INDEX_DTYPE), (kbs[mate - base], wire_dtype)])
+                for mate in mates
+            ],
+        )
+        blocks = [(i, v) for i, v in got]
+        blocks.insert(q, final)
+    total = torch.zeros_like(acc)
+    add_pairs(total, blocks)
+    stats.add(nnz=sum(int(i.numel()) for i, _ in blocks))
+    return total, W, sent
+
+
+def spardl_hook(state: SparDLState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """SparDL sparse reduce-scatter + (team) all-gather with global residual collection."""
+    return run_hook(state, bucket, _exchange)
+
+
+register("spardl", SparDLState, spardl_hook)

@@ -1,0 +1,178 @@
+"""The state every hook carries, and the driver that wraps a scheme's exchange step.
+
+The driver does what all error-feedback schemes share, so each hook module only implements
+"given the accumulated gradient ``acc`` of this bucket, what is summed over the workers and
+what stays behind":
+
+1. open the iteration's stats record (closed after ``bucket.is_last()``);
+2. ``acc = residual + u`` where ``u`` is the gradient, or with ``momentum = m > 0`` the
+   DGC-style local momentum ``u <- m u + g`` (momentum correction, Lin et al. 2018: use it with
+   a momentum-free optimizer);
+3. the scheme's exchange: returns the summed update over all workers (identical on every
+   rank), this worker's new residual and the positions it sent (for momentum factor masking:
+   ``u`` is zeroed there);
+4. the bucket buffer becomes the sum divided by P (the average, like DDP's default), and
+   residuals are stored per parameter (see ``store.py``).
+
+Warm-up (``warmup = W`` iterations, as in DGC): with ``warmup_mode="exp"`` the density at
+iteration t < W is ``max(density, 0.25 ** (t + 1))`` (25 %, 6.25 %, 1.56 %, ... then the
+target); with ``warmup_mode="dense"`` the first W iterations are dense all-reduces of ``acc``
+(residuals are flushed into them; with ``fp16`` each worker keeps its own rounding, the
+half-precision sum's rounding is not fed back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.comm.errors import CommError
+from training.comm.exchange import allreduce_sum, to_wire
+from training.comm.stats import CommStats
+from training.comm.store import BucketLayout, ParamStore
+
+WARMUP_MODES = ("exp", "dense")
+
+# An exchange step: (state, layout, acc, density) -> (sum over workers, residual, sent positions)
+Exchange = Callable[
+    ["HookState", BucketLayout, torch.Tensor, float],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+]
+
+
+class HookState:
+    """Options, per-parameter residual/momentum stores, stats and the iteration counter."""
+
+    name = "base"
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        density: float = 0.01,
+        warmup: int = 0,
+        warmup_mode: str = "exp",
+        momentum: float = 0.0,
+        fp16: bool = False,
+        sync_cuda_timing: bool = True,
+    ) -> None:
+        if not isinstance(density, int | float) or not 0.0 < float(density) <= 1.0:
+            raise CommError(f"{self.name}: density must be in (0, 1], got {density!r}")
+        if not isinstance(warmup, int) or warmup < 0:
+            raise CommError(f"{self.name}: warmup must be a non-negative int, got {warmup!r}")
+        if warmup_mode not in WARMUP_MODES:
+            raise CommError(
+                f"{self.name}: warmup_mode must be one of {WARMUP_MODES}, got {warmup_mode!r}"
+            )
+        if not 0.0 <= float(momentum) < 1.0:
+            raise CommError(f"{self.name}: momentum must be in [0, 1), got {momentum!r}")
+        self.process_group = process_group
+        self.density = float(density)
+        self.warmup = warmup
+        self.warmup_mode = warmup_mode
+        self.momentum = float(momentum)
+        self.fp16 = bool(fp16)
+        self.residuals = ParamStore()
+        self.momenta = ParamStore()
+        self.stats = CommStats(sync_cuda=sync_cuda_timing)
+        self.iteration = 0
+        self.device = torch.device("cpu")
+
+    # -- group ---------------------------------------------------------------------------------
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+    @property
+    def size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group)
+
+    def global_rank(self, group_rank: int) -> int:
+        if self.process_group is None or self.process_group is dist.group.WORLD:
+            return group_rank
+        return dist.get_global_rank(self.group, group_rank)
+
+    # -- schedule ------------------------------------------------------------------------------
+    def density_at(self, iteration: int) -> float | None:
+        """Density used at ``iteration``; ``None`` means a dense all-reduce (dense warm-up)."""
+        if iteration < self.warmup:
+            if self.warmup_mode == "dense":
+                return None
+            return max(self.density, 0.25 ** (iteration + 1))
+        return self.density
+
+    def state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
+        """Residuals, momenta and the iteration counter, by parameter name of ``model`` (what a
+        resumed run needs to continue the same error-feedback sequence)."""
+        names = {id(p): n for n, p in model.named_parameters()}
+        return {
+            "iteration": self.iteration,
+            "residuals": self.residuals.named(names),
+            "momenta": self.momenta.named(names),
+        }
+
+    def load_state_dict(self, model: torch.nn.Module, blob: dict[str, Any]) -> None:
+        params = dict(model.named_parameters())
+        self.iteration = int(blob["iteration"])
+        self.residuals.load_named(params, blob["residuals"])
+        self.momenta.load_named(params, blob["momenta"])
+
+    def reset_state(self) -> None:
+        """Drop residuals, momenta and scheme state (stats are kept)."""
+        self.residuals.clear()
+        self.momenta.clear()
+
+
+def dense_exchange(
+    state: HookState, layout: BucketLayout, acc: torch.Tensor, density: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Sum ``acc`` by all-reduce; nothing stays behind."""
+    payload, seen = to_wire(acc, state.fp16)
+    total = allreduce_sum(state, payload.clone()).float()
+    state.stats.add(nnz=acc.numel())
+    return total, acc - seen, None
+
+
+def run_hook(
+    state: HookState, bucket: dist.GradBucket, exchange: Exchange
+) -> torch.futures.Future[torch.Tensor]:
+    """Common body of the error-feedback hooks (see the module docstring)."""
+    buf = bucket.buffer()
+    state.device = buf.device
+    stats = state.stats
+    stats.begin(state.iteration, buf.device)
+    layout = BucketLayout.of(bucket)
+    with stats.timer("select_s"):
+        grad = buf.detach().float()
+        if state.momentum > 0.0:
+            u = state.momenta.gather(layout, buf.device).mul_(state.momentum).add_(grad)
+        else:
+            u = grad
+        acc = state.residuals.gather(layout, buf.device).add_(u)
+    density = state.density_at(state.iteration)
+    if density is None:
+        total, residual, sent = dense_exchange(state, layout, acc, 1.0)
+    else:
+        total, residual, sent = exchange(state, layout, acc, density)
+    state.residuals.scatter(layout, residual)
+    if state.momentum > 0.0:
+        if sent is None:  # everything was sent
+            u.zero_()
+        else:
+            u[sent] = 0.0
+        state.momenta.scatter(layout, u)
+    stats.add(numel=acc.numel(), buckets=1)
+    buf.copy_(total.div_(state.size))
+    if bucket.is_last():
+        stats.finish()
+        state.iteration += 1
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buf)
+    return fut

@@ -1,0 +1,33 @@
+"""``topk``: TopK-allgather with error feedback.
+
+Each worker takes the exact top-k by magnitude of ``acc = gradient + residual`` with
+``k = ceil(density * numel)`` per bucket, all-gathers the (int32 index, value) pairs (k pairs
+from every worker, so no size header), scatter-adds them and keeps ``acc - sent`` as residual.
+"""
+
+import torch
+import torch.distributed as dist
+
+from training.comm.registry import register
+from training.comm.select import k_for, topk_indices
+from training.comm.sparse import allgather_exchange
+from training.comm.state import HookState, run_hook
+from training.comm.store import BucketLayout
+
+
+class TopKState(HookState):
+    name = "topk"
+
+
+def _exchange(state: HookState, layout: BucketLayout, acc: torch.Tensor, density: float):
+    with state.stats.timer("select_s"):
+        idx = topk_indices(acc, k_for(density, acc.numel()))
+    return allgather_exchange(state, acc, idx, fixed=True)
+
+
+def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Exact local top-k of gradient + residual, all-gathered; error feedback."""
+    return run_hook(state, bucket, _exchange)
+
+
+register("topk", TopKState, topk_hook)

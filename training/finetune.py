@@ -1,0 +1,318 @@
+"""Data-parallel fine-tuning of a zoo model on a target dataset with a sparse comm hook.
+
+One process per worker (started by ``torchrun`` or by :func:`training.launch.spawn_local`);
+each runs :func:`run` after the process group exists. Rank 0 streams one JSON line per epoch
+(loss, accuracies, bytes sent, seconds split into compute / select / communicate) to stdout and
+to ``metrics.jsonl`` so the service can store the curve as it grows, writes a resumable
+checkpoint every epoch, and finally the model as safetensors beside its data config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from selection.extract import normalise, preprocess
+
+CHECKPOINT = "checkpoint.pt"
+FINAL_WEIGHTS = "model.safetensors"
+FINAL_CONFIG = "model.json"
+METRICS = "metrics.jsonl"
+
+
+@dataclass
+class FinetuneConfig:
+    """Everything a run needs; stored in checkpoints so ``--resume`` can refuse a changed run."""
+
+    zoo: str
+    model: str
+    data: str
+    out: str
+    test_data: str | None = None
+    test_fraction: float = 0.2
+    max_per_class: int | None = None
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    optimizer: str = "sgd"
+    compressor: str = "dense"
+    density: float = 0.01
+    hook_options: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    resume: bool = False
+    bucket_cap_mb: float = 25.0
+
+    def check(self) -> None:
+        if self.epochs < 1:
+            raise ValueError("epochs must be >= 1")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        if not (0 < self.density <= 1):
+            raise ValueError(f"density must be in (0, 1], got {self.density}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
+        if not (0 < self.test_fraction < 1):
+            raise ValueError("test_fraction must be in (0, 1)")
+
+    # fields that may change between a run and its resumption
+    _RESUMABLE = frozenset({"epochs", "resume", "out"})
+
+    def same_run(self, other: dict[str, Any]) -> list[str]:
+        """Names of fields that differ from a saved config (ignoring the resumable ones)."""
+        mine = asdict(self)
+        return sorted(k for k in mine if k not in self._RESUMABLE and mine[k] != other.get(k))
+
+
+def _log(record: dict[str, Any], out: Path) -> None:
+    line = json.dumps(record)
+    print(line, flush=True)
+    with open(out / METRICS, "a") as fh:
+        fh.write(line + "\n")
+
+
+def _load_data(cfg: FinetuneConfig):
+    from selection.data import load_dataset, split_dataset
+
+    train = load_dataset(cfg.data, max_per_class=cfg.max_per_class, seed=cfg.seed)
+    if cfg.test_data:
+        test = load_dataset(cfg.test_data)
+        if list(test.class_names) != list(train.class_names):
+            raise ValueError("test data classes differ from training data classes")
+    else:
+        train, test = split_dataset(train, cfg.test_fraction, cfg.seed)
+    return train, test
+
+
+def _tensors(dataset, data_config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dataset through the model's eval transform, decoded once, as uint8 NCHW (1 byte a
+    pixel) plus labels; normalisation happens per batch."""
+    return preprocess(dataset, data_config), torch.as_tensor(dataset.labels, dtype=torch.long)
+
+
+class _CommTimer:
+    """Sums a hook's per-iteration stats over an epoch (bytes and select / comm seconds)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.mark = 0
+
+    def take(self) -> dict[str, float]:
+        from training.comm import sum_stats
+
+        stats = getattr(self.state, "stats", [])
+        total = sum_stats(stats[self.mark :])
+        self.mark = len(stats)
+        return total
+
+
+def _evaluate(model, x, y, data_config, device, batch_size, amp) -> tuple[int, int]:
+    """(correct, count) on this rank's shard."""
+    model.eval()
+    correct = 0
+    with torch.inference_mode(), torch.autocast(device.type, torch.bfloat16, enabled=amp):
+        for start in range(0, len(y), batch_size):
+            xb = normalise(x[start : start + batch_size], data_config, device)
+            pred = model(xb).argmax(1).cpu()
+            correct += int((pred == y[start : start + batch_size]).sum())
+    return correct, len(y)
+
+
+def _all_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def run(cfg: FinetuneConfig) -> dict[str, Any]:
+    """Fine-tune on this rank; the process group must be initialised. Returns the last epoch's
+    record (the same on every rank)."""
+    from selection.zoo import load_zoo, save_checkpoint
+    from training.comm import make_hook
+
+    cfg.check()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    amp = device.type == "cuda"
+    out = Path(cfg.out)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+
+    entry = load_zoo(cfg.zoo)[cfg.model]
+    train, test = _load_data(cfg)
+    model = entry.create_model(num_classes=len(train.class_names))
+    data_config = entry.data_config(model)
+    x_train, y_train = _tensors(train, data_config)
+    x_test, y_test = _tensors(test, data_config)
+    # each rank evaluates its own contiguous shard of the test set
+    lo, hi = rank * len(y_test) // world, (rank + 1) * len(y_test) // world
+    x_test, y_test = x_test[lo:hi], y_test[lo:hi]
+
+    model.to(device)
+    if amp:
+        model.to(memory_format=torch.channels_last)
+    ddp = DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=cfg.bucket_cap_mb,
+    )
+    state, hook = make_hook(cfg.compressor, density=cfg.density, **cfg.hook_options)
+    ddp.register_comm_hook(state, hook)
+    if cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(
+            ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    else:
+        opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    start_epoch = 0
+    if cfg.resume and (out / CHECKPOINT).exists():
+        start_epoch = _restore(out, cfg, model, opt, state, rank)
+    timer = _CommTimer(state)
+
+    # every rank runs the same number of equally sized batches (DDP needs it); the last
+    # partial batch is dropped (a batch of one breaks batch norm)
+    per_rank = len(y_train) // world
+    if per_rank < 2:
+        raise ValueError(f"{len(y_train)} training images cannot feed {world} workers")
+    batch = min(cfg.batch_size, per_rank)
+    steps = per_rank // batch
+    used = steps * batch
+    record: dict[str, Any] = {}
+    for epoch in range(start_epoch, cfg.epochs):
+        gen = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+        order = torch.randperm(len(y_train), generator=gen)[rank * per_rank : (rank + 1) * per_rank]
+        ddp.train()
+        t0 = time.perf_counter()
+        loss_sum = correct = 0.0
+        for step in range(steps):
+            idx = order[step * batch : (step + 1) * batch]
+            xb = normalise(x_train[idx], data_config, device)
+            if amp:
+                xb = xb.contiguous(memory_format=torch.channels_last)
+            yb = y_train[idx].to(device)
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, torch.bfloat16, enabled=amp):
+                logits = ddp(xb)
+                loss = torch.nn.functional.cross_entropy(logits, yb)
+            loss.backward()
+            opt.step()
+            loss_sum += float(loss.detach()) * len(idx)
+            correct += float((logits.argmax(1) == yb).sum())
+        wall = time.perf_counter() - t0
+        comm = timer.take()
+        test_correct, test_n = _evaluate(
+            model, x_test, y_test, data_config, device, cfg.batch_size * 2, amp
+        )
+        totals = _all_sum(
+            [loss_sum, correct, used, test_correct, test_n, comm["bytes_sent"]], device
+        )
+        record = {
+            "epoch": epoch + 1,
+            "loss": totals[0] / totals[2],
+            "train_acc": totals[1] / totals[2],
+            "test_acc": totals[3] / max(totals[4], 1),
+            "bytes_sent": totals[5] / world,  # per worker
+            "seconds": {
+                "compute": max(wall - comm["select_s"] - comm["comm_s"], 0.0),
+                "select": comm["select_s"],
+                "communicate": comm["comm_s"],
+            },
+            "workers": world,
+            "compressor": cfg.compressor,
+        }
+        if rank == 0:
+            _log(record, out)
+        _save(out, cfg, model, opt, state, epoch + 1, rank)
+
+    if rank == 0:
+        save_checkpoint(model, out / FINAL_WEIGHTS)
+        meta = {
+            "arch": entry.arch,
+            "source_model": entry.id,
+            "num_classes": len(train.class_names),
+            "class_names": list(train.class_names),
+            "data_config": {
+                k: list(v) if isinstance(v, tuple) else v for k, v in data_config.items()
+            },
+            "final": record,
+        }
+        (out / FINAL_CONFIG).write_text(json.dumps(meta, indent=2))
+    dist.barrier()
+    return record
+
+
+def _state_file(out: Path, rank: int) -> Path:
+    return out / f"comm-state-rank{rank}.pt"
+
+
+def _save(out, cfg, model, opt, state, epoch, rank) -> None:
+    """Model + optimizer from rank 0 (identical everywhere); each rank's error-feedback
+    residuals beside it, since those differ per worker and a resumed run needs them."""
+    _atomic_save(state.state_dict(model), _state_file(out, rank))
+    if rank == 0:
+        blob = {
+            "epoch": epoch,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "config": asdict(cfg),
+        }
+        _atomic_save(blob, out / CHECKPOINT)
+    dist.barrier()
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _restore(out, cfg, model, opt, state, rank) -> int:
+    blob = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=False)
+    changed = cfg.same_run(blob["config"])
+    if changed:
+        raise ValueError(f"--resume: the run's settings changed since the checkpoint: {changed}")
+    model.load_state_dict(blob["model"])
+    opt.load_state_dict(blob["optimizer"])
+    path = _state_file(out, rank)
+    if not path.exists():
+        raise ValueError(f"--resume: {path.name} is missing (was the run on more workers?)")
+    state.load_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))
+    return int(blob["epoch"])
+
+
+def main_worker(cfg: FinetuneConfig) -> int:
+    """Entry point of one worker process under torchrun: init the group, run, clean up."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+    try:
+        run(cfg)
+    except Exception as exc:
+        print(
+            json.dumps({"error": f"{type(exc).__name__}: {exc}", "rank": dist.get_rank()}),
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
+    finally:
+        dist.destroy_process_group()
+    return 0

@@ -1,0 +1,311 @@
+"""The Celery tasks: thin over ``app.pipeline`` (database) and the two libraries.
+
+Every task starts by reading the job row and does nothing if the job already finished or a
+cancel was requested (settling it as cancelled), so a duplicate delivery or a task that a
+revoke broadcast missed is harmless. The heavy libraries (torch, timm) are imported inside the
+tasks, never at import time: prefork children must not inherit CUDA state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import datasets as store
+from app import pipeline, zoo_catalog
+from app.db.models import TERMINAL, Dataset, Job, JobStatus, TrainingRun, ZooModel
+from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.db.types import utcnow
+from app.settings import Settings, get_settings
+from workers import training_runner
+from workers.celery_app import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED
+
+log = logging.getLogger(__name__)
+
+_settings = get_settings()
+
+
+@cache
+def _factory(pid: int) -> sessionmaker[Session]:
+    """One engine per process (keyed by pid: a forked child builds its own)."""
+    return make_sessionmaker(make_engine(_settings.database_url))
+
+
+def factory() -> sessionmaker[Session]:
+    return _factory(os.getpid())
+
+
+def settings() -> Settings:
+    return _settings
+
+
+def owner_id(task: Any) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{task.request.id}"
+
+
+class JobGone(Exception):
+    """Raised internally when there is nothing left to do for a job."""
+
+
+def _open_job(session: Session, job_id: uuid.UUID) -> Job | None:
+    """The job if work on it should go on; settles a requested cancel on the way."""
+    job = session.get(Job, job_id)
+    if job is None or job.status in TERMINAL:
+        return None
+    if job.cancel_requested:
+        pipeline.finish_cancelled(session, job_id)
+        return None
+    return job
+
+
+# -- datasets ---------------------------------------------------------------------------------
+
+
+@shared_task(name=VALIDATE, bind=True)
+def validate_dataset(self, dataset_id: str) -> str:
+    return store.validate(factory(), uuid.UUID(dataset_id))
+
+
+# -- scoring ----------------------------------------------------------------------------------
+
+
+def score_one(entry: Any, dataset_path: str, metrics: list[str], cfg: Settings) -> Any:
+    """Forward pass + every metric for one model (the selection engine's ``rank_zoo`` on a
+    one-model zoo); returns its ``ModelResult``."""
+    from selection.data import load_dataset
+    from selection.rank import rank_zoo
+
+    dataset = load_dataset(dataset_path, max_per_class=cfg.score_max_per_class)
+    ranking = rank_zoo(
+        [entry],
+        dataset,
+        metrics,
+        cache_dir=cfg.cache_dir,
+        batch_size=cfg.score_batch_size,
+    )
+    return ranking.models[0]
+
+
+@shared_task(
+    name=SCORE,
+    bind=True,
+    soft_time_limit=_settings.score_soft_time_limit,
+    time_limit=_settings.score_hard_time_limit,
+)
+def score_model(self, job_id: str, model_id: str) -> str:
+    jid = uuid.UUID(job_id)
+    cfg = settings()
+    with session_scope(factory()) as session:
+        job = _open_job(session, jid)
+        if job is None:
+            return "skipped"
+        pipeline.transition(session, jid, JobStatus.scoring)
+        if model_id in pipeline.scored_models(session, job):  # a re-delivered message
+            pipeline.update_scoring_progress(session, job)
+            return "already scored"
+        row = session.get(ZooModel, model_id)
+        ds = session.get(Dataset, job.dataset_id) if job.dataset_id else None
+        if row is None or ds is None:
+            what = f"zoo model {model_id!r}" if row is None else "the dataset"
+            pipeline.fail(session, jid, f"{what} was deleted before it could be scored")
+            return "failed"
+        entry = zoo_catalog.to_entry(row)
+        metrics, path = list(job.metrics), ds.storage_path
+
+    try:
+        result = score_one(entry, path, metrics, cfg)
+    except SoftTimeLimitExceeded:
+        with session_scope(factory()) as session:
+            pipeline.fail(
+                session,
+                jid,
+                f"scoring model {model_id!r} exceeded the time limit of "
+                f"{cfg.score_soft_time_limit} s",
+            )
+        raise
+    except Exception as exc:
+        with session_scope(factory()) as session:
+            pipeline.fail(session, jid, f"scoring model {model_id!r} failed: {exc}")
+        raise
+
+    with session_scope(factory()) as session:
+        job = session.get(Job, jid)
+        if job is None:
+            return "deleted"
+        pipeline.upsert_scores(session, jid, model_id, result.scores, result.seconds)
+        pipeline.update_scoring_progress(session, job)
+        if job.cancel_requested:  # checked between models
+            pipeline.finish_cancelled(session, jid)
+    return "scored"
+
+
+# -- selection --------------------------------------------------------------------------------
+
+
+@shared_task(name=SELECT, bind=True)
+def select_model(self, job_id: str) -> str:
+    """After every model is scored: pick the winner, then finish or hand over to training."""
+    jid = uuid.UUID(job_id)
+    with session_scope(factory()) as session:
+        job = _open_job(session, jid)
+        if job is None:
+            return "skipped"
+        missing = [m for m in job.models if m not in pipeline.scored_models(session, job)]
+        if missing:
+            pipeline.fail(session, jid, f"models left unscored: {', '.join(missing)}")
+            return "failed"
+        chosen = pipeline.choose(session, job)
+        if chosen is None:
+            pipeline.fail(session, jid, "no model could be scored")
+            return "failed"
+        if job.finetune:
+            moved = pipeline.transition(
+                session,
+                jid,
+                JobStatus.training,
+                chosen_model=chosen,
+                progress=pipeline.SCORING_SHARE_WITH_TRAINING,
+            )
+        else:
+            moved = pipeline.transition(session, jid, JobStatus.succeeded, chosen_model=chosen)
+    return f"chose {chosen}" if moved else "skipped"
+
+
+# -- fine-tuning ------------------------------------------------------------------------------
+
+
+def run_dir(cfg: Settings, job_id: uuid.UUID) -> Path:
+    """Fixed per job, so a re-delivered training task resumes from the last epoch."""
+    return cfg.storage_dir / "jobs" / str(job_id) / "train"
+
+
+@shared_task(
+    name=FINETUNE,
+    bind=True,
+    soft_time_limit=_settings.train_soft_time_limit,
+    time_limit=_settings.train_hard_time_limit,
+)
+def finetune(self, job_id: str) -> str:
+    jid = uuid.UUID(job_id)
+    cfg = settings()
+    owner = owner_id(self)
+    with session_scope(factory()) as session:
+        job = _open_job(session, jid)
+        if job is None or job.status != JobStatus.training.value:
+            return "skipped"
+        if not pipeline.claim_lease(session, jid, owner, cfg.lease_seconds):
+            # another delivery is training this job right now; come back when its lease
+            # would have expired (it either finished by then or died)
+            raise self.retry(countdown=cfg.lease_seconds, max_retries=None)
+        row = session.get(ZooModel, job.chosen_model)
+        ds = session.get(Dataset, job.dataset_id) if job.dataset_id else None
+        if row is None or ds is None:
+            pipeline.fail(session, jid, "the chosen model or the dataset was deleted")
+            return "failed"
+        out = run_dir(cfg, jid)
+        manifest = zoo_catalog.write_manifest([row], out.parent / "zoo.json")
+        spec = dict(job.finetune or {})
+        run = pipeline.latest_run(session, jid)
+        if run is None or run.status != "running":
+            run = TrainingRun(
+                job_id=jid,
+                model_id=row.id,
+                config={**spec, "data": ds.storage_path, "out": str(out)},
+                world_size=int(spec.get("workers", 1)),
+                output_dir=str(out),
+            )
+            session.add(run)
+            session.flush()
+        # else: a re-delivery after a crash continues the same run (the trainer resumes from
+        # its last checkpoint in ``out``) and its epochs keep landing on the same curve
+        run_id, epochs = run.id, int(spec.get("epochs", 1))
+        trainer = {"zoo": manifest, "model": row.id, "data": ds.storage_path, "out": out}
+
+    def on_record(record: dict[str, Any]) -> None:
+        with session_scope(factory()) as session:
+            pipeline.record_epoch(session, run_id, record)
+            share = pipeline.SCORING_SHARE_WITH_TRAINING
+            done = min(int(record["epoch"]), epochs) / max(1, epochs)
+            pipeline.set_progress(session, jid, share + (1 - share) * done * 0.99)
+
+    def keep_going() -> bool:
+        """Heartbeat between epochs/polls: renew the lease, honour a cancel."""
+        with session_scope(factory()) as session:
+            if not pipeline.renew_lease(session, jid, owner, cfg.lease_seconds):
+                return False
+            job = session.get(Job, jid)
+            return job is not None and not job.cancel_requested
+
+    try:
+        result = training_runner.run(
+            lambda: training_runner.spawn(**trainer, spec=spec),
+            on_record=on_record,
+            keep_going=keep_going,
+        )
+    except SoftTimeLimitExceeded:
+        _finish_run(run_id, "failed", "training exceeded its time limit")
+        with session_scope(factory()) as session:
+            pipeline.fail(
+                session, jid, f"training exceeded the time limit of {cfg.train_soft_time_limit} s"
+            )
+        raise
+
+    with session_scope(factory()) as session:
+        job = session.get(Job, jid)
+        if result.stopped:
+            _finish_run(run_id, "cancelled", None)
+            if job is not None and job.cancel_requested:
+                pipeline.finish_cancelled(session, jid)
+            return "cancelled"
+        if result.returncode != 0:
+            error = result.error or f"trainer exited with code {result.returncode}"
+            _finish_run(run_id, "failed", error)
+            pipeline.fail(session, jid, f"training failed: {error}")
+            return "failed"
+        weights = out / training_runner.FINAL_WEIGHTS
+        if not weights.is_file():
+            _finish_run(run_id, "failed", "no model file written")
+            pipeline.fail(session, jid, f"training finished without writing {weights.name}")
+            return "failed"
+        digest, size = training_runner.file_digest(weights)
+        pipeline.add_artefact(session, jid, "model", str(weights), digest, size)
+        _finish_run(run_id, "succeeded", None)
+        pipeline.transition(session, jid, JobStatus.succeeded)
+        pipeline.release_lease(session, jid, owner)
+    return "trained"
+
+
+def _finish_run(run_id: uuid.UUID, status: str, error: str | None) -> None:
+    with session_scope(factory()) as session:
+        run = session.get(TrainingRun, run_id)
+        if run is not None:
+            run.status, run.error, run.finished_at = status, error, utcnow()
+
+
+# -- the canvas' error callback ---------------------------------------------------------------
+
+
+@shared_task(name=WORKFLOW_FAILED, bind=True)
+def workflow_failed(self, job_id: str, *args: Any) -> str:
+    """Called when a task of the job's canvas failed, crashed, timed out or was revoked. The
+    tasks record their own errors; this settles the cases where none could (a killed worker,
+    a hard time limit, a revoked task in the chord)."""
+    jid = uuid.UUID(job_id)
+    with session_scope(factory()) as session:
+        job = session.get(Job, jid)
+        if job is None or job.status in TERMINAL:
+            return "settled"
+        if job.cancel_requested:
+            pipeline.finish_cancelled(session, jid)
+            return "cancelled"
+        pipeline.fail(session, jid, "a task of this job crashed or exceeded its hard time limit")
+    return "failed"
