@@ -237,7 +237,7 @@ def train(
     """Fine-tune a zoo model on a dataset, data-parallel with a sparse comm hook."""
     from selection.data import DatasetError, load_dataset
     from selection.zoo import ZooError, load_zoo
-    from training.comm import available as hooks_available
+    from training.comm import check_options
     from training.finetune import FinetuneConfig
     from training.launch import metric_lines, spawn_local
 
@@ -270,10 +270,7 @@ def train(
     # reject bad input here, before any worker process starts
     try:
         cfg.check()
-        if compressor not in hooks_available():
-            raise ValueError(
-                f"unknown compressor {compressor!r}; available: {', '.join(hooks_available())}"
-            )
+        check_options(compressor, density=density, **hook_options)
         load_zoo(zoo)[model]
         load_dataset(data, max_per_class=max_per_class)
         if test_data:

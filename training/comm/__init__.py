@@ -19,7 +19,7 @@ times per iteration in ``state.stats``. Only gloo/NCCL-common operations are use
 from training.comm import dense, dfs, exdyna, gaussiank, spardl, topk  # noqa: F401  (register)
 from training.comm.bucket import SimpleBucket
 from training.comm.errors import CommError
-from training.comm.registry import available, get, make_hook
+from training.comm.registry import available, check_options, get, make_hook
 from training.comm.spardl import Transfer, simulate_schedule, spardl_schedule
 from training.comm.state import HookState
 from training.comm.stats import CommStats, sum_stats
@@ -31,6 +31,7 @@ __all__ = [
     "SimpleBucket",
     "Transfer",
     "available",
+    "check_options",
     "get",
     "make_hook",
     "simulate_schedule",

@@ -67,6 +67,12 @@ def get(name: str) -> HookSpec:
         ) from None
 
 
+def check_options(name: str, *, density: float = 0.01, **options: Any) -> None:
+    """Validate a hook's name, density and options without a process group, so a launcher
+    can reject bad input before it starts any worker. Raises ``CommError``."""
+    make_hook(name, density=density, **options)
+
+
 def make_hook(
     name: str,
     *,

@@ -1,0 +1,42 @@
+"""``zoopick train`` end to end: torchrun starts 2 gloo workers, JSON lines come back."""
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from app.cli import app
+
+
+def test_train_two_workers_streams_epochs_and_writes_model(tiny_zoo, tiny_npz, tmp_path):
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "app.cli", "train", "--zoo", str(tiny_zoo),
+         "--model", "tiny-vit", "--data", str(tiny_npz), "--workers", "2",
+         "--compressor", "spardl", "--density", "0.1", "--epochs", "2", "--batch-size", "4",
+         "--lr", "0.05", "--out", str(out), "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [rec["epoch"] for rec in records] == [1, 2]
+    assert all(rec["compressor"] == "spardl" and rec["workers"] == 2 for rec in records)
+    assert (out / "model.safetensors").is_file()
+    assert json.loads((out / "model.json").read_text())["source_model"] == "tiny-vit"
+
+
+def test_train_rejects_bad_input_before_starting_workers(tiny_zoo, tiny_npz, tmp_path):
+    runner = CliRunner()
+    base = ["train", "--zoo", str(tiny_zoo), "--data", str(tiny_npz), "--out", str(tmp_path)]
+    r = runner.invoke(app, [*base, "--model", "tiny-vit", "--compressor", "zip"])
+    assert r.exit_code == 2 and "unknown comm hook 'zip'" in r.stderr
+    r = runner.invoke(app, [*base, "--model", "tiny-vit", "--hook-option", "bogus=1"])
+    assert r.exit_code == 2 and "bogus" in r.stderr
+    r = runner.invoke(app, [*base, "--model", "tiny-vit", "--compressor", "spardl",
+                            "--hook-option", "teams=0"])  # fmt: skip
+    assert r.exit_code == 2 and "teams" in r.stderr
+    r = runner.invoke(app, [*base, "--model", "nope"])
+    assert r.exit_code == 2 and "nope" in r.stderr
+    r = runner.invoke(app, [*base, "--model", "tiny-vit", "--hook-option", "teams"])
+    assert r.exit_code == 2 and "NAME=VALUE" in r.stderr
