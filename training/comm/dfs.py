@@ -16,6 +16,7 @@ top-k. All workers always use the same ``B`` and ``m``, so payloads have equal s
 """
 
 import math
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,26 +38,14 @@ class DFSState(HookState):
         self,
         process_group: dist.ProcessGroup | None = None,
         *,
-        density: float = 0.01,
-        warmup: int = 0,
-        warmup_mode: str = "exp",
-        momentum: float = 0.0,
-        fp16: bool = False,
         block_size: int = 16,
         max_block: int = 256,
         grow_at: float = 0.6,
         shrink_at: float = 0.3,
-        sync_cuda_timing: bool = True,
+        **common: Any,
     ) -> None:
-        super().__init__(
-            process_group,
-            density=density,
-            warmup=warmup,
-            warmup_mode=warmup_mode,
-            momentum=momentum,
-            fp16=fp16,
-            sync_cuda_timing=sync_cuda_timing,
-        )
+        """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
+        super().__init__(process_group, **common)
         if not isinstance(max_block, int) or max_block < 1:
             raise CommError(f"dfs: max_block must be a positive int, got {max_block!r}")
         if not isinstance(block_size, int) or not 1 <= block_size <= max_block:

@@ -35,6 +35,7 @@ gathered data, so every rank keeps identical partitions and thresholds.
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,24 +71,12 @@ class ExDynaState(HookState):
         self,
         process_group: dist.ProcessGroup | None = None,
         *,
-        density: float = 0.01,
-        warmup: int = 0,
-        warmup_mode: str = "exp",
-        momentum: float = 0.0,
-        fp16: bool = False,
         blocks: int = 256,
         max_shift: int = 1,
-        sync_cuda_timing: bool = True,
+        **common: Any,
     ) -> None:
-        super().__init__(
-            process_group,
-            density=density,
-            warmup=warmup,
-            warmup_mode=warmup_mode,
-            momentum=momentum,
-            fp16=fp16,
-            sync_cuda_timing=sync_cuda_timing,
-        )
+        """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
+        super().__init__(process_group, **common)
         if not isinstance(blocks, int) or blocks < 1:
             raise CommError(f"exdyna: blocks must be a positive int, got {blocks!r}")
         if not isinstance(max_shift, int) or max_shift < 0:

@@ -7,6 +7,8 @@ x1.5 if more than 4k/3 pass). Counts differ between workers, so the exchange all
 sizes first and pads (see ``exchange.allgather_parts``).
 """
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -25,23 +27,11 @@ class GaussianKState(HookState):
         self,
         process_group: dist.ProcessGroup | None = None,
         *,
-        density: float = 0.01,
-        warmup: int = 0,
-        warmup_mode: str = "exp",
-        momentum: float = 0.0,
-        fp16: bool = False,
         refine: int = 3,
-        sync_cuda_timing: bool = True,
+        **common: Any,
     ) -> None:
-        super().__init__(
-            process_group,
-            density=density,
-            warmup=warmup,
-            warmup_mode=warmup_mode,
-            momentum=momentum,
-            fp16=fp16,
-            sync_cuda_timing=sync_cuda_timing,
-        )
+        """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
+        super().__init__(process_group, **common)
         if not isinstance(refine, int) or refine < 0:
             raise CommError(f"gaussiank: refine must be a non-negative int, got {refine!r}")
         self.refine = refine

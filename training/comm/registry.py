@@ -29,13 +29,17 @@ class HookSpec:
 
     @property
     def options(self) -> dict[str, Any]:
-        """Option name -> default value."""
-        sig = inspect.signature(self.state_cls.__init__)
-        return {
-            p.name: p.default
-            for p in sig.parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY
-        }
+        """Option name -> default value: the keyword-only parameters of the state class's
+        constructor and of its bases (subclasses pass the common ones on as ``**common``)."""
+        out: dict[str, Any] = {}
+        for cls in reversed(self.state_cls.__mro__):
+            init = cls.__dict__.get("__init__")
+            if init is None:
+                continue
+            for p in inspect.signature(init).parameters.values():
+                if p.kind is inspect.Parameter.KEYWORD_ONLY:
+                    out[p.name] = p.default
+        return out
 
 
 _REGISTRY: dict[str, HookSpec] = {}

@@ -69,6 +69,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -167,24 +168,12 @@ class SparDLState(HookState):
         self,
         process_group: dist.ProcessGroup | None = None,
         *,
-        density: float = 0.01,
-        warmup: int = 0,
-        warmup_mode: str = "exp",
-        momentum: float = 0.0,
-        fp16: bool = False,
         teams: int = 1,
         split: str = "halving",
-        sync_cuda_timing: bool = True,
+        **common: Any,
     ) -> None:
-        super().__init__(
-            process_group,
-            density=density,
-            warmup=warmup,
-            warmup_mode=warmup_mode,
-            momentum=momentum,
-            fp16=fp16,
-            sync_cuda_timing=sync_cuda_timing,
-        )
+        """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
+        super().__init__(process_group, **common)
         if not isinstance(teams, int) or teams < 1:
             raise CommError(f"spardl: teams must be a positive int, got {teams!r}")
         if split not in SPLITS:
