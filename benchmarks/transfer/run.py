@@ -1,0 +1,300 @@
+"""Score the transfer benchmark: rank the zoo on every target with every metric and judge each
+ranking against the fine-tuned ground truth.
+
+For each target the zoo is ranked on the target's *train* split (what a user would have) with
+``selection.rank.rank_zoo``; each metric's scores are compared with the ground-truth accuracies
+(``ground_truth.py``) by ``selection.rank.evaluate``: weighted Kendall tau (the LogME/SFDA
+headline number), Kendall tau, Pearson, rel@1 and rel@3 (best accuracy among the top-k picks
+over the best overall). A "random pick" row gives the chance level of rel@k. Metric cost is
+reported as a ratio to the forward pass measured in the same run.
+
+Writes ``benchmarks/results/transfer.json`` and ``benchmarks/results/transfer.md``.
+
+    python benchmarks/transfer/run.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+EVAL_KEYS = ("weighted_tau", "kendall_tau", "pearson", "rel@1", "rel@3")
+HEAD = {"weighted_tau": "w-tau", "kendall_tau": "tau", "pearson": "pearson"}
+FOCUS = ("sms+", "sms", "isms")
+
+
+def random_rel_at_k(truth: dict[str, float], k: int) -> float:
+    """Expected rel@k of k models picked uniformly at random (without replacement): the
+    i-th smallest accuracy is the best pick with probability C(i-1, k-1) / C(n, k)."""
+    accs = sorted(truth.values())
+    n, best = len(accs), max(accs)
+    k = min(k, n)
+    return sum(a * math.comb(i, k - 1) for i, a in enumerate(accs)) / math.comb(n, k) / best
+
+
+def _mean(values: list[float]) -> float:
+    vals = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+def evaluate_target(ranking, truth: dict[str, float], metrics: list[str]) -> dict:
+    from selection.rank import evaluate
+
+    forward = sum(m.seconds.get("forward", 0.0) for m in ranking.models)
+    out: dict = {
+        "forward_seconds": forward,
+        "forward_cached": any(getattr(m, "cached", False) for m in ranking.models),
+        "metrics": {},
+    }
+    for name in metrics:
+        scores = {m.id: float(m.scores[name]) for m in ranking.models}
+        ev = evaluate(scores, truth)
+        seconds = sum(m.seconds.get(name, 0.0) for m in ranking.models)
+        best = ranking.best(name)
+        out["metrics"][name] = {
+            **ev,
+            "seconds": seconds,
+            "top": best,
+            "top_acc": min(truth[i] for i in best),
+            "scores": scores,
+        }
+    out["random"] = {"rel@1": random_rel_at_k(truth, 1), "rel@3": random_rel_at_k(truth, 3)}
+    return out
+
+
+def summarise(per_target: dict[str, dict], metrics: list[str]) -> dict:
+    avg: dict = {}
+    for name in metrics:
+        rows = [per_target[t]["metrics"][name] for t in per_target]
+        avg[name] = {k: _mean([r[k] for r in rows]) for k in EVAL_KEYS}
+        avg[name]["seconds"] = sum(r["seconds"] for r in rows)
+    forward = sum(per_target[t]["forward_seconds"] for t in per_target)
+    for name in metrics:
+        avg[name]["seconds_vs_forward"] = avg[name]["seconds"] / forward if forward else None
+    avg["random"] = {
+        k: _mean([per_target[t]["random"][k] for t in per_target]) for k in ("rel@1", "rel@3")
+    }
+    return avg
+
+
+def _fmt(v: float | None, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{v:.{digits}f}"
+
+
+def _metric_table(rows: dict[str, dict], extra: list[tuple[str, str]], order: list[str]) -> str:
+    head = ["metric"] + [HEAD.get(k, k) for k in EVAL_KEYS] + [h for h, _ in extra]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in order:
+        r = rows[name]
+        cells = [f"`{name}`"] + [_fmt(r[k]) for k in EVAL_KEYS]
+        for _, key in extra:
+            v = r.get(key)
+            cells.append(v if isinstance(v, str) else _fmt(v, 2))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def conclusions(avg: dict, per_target: dict[str, dict], metrics: list[str]) -> str:
+    """A short paragraph generated from the numbers, so it stays true on a rebuild."""
+    by_wtau = sorted(metrics, key=lambda m: -avg[m]["weighted_tau"])
+    by_rel1 = sorted(metrics, key=lambda m: -avg[m]["rel@1"])
+    parts = [
+        f"Across {len(per_target)} targets, the best mean weighted tau is `{by_wtau[0]}` "
+        f"({avg[by_wtau[0]]['weighted_tau']:.3f}), then `{by_wtau[1]}` "
+        f"({avg[by_wtau[1]]['weighted_tau']:.3f}) and `{by_wtau[2]}` "
+        f"({avg[by_wtau[2]]['weighted_tau']:.3f}); the worst is `{by_wtau[-1]}` "
+        f"({avg[by_wtau[-1]]['weighted_tau']:.3f}).",
+        f"The best mean rel@1 is `{by_rel1[0]}` ({avg[by_rel1[0]]['rel@1']:.3f}) against "
+        f"{avg['random']['rel@1']:.3f} for a random pick.",
+    ]
+    focus = [m for m in FOCUS if m in metrics]
+    if "sms+" in focus and len(focus) > 1:
+        for other in focus[1:]:
+            wins = sum(
+                per_target[t]["metrics"]["sms+"]["weighted_tau"]
+                > per_target[t]["metrics"][other]["weighted_tau"]
+                for t in per_target
+            )
+            d_w = avg["sms+"]["weighted_tau"] - avg[other]["weighted_tau"]
+            d_r = avg["sms+"]["rel@1"] - avg[other]["rel@1"]
+            parts.append(
+                f"`sms+` vs `{other}`: mean weighted tau {avg['sms+']['weighted_tau']:.3f} vs "
+                f"{avg[other]['weighted_tau']:.3f} ({d_w:+.3f}), higher on {wins} of "
+                f"{len(per_target)} targets; mean rel@1 {avg['sms+']['rel@1']:.3f} vs "
+                f"{avg[other]['rel@1']:.3f} ({d_r:+.3f})."
+            )
+        if "sms" in focus and "isms" in focus:
+            same = all(
+                per_target[t]["metrics"]["sms"]["scores"]
+                == per_target[t]["metrics"]["isms"]["scores"]
+                for t in per_target
+            )
+            if same:
+                parts.append(
+                    "`isms` scores equal `sms` exactly here: every source head has at most "
+                    "`isms`'s projection size of outputs, where I-SMS reduces to SMS."
+                )
+        rank = by_wtau.index("sms+") + 1
+        parts.append(f"`sms+` ranks {rank} of {len(metrics)} metrics by mean weighted tau.")
+    return " ".join(parts)
+
+
+def _pick(top: list[str]) -> str:
+    return top[0] if len(top) == 1 else f"{top[0]} (+{len(top) - 1} tied)"
+
+
+def write_markdown(path: Path, result: dict) -> None:
+    per_target, avg, metrics = result["targets"], result["average"], result["metrics"]
+    gt = result["ground_truth_summary"]
+    order = sorted(metrics, key=lambda m: -avg[m]["weighted_tau"])
+    md = [
+        "# Transfer benchmark: ranking a seeded timm zoo without training",
+        "",
+        f"{result['zoo_size']} models (small timm architectures pretrained here on Fashion-MNIST "
+        "classes 0-5, procedural shapes or gratings for 1-8 epochs, or random init) ranked on "
+        f"{len(per_target)} targets. Ground truth: {result['protocol']}. Rebuild: see "
+        "`benchmarks/transfer/README.md`.",
+        "",
+        "## Ground truth",
+        "",
+        "| target | classes | train | test | min acc | median | max acc | best model |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for t, g in gt.items():
+        md.append(
+            f"| {t} | {g['classes']} | {g['train']} | {g['test']} | {g['min']:.3f} | "
+            f"{g['median']:.3f} | {g['max']:.3f} | {g['best']} |"
+        )
+    md += [
+        "",
+        "## Average over targets",
+        "",
+        "Sorted by mean weighted tau. `cost` is the metric's total time over all targets as a "
+        "ratio to the forward passes of the same run"
+        + (" (forward features were cached)." if result["forward_cached"] else "."),
+        "",
+        _metric_table(avg, [("cost", "seconds_vs_forward")], order),
+        f"| random pick | 0 (exp.) | 0 (exp.) | 0 (exp.) | {avg['random']['rel@1']:.3f} | "
+        f"{avg['random']['rel@3']:.3f} | |",
+        "",
+        "## Conclusions",
+        "",
+        result["conclusions"],
+        "",
+    ]
+    for t, r in per_target.items():
+        rows = {m: {**r["metrics"][m], "pick": _pick(r["metrics"][m]["top"])} for m in metrics}
+        md += [
+            f"## {t}",
+            "",
+            f"Best by ground truth: {gt[t]['best']} ({gt[t]['max']:.3f}); random pick rel@1 "
+            f"{r['random']['rel@1']:.3f}, rel@3 {r['random']['rel@3']:.3f}.",
+            "",
+            _metric_table(rows, [("top pick", "pick")], order),
+            "",
+        ]
+    path.write_text("\n".join(md))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--zoo", default="benchmarks/transfer/zoo")
+    ap.add_argument("--ground-truth", help="default: <zoo>/ground_truth.json")
+    ap.add_argument("--metrics", nargs="*", help="default: every registered metric")
+    ap.add_argument("--targets", nargs="*", help="default: every target in the ground truth")
+    ap.add_argument("--cache-dir", default="benchmarks/transfer/cache")
+    ap.add_argument("--no-cache", action="store_true", help="always run the forward passes")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--metric-options", default="{}", help='JSON, e.g. {"knn": {"k": 5}}')
+    ap.add_argument("--json", default="benchmarks/results/transfer.json")
+    ap.add_argument("--md", default="benchmarks/results/transfer.md")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from selection.data import load_dataset
+    from selection.metrics import available
+    from selection.rank import rank_zoo
+    from selection.zoo import load_zoo
+
+    torch.set_num_threads(args.threads)
+    root = Path(args.zoo)
+    truth_all = json.loads(Path(args.ground_truth or root / "ground_truth.json").read_text())
+    targets = args.targets or list(truth_all)
+    metrics = args.metrics or available()
+    zoo = load_zoo(root / "zoo.json")
+    ids = [e.id for e in zoo]
+    meta_path = root / "ground_truth_meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    build = json.loads((root / "build.json").read_text()) if (root / "build.json").exists() else {}
+
+    per_target: dict[str, dict] = {}
+    gt_summary: dict[str, dict] = {}
+    started = time.perf_counter()
+    for target in targets:
+        truth = {i: truth_all[target][i]["acc"] for i in ids}
+        dataset = load_dataset(root / "targets" / f"{target}-train.npz")
+        t0 = time.perf_counter()
+        ranking = rank_zoo(
+            zoo,
+            dataset,
+            metrics,
+            cache_dir=None if args.no_cache else args.cache_dir,
+            batch_size=args.batch_size,
+            metric_options=json.loads(args.metric_options),
+        )
+        per_target[target] = evaluate_target(ranking, truth, metrics)
+        per_target[target]["rank_seconds"] = time.perf_counter() - t0
+        accs = sorted(truth.values())
+        info = build.get("targets", {}).get(target, {})
+        gt_summary[target] = {
+            "classes": info.get("classes", len(dataset.class_names)),
+            "train": info.get("train", len(dataset)),
+            "test": info.get("test", "?"),
+            "min": accs[0],
+            "median": statistics.median(accs),
+            "max": accs[-1],
+            "best": max(truth, key=truth.get),
+        }
+        line = "  ".join(
+            f"{m} {per_target[target]['metrics'][m]['weighted_tau']:+.2f}" for m in metrics
+        )
+        print(f"{target}: w-tau {line}", flush=True)
+
+    avg = summarise(per_target, metrics)
+    protocol = (
+        f"full fine-tuning, {meta.get('epochs', '?')} epochs, Adam, best test accuracy over "
+        f"lr {meta.get('lrs', '?')}, {meta.get('seeds', '?')} seed(s)"
+    )
+    result = {
+        "zoo_size": len(ids),
+        "models": ids,
+        "metrics": metrics,
+        "protocol": protocol,
+        "ground_truth_meta": meta,
+        "ground_truth_summary": gt_summary,
+        "forward_cached": any(per_target[t]["forward_cached"] for t in per_target),
+        "seconds": time.perf_counter() - started,
+        "average": avg,
+        "targets": per_target,
+    }
+    result["conclusions"] = conclusions(avg, per_target, metrics)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    write_markdown(Path(args.md), result)
+    print(result["conclusions"])
+
+
+if __name__ == "__main__":
+    main()
