@@ -30,15 +30,18 @@ class HookSpec:
     @property
     def options(self) -> dict[str, Any]:
         """Option name -> default value: the keyword-only parameters of the state class's
-        constructor and of its bases (subclasses pass the common ones on as ``**common``)."""
+        constructor, and of its base's when it passes ``**common`` on to it."""
         out: dict[str, Any] = {}
-        for cls in reversed(self.state_cls.__mro__):
+        for cls in self.state_cls.__mro__:
             init = cls.__dict__.get("__init__")
             if init is None:
                 continue
-            for p in inspect.signature(init).parameters.values():
+            params = inspect.signature(init).parameters.values()
+            for p in params:
                 if p.kind is inspect.Parameter.KEYWORD_ONLY:
-                    out[p.name] = p.default
+                    out.setdefault(p.name, p.default)
+            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+                break
         return out
 
 
