@@ -319,3 +319,18 @@ def test_sms_plus_randomized_projection_close_to_exact(rng, monkeypatch):
     monkeypatch.setattr(sms_mod, "_EXACT_PCA_MAX_OUTPUTS", 10)
     randomized = selection.score("sms+", labels=labels, logits=logits, dim=5)
     assert randomized == pytest.approx(exact, rel=1e-4)
+
+
+def test_batched_and_looped_density_tables_agree(monkeypatch):
+    """Small d takes the stacked (batched LAPACK) path; large d loops one class at a time.
+    Both must give the same table."""
+    from selection.metrics import sms as sms_module
+
+    rng = np.random.default_rng(3)
+    x = rng.random((240, 7))
+    y = rng.integers(0, 5, 240)
+    classes, groups = sms_module._class_groups(y, min_size=2, metric="test")
+    batched = sms_module._log_density_table(x, classes, groups, 1e-6)
+    monkeypatch.setattr(sms_module, "_BATCH_MAX_ELEMENTS", 0)
+    looped = sms_module._log_density_table(x, classes, groups, 1e-6)
+    np.testing.assert_allclose(batched, looped, rtol=1e-9, atol=1e-9)
