@@ -13,17 +13,23 @@ from functools import cached_property
 from celery import Celery, chain, chord, group
 from celery.canvas import Signature
 
-from app.db.models import Job
+from app.db.models import Job, JobStatus
 from app.settings import Settings
 from workers.celery_app import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED, make_celery
 
 log = logging.getLogger(__name__)
 
 
-def job_task_ids(job: Job) -> list[str]:
-    ids = [f"{job.id}-score-{i}" for i in range(len(job.models))] + [f"{job.id}-select"]
+def task_prefix(job: Job, attempt: int = 0) -> str:
+    """Task ids start with the job id; a re-queued job (attempt n) gets fresh ones."""
+    return f"{job.id}-r{attempt}" if attempt else str(job.id)
+
+
+def job_task_ids(job: Job, attempt: int = 0) -> list[str]:
+    pre = task_prefix(job, attempt)
+    ids = [f"{pre}-score-{i}" for i in range(len(job.models))] + [f"{pre}-select"]
     if job.finetune:
-        ids.append(f"{job.id}-finetune")
+        ids.append(f"{pre}-finetune")
     return ids
 
 
@@ -42,15 +48,15 @@ class Dispatcher:
     def validate_dataset(self, dataset_id: str) -> None:
         self._sig(VALIDATE, dataset_id).apply_async()
 
-    def workflow(self, job: Job) -> Signature:
-        jid = str(job.id)
-        ids = job_task_ids(job)
+    def workflow(self, job: Job, attempt: int = 0) -> Signature:
+        jid, pre = str(job.id), task_prefix(job, attempt)
+        ids = job_task_ids(job, attempt)
         header = group(
             self._sig(SCORE, jid, model, task_id=ids[i]) for i, model in enumerate(job.models)
         )
-        body: Signature = self._sig(SELECT, jid, task_id=f"{jid}-select")
+        body: Signature = self._sig(SELECT, jid, task_id=f"{pre}-select")
         if job.finetune:
-            body = chain(body, self._sig(FINETUNE, jid, task_id=f"{jid}-finetune"))
+            body = chain(body, self._sig(FINETUNE, jid, task_id=f"{pre}-finetune"))
         workflow = chord(header, body)
         # a crashed or timed-out task never reaches its own error handling: settle the job here
         workflow.link_error(self._sig(WORKFLOW_FAILED, jid))
@@ -59,6 +65,21 @@ class Dispatcher:
     def submit_job(self, job: Job) -> list[str]:
         self.workflow(job).apply_async()
         return job_task_ids(job)
+
+    def requeue(self, job: Job, attempt: int) -> list[str]:
+        """Send a lost job's remaining work again, under fresh task ids; returns them.
+
+        A job lost in training gets its fine-tuning task again (which resumes the run from its
+        last checkpoint); one lost before gets its whole canvas again (scoring tasks skip the
+        models already scored, so only the missing ones are computed)."""
+        jid, pre = str(job.id), task_prefix(job, attempt)
+        if job.status == JobStatus.training.value:
+            sig = self._sig(FINETUNE, jid, task_id=f"{pre}-finetune")
+            sig.link_error(self._sig(WORKFLOW_FAILED, jid))
+            sig.apply_async()
+            return [f"{pre}-finetune"]
+        self.workflow(job, attempt).apply_async()
+        return job_task_ids(job, attempt)
 
     def revoke(self, task_ids: list[str]) -> None:
         """Drop tasks still queued (never terminate running ones: they stop cooperatively).

@@ -15,6 +15,7 @@ from app.api import datasets, health, jobs, zoo
 from app.db.session import make_engine, make_sessionmaker
 from app.dispatch import Dispatcher
 from app.problems import install as install_problems
+from app.recovery import Sweeper
 from app.settings import Settings
 
 API_PREFIX = "/api/v1"
@@ -35,7 +36,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        sweeper = None
+        if settings.sweep_interval_seconds > 0:  # lost jobs: see app.recovery
+            sweeper = Sweeper(app.state.sessionmaker, app.state.dispatcher, settings)
+            sweeper.start()
+        app.state.sweeper = sweeper
         yield
+        if sweeper is not None:
+            sweeper.stop()
         engine.dispose()
 
     app = FastAPI(

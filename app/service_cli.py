@@ -1,5 +1,5 @@
 """Service commands, mounted into the ``zoopick`` CLI: ``serve``, ``worker``, ``migrate``,
-``keys create|list|revoke``.
+``sweep``, ``keys create|list|revoke``.
 
 ``zoopick serve`` on defaults needs nothing installed beyond Python: SQLite and a file-system
 broker in ``.zoopick/data``, the API and one local worker process. With
@@ -205,6 +205,21 @@ def migrate(
     settings.ensure_dirs()
     mig.upgrade(settings.database_url, revision)
     typer.echo(f"database at {', '.join(sorted(mig.current_heads(settings.database_url)))}")
+
+
+@service_app.command()
+def sweep() -> None:
+    """Re-queue, fail or cancel lost jobs once (the API also does this every minute).
+
+    A job is lost when its training lease expired or it made no progress for longer than the
+    longest hard time limit (ZOOPICK_STALL_SECONDS); see ZOOPICK_RECOVERY_ATTEMPTS.
+    """
+    from app.recovery import sweep_once
+
+    actions = sweep_once(get_settings())
+    for a in actions:
+        typer.echo(f"{a.action:9s} {a.job_id}  {a.reason}")
+    typer.echo(f"{len(actions)} lost job(s) handled", err=True)
 
 
 def _factory():

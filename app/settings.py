@@ -74,6 +74,21 @@ class Settings(BaseSettings):
     light_hard_time_limit: int = Field(660, gt=0)
     lease_seconds: int = Field(120, gt=0)
 
+    # recovery of lost jobs (app.recovery): the API sweeps every interval, a worker at start
+    sweep_interval_seconds: int = Field(
+        60, ge=0, description="How often the API process sweeps for lost jobs; 0: never."
+    )
+    stall_seconds: int | None = Field(
+        None,
+        gt=0,
+        description="An unfinished job with no progress for this long is lost; default: the "
+        "longest hard time limit (no task can legitimately run longer). Below that, a job "
+        "whose scoring task is merely slow counts as lost too.",
+    )
+    recovery_attempts: int = Field(
+        2, ge=0, description="Times a lost job is re-queued before it is failed."
+    )
+
     @field_validator(
         "database_url",
         "broker_url",
@@ -82,6 +97,7 @@ class Settings(BaseSettings):
         "cache_dir",
         "zoo_manifest",
         "score_max_per_class",
+        "stall_seconds",
         mode="before",
     )
     @classmethod
@@ -128,6 +144,13 @@ class Settings(BaseSettings):
         """Redis re-delivers an unacknowledged task after this long; it must exceed every hard
         time limit, or a long GPU task would run twice at once."""
         return max(self.score_hard_time_limit, self.train_hard_time_limit) + 600
+
+    @property
+    def stall_timeout(self) -> int:
+        """Seconds without progress after which an unfinished job counts as lost."""
+        return self.stall_seconds or max(
+            self.score_hard_time_limit, self.train_hard_time_limit, self.light_hard_time_limit
+        )
 
     def ensure_dirs(self) -> None:
         for path in (self.data_dir, self.storage_dir, self.cache_dir):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import uuid
 from functools import cache
 from pathlib import Path
@@ -18,10 +19,11 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_ready
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import datasets as store
-from app import pipeline, zoo_catalog
+from app import pipeline, recovery, zoo_catalog
 from app.db.models import TERMINAL, Dataset, Job, JobStatus, TrainingRun, ZooModel
 from app.db.session import make_engine, make_sessionmaker, session_scope
 from app.db.types import utcnow
@@ -65,6 +67,23 @@ def _open_job(session: Session, job_id: uuid.UUID) -> Job | None:
         pipeline.finish_cancelled(session, job_id)
         return None
     return job
+
+
+# -- recovery of lost jobs ------------------------------------------------------------------
+
+
+@worker_ready.connect
+def sweep_on_start(**_: Any) -> None:
+    """A worker (re)starting is the moment jobs of a dead worker are most likely found lost:
+    sweep once, in a thread so the worker starts consuming at once (see ``app.recovery``)."""
+
+    def run() -> None:
+        try:
+            recovery.sweep_once(settings())  # logs what it does
+        except Exception:  # noqa: BLE001 - a sweep must never take the worker down
+            log.warning("sweep for lost jobs at worker start failed", exc_info=True)
+
+    threading.Thread(target=run, name="zoopick-sweep", daemon=True).start()
 
 
 # -- datasets ---------------------------------------------------------------------------------
@@ -252,8 +271,8 @@ def finetune(self, job_id: str) -> str:
             keep_going=keep_going,
         )
     except SoftTimeLimitExceeded:
-        _finish_run(run_id, "failed", "training exceeded its time limit")
         with session_scope(factory()) as session:
+            _finish_run(session, run_id, "failed", "training exceeded its time limit")
             pipeline.fail(
                 session, jid, f"training exceeded the time limit of {cfg.train_soft_time_limit} s"
             )
@@ -262,33 +281,34 @@ def finetune(self, job_id: str) -> str:
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if result.stopped:
-            _finish_run(run_id, "cancelled", None)
+            _finish_run(session, run_id, "cancelled", None)
             if job is not None and job.cancel_requested:
                 pipeline.finish_cancelled(session, jid)
             return "cancelled"
         if result.returncode != 0:
             error = result.error or f"trainer exited with code {result.returncode}"
-            _finish_run(run_id, "failed", error)
+            _finish_run(session, run_id, "failed", error)
             pipeline.fail(session, jid, f"training failed: {error}")
             return "failed"
         weights = out / training_runner.FINAL_WEIGHTS
         if not weights.is_file():
-            _finish_run(run_id, "failed", "no model file written")
+            _finish_run(session, run_id, "failed", "no model file written")
             pipeline.fail(session, jid, f"training finished without writing {weights.name}")
             return "failed"
         digest, size = training_runner.file_digest(weights)
         pipeline.add_artefact(session, jid, "model", str(weights), digest, size)
-        _finish_run(run_id, "succeeded", None)
+        _finish_run(session, run_id, "succeeded", None)
         pipeline.transition(session, jid, JobStatus.succeeded)
         pipeline.release_lease(session, jid, owner)
     return "trained"
 
 
-def _finish_run(run_id: uuid.UUID, status: str, error: str | None) -> None:
-    with session_scope(factory()) as session:
-        run = session.get(TrainingRun, run_id)
-        if run is not None:
-            run.status, run.error, run.finished_at = status, error, utcnow()
+def _finish_run(session: Session, run_id: uuid.UUID, status: str, error: str | None) -> None:
+    """In the caller's session: a second one writing at the same time would wait for the
+    first's lock on SQLite (embedded mode) until "database is locked"."""
+    run = session.get(TrainingRun, run_id)
+    if run is not None:
+        run.status, run.error, run.finished_at = status, error, utcnow()
 
 
 # -- the canvas' error callback ---------------------------------------------------------------

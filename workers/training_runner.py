@@ -10,12 +10,14 @@ or when the task itself is interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 FINAL_WEIGHTS = "model.safetensors"
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 STOP_GRACE_SECONDS = 15.0
 
 
@@ -37,10 +40,32 @@ class Result:
     records: int = 0
 
 
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """``preexec_fn`` for the trainer: the kernel sends it SIGTERM if the task's process dies
+    (a worker killed by its hard time limit or out of memory), so an orphaned trainer cannot
+    keep a GPU busy or write into the run a re-queued task resumes. Linux only (None
+    elsewhere); ``prctl`` is looked up here, so the forked child only makes the call."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_pdeathsig() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return set_pdeathsig
+
+
 def spawn(*, zoo: Path, model: str, data: str, out: Path, spec: dict[str, Any]):
-    """Start the trainer for one job (the one place the service calls into ``training``)."""
+    """Start the trainer for one job (the one place the service calls into ``training``):
+    ``torchrun --standalone`` as ``training.launch.spawn_local`` starts it, in its own process
+    session, and tied to this process' life."""
     from training.finetune import CHECKPOINT, FinetuneConfig
-    from training.launch import spawn_local
+    from training.launch import spawn_local, torchrun_command
 
     cfg = FinetuneConfig(
         zoo=str(zoo),
@@ -54,7 +79,24 @@ def spawn(*, zoo: Path, model: str, data: str, out: Path, spec: dict[str, Any]):
         resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
     )
     out.mkdir(parents=True, exist_ok=True)
-    return spawn_local(cfg, int(spec.get("workers", 2)))
+    workers = int(spec.get("workers", 2))
+    if not sys.platform.startswith("linux"):
+        return spawn_local(cfg, workers)
+    import torch
+
+    env = dict(os.environ)
+    if not torch.cuda.is_available():  # as spawn_local: share the cores between CPU ranks
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return subprocess.Popen(
+        torchrun_command(cfg, workers),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent(os.getpid()),  # only a prctl call: fork-safe
+    )
 
 
 def _pump(stream, sink: Callable[[Any], None], eof: bool = False) -> None:
@@ -77,18 +119,23 @@ def _json(line: str) -> dict[str, Any] | None:
 
 
 def stop(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
-    """SIGTERM the trainer's process group (torchrun and every rank), SIGKILL after
-    ``grace`` seconds."""
+    """SIGTERM the trainer's process group (torchrun and every rank), then SIGKILL whatever
+    of the group is left: torchrun past ``grace`` seconds, or a rank that outlived it (one
+    that ignored the signal or missed torchrun's own teardown). Nothing keeps running."""
     if proc.poll() is not None:
         return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
         pass
+    except ProcessLookupError:
+        return
+    # right after torchrun's exit (or still alive): the group id stays reserved while any
+    # member lives, so this reaches our ranks and no stranger
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def run(
@@ -154,8 +201,10 @@ def run(
                     stop(proc)
     finally:
         stop(proc)  # the task was interrupted (time limit, worker shutdown): take it down
+        # the group is gone, so both pipes are at EOF: read them to the end (a failing
+        # rank's error line may still be in the stderr pipe behind torchrun's traceback)
         for t in threads:
-            t.join(timeout=5)
+            t.join(timeout=30)
     result.returncode = proc.returncode if proc.returncode is not None else -1
     result.stderr_tail = list(tail)
     if result.returncode != 0 and not result.stopped:

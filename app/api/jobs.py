@@ -62,6 +62,7 @@ def summary(job: Job) -> dict:
         finetune=job.finetune,
         chosen_model=job.chosen_model,
         cancel_requested=job.cancel_requested,
+        recoveries=job.recoveries or 0,
         created_at=job.created_at,
         updated_at=job.updated_at,
         started_at=job.started_at,

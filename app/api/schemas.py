@@ -144,6 +144,9 @@ class JobSummary(BaseModel):
     finetune: FinetuneSpec | None
     chosen_model: str | None
     cancel_requested: bool
+    recoveries: int = Field(
+        0, description="Times the job was re-queued after its worker or messages were lost."
+    )
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None

@@ -172,6 +172,8 @@ class Job(Base):
     task_ids: Mapped[list[Any]] = mapped_column(default=list)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None]
+    recoveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Times the sweeper (``app.recovery``) re-queued this job after it was lost."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None]

@@ -10,14 +10,18 @@ processes with gloo, spardl) and its model is downloaded and loaded.
 
 from __future__ import annotations
 
+import os
 import uuid
+from datetime import timedelta
+from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import select
 
-from app.db.models import Job, Score
+from app.db.models import Job, Score, Tenant
 from app.db.session import make_engine, make_sessionmaker
+from app.db.types import utcnow
 from app.security import create_api_key
 from tests.service.datafiles import not_a_dataset_zip_bytes, npz_bytes
 from tests.service.procs import poll, start_api, start_worker, wait_worker_ready
@@ -98,6 +102,8 @@ def _job(client, jid):
 
 
 def _upload_ready(stack, data: bytes | None = None) -> str:
+    if data is None and "dataset" in stack:  # the default dataset, uploaded once
+        return stack["dataset"]
     client = stack["client"]
     resp = client.post("/datasets", files={"file": ("shapes.npz", data or npz_bytes(), "x")})
     assert resp.status_code == 202, resp.text
@@ -109,6 +115,8 @@ def _upload_ready(stack, data: bytes | None = None) -> str:
         what="validation on the cpu worker",
     )
     assert ds["status"] == "ready", ds
+    if data is None:
+        stack["dataset"] = ds["id"]
     return ds["id"]
 
 
@@ -271,3 +279,133 @@ def test_job_with_finetuning_stores_curve_and_model(stack):
     from safetensors.torch import load as load_safetensors
 
     assert load_safetensors(model.content)
+
+
+def trainer_processes(run_dir) -> list[str]:
+    """Command lines of live processes working on ``run_dir`` (torchrun and its ranks)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(run_dir) in cmd and "training" in cmd:
+            found.append(f"{entry}: {cmd}")
+    return found
+
+
+def test_running_job_is_cancelled_during_training(stack):
+    """A long fine-tune (100 epochs): cancelled once its first epochs are in, the training
+    task stops the trainer's whole process group at the next epoch and settles the job."""
+    pytest.importorskip("training.launch", reason="training not written yet")
+    client = stack["client"]
+    gpu = gpu_worker(stack)
+    dataset = _upload_ready(stack, npz_bytes(n_per_class=20, seed=11))
+    ft = {"epochs": 100, "workers": 2, "compressor": "dense", "lr": 0.01}
+    jid = client.post(
+        "/jobs", json={"dataset_id": dataset, "models": ["tiny-resnet"], "finetune": ft}
+    ).json()["id"]
+    run_dir = stack["settings"].storage_dir / "jobs" / jid / "train"
+    job = poll(
+        lambda: _job(client, jid),
+        lambda j: (
+            j["status"] in ("succeeded", "failed", "cancelled")
+            or bool(j["training"] and j["training"]["epochs"])
+        ),
+        timeout=120,
+        interval=0.1,
+        what="the first epoch",
+    )
+    assert job["status"] == "training", (job, gpu.tail())
+    assert trainer_processes(run_dir)  # torchrun and its ranks are at work
+    resp = client.post(f"/jobs/{jid}/cancel")
+    assert resp.status_code == 202 and resp.json()["cancel_requested"], resp.text
+    job = poll(
+        lambda: _job(client, jid),
+        lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+        timeout=60,
+        what="the cancel to stop training",
+    )
+    assert job["status"] == "cancelled", (job, gpu.tail())
+    assert job["finished_at"] and job["error"] is None
+    training = job["training"]
+    assert training["status"] == "cancelled" and training["finished_at"]
+    assert 1 <= len(training["epochs"]) < ft["epochs"]  # caught mid-run
+    assert trainer_processes(run_dir) == []  # nothing keeps running
+    assert client.get(f"/jobs/{jid}/model").status_code == 409
+
+
+def test_a_failing_rank_fails_the_job_with_its_error(stack):
+    """Four images leave 2 for training after the test split: enough to validate and score,
+    but the trainer's ranks find they cannot each get a batch. Their error is the job's."""
+    pytest.importorskip("training.launch", reason="training not written yet")
+    client = stack["client"]
+    gpu = gpu_worker(stack)
+    dataset = _upload_ready(stack, npz_bytes(n_per_class=2, classes=2, seed=5))
+    ft = {"epochs": 1, "workers": 2, "compressor": "dense"}
+    jid = client.post(
+        "/jobs", json={"dataset_id": dataset, "models": ["tiny-resnet"], "finetune": ft}
+    ).json()["id"]
+    job = poll(
+        lambda: _job(client, jid),
+        lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+        timeout=120,
+        interval=0.5,
+        what="the failing fine-tune",
+    )
+    assert job["status"] == "failed", (job, gpu.tail())
+    assert job["error"].startswith("training failed: rank "), (job, gpu.tail())
+    assert "ValueError: 2 training images cannot feed 2 workers" in job["error"], job
+    assert job["chosen_model"] == "tiny-resnet" and job["ranking"]  # scoring went through
+    training = job["training"]
+    assert training["status"] == "failed" and "cannot feed 2 workers" in training["error"]
+    assert trainer_processes(stack["settings"].storage_dir / "jobs" / jid) == []
+
+
+def test_a_lost_training_job_is_requeued_and_finished(stack):
+    """A job whose training worker died (its lease expired, no task holds it): one sweep
+    re-queues its fine-tuning, a real worker takes the lease and finishes it."""
+    pytest.importorskip("training.launch", reason="training not written yet")
+    from app import recovery
+    from app.dispatch import Dispatcher
+
+    client, factory, settings = stack["client"], stack["factory"], stack["settings"]
+    gpu_worker(stack)
+    dataset = _upload_ready(stack)
+    with factory.begin() as session:
+        tenant = session.scalar(select(Tenant.id).where(Tenant.name == "e2e"))
+        job = Job(
+            tenant_id=tenant,
+            dataset_id=uuid.UUID(dataset),
+            request={},
+            models=["tiny-resnet"],
+            metrics=["logme"],
+            select_by="logme",
+            finetune={"epochs": 1, "workers": 1, "compressor": "dense", "lr": 0.01},
+            status="training",
+            chosen_model="tiny-resnet",
+            started_at=utcnow(),
+            lease_owner="dead-host:4242:lost-task",
+            lease_expires_at=utcnow() - timedelta(seconds=1),
+        )
+        session.add(job)
+        session.flush()
+        jid = str(job.id)
+
+    actions = recovery.sweep(factory, Dispatcher(settings), settings)
+    # (the API process sweeps too: whichever got there first re-queued it, once)
+    assert [(str(a.job_id), a.action) for a in actions] in ([(jid, "requeued")], [])
+    with factory() as session:
+        assert session.get(Job, uuid.UUID(jid)).recoveries == 1
+    job = poll(
+        lambda: _job(client, jid),
+        lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+        timeout=120,
+        interval=0.5,
+        what="the re-queued fine-tune",
+    )
+    assert job["status"] == "succeeded", job
+    assert job["recoveries"] == 1 and [e["epoch"] for e in job["training"]["epochs"]] == [1]
+    assert client.get(f"/jobs/{jid}/model").status_code == 200

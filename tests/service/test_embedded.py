@@ -1,9 +1,11 @@
 """``zoopick serve`` on embedded defaults: SQLite and a file-system broker in the data folder,
 the API plus a local worker process, no external service. A first start migrates and creates
-a local admin key; a dataset goes through validation and a scoring job to success."""
+a local admin key; a dataset goes through validation, and a job through scoring and a fine-tune
+(2 CPU ranks, spardl) to a model that downloads and loads."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import uuid
@@ -57,19 +59,39 @@ def test_serve_runs_a_job_with_no_external_service(tmp_path):
             what="validation by the embedded worker",
         )
         assert ds["status"] == "ready", ds
+        ft = {"epochs": 1, "workers": 2, "compressor": "spardl", "density": 0.1, "lr": 0.01}
         jid = client.post(
-            "/jobs", json={"dataset_id": ds["id"], "models": ["emb-resnet", "emb-vit"]}
+            "/jobs",
+            json={"dataset_id": ds["id"], "models": ["emb-resnet", "emb-vit"], "finetune": ft},
         ).json()["id"]
         job = poll(
             lambda: client.get(f"/jobs/{jid}").json(),
             lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
-            timeout=120,
+            timeout=180,
+            interval=0.5,
             what="the embedded job",
         )
         assert job["status"] == "succeeded", (job, serve.tail())
         assert job["chosen_model"] == job["ranking"][0]["model"]
+        training = job["training"]
+        assert training["world_size"] == 2 and training["status"] == "succeeded"
+        assert [e["epoch"] for e in training["epochs"]] == [1]
+        assert training["epochs"][0]["bytes_sent"] > 0
+        model = client.get(f"/jobs/{jid}/model")
+        assert model.status_code == 200, model.text
     finally:
         serve.stop()
+
+    # the download is the fine-tuned chosen architecture with a 3-class head: it loads
+    # strictly into a fresh model of that architecture
+    import timm
+    from safetensors.torch import load as load_safetensors
+
+    arch = {"emb-resnet": "test_resnet", "emb-vit": "test_vit"}[job["chosen_model"]]
+    weights = load_safetensors(model.content)
+    fresh = timm.create_model(arch, pretrained=False, num_classes=3)
+    fresh.load_state_dict(weights, strict=True)
+    assert model.headers["digest"] == f"sha-256={hashlib.sha256(model.content).hexdigest()}"
 
     settings = Settings(data_dir=data)
     assert settings.database_url.startswith("sqlite:///") and settings.embedded_broker

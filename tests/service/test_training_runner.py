@@ -89,3 +89,75 @@ def test_stop_kills_the_whole_process_group(tmp_path):
     assert 2 <= len(seen) < 10 and time.monotonic() - t0 < 15
     time.sleep(0.2)
     assert live_in_group(procs[0].pid) == []  # the grandchild "rank" went down too
+
+
+STUBBORN = textwrap.dedent(
+    """
+    import json, signal, subprocess, sys, time
+    # a "rank" that ignores SIGTERM: torchrun's own teardown would not stop it
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    time.sleep(0.3)
+    for e in range(1, 100):
+        print(json.dumps({"epoch": e}), flush=True)
+        time.sleep(0.2)
+    """
+)
+
+
+def test_stop_also_kills_a_rank_that_ignores_sigterm(tmp_path):
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    procs = []
+
+    def started():
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
+        return procs[-1]
+
+    seen = []
+    result = training_runner.run(
+        started, on_record=seen.append, keep_going=lambda: not seen, poll=0.2
+    )
+    assert result.stopped
+    time.sleep(0.2)
+    assert live_in_group(procs[0].pid) == []
+
+
+def test_the_trainer_dies_with_the_task_process(tmp_path):
+    """A worker process killed outright (hard time limit, out of memory) takes its trainer
+    along: the trainer is started with a parent-death signal."""
+    pid_file = tmp_path / "trainer.pid"
+    task = textwrap.dedent(
+        f"""
+        import os, subprocess, sys, time
+        from workers.training_runner import _die_with_parent
+        trainer = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
+        open({str(pid_file)!r}, "w").write(str(trainer.pid))
+        time.sleep(60)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", task])
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    trainer = int(pid_file.read_text())
+    assert live_in_group(trainer)
+    parent.kill()  # SIGKILL: no cleanup code runs in the task process
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while live_in_group(trainer) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_in_group(trainer) == []

@@ -1,0 +1,272 @@
+"""Recovery of lost jobs: the sweeper.
+
+A job is *lost* when no task will ever move it on: the worker running it died (killed, out of
+memory, machine gone) or the broker dropped its messages. Redis hands an unacknowledged task
+back only after its visibility timeout (hours, since it must exceed the longest task), and the
+embedded file broker deletes a message as soon as a worker takes it, so a worker killed
+mid-task loses it for good. Two signs on the job row tell a lost job:
+
+* **lease expired**: a training task renews its lease every few seconds while its trainer runs
+  (``workers.tasks.finetune``); a lease past its expiry means the owner stopped;
+* **stalled**: no progress (``updated_at``) for longer than ``settings.stall_timeout``, by
+  default the longest hard time limit, which no task can outlive (a training job holding a
+  live lease is never stalled: its task is alive, however long an epoch takes).
+
+A lost job is re-queued (``Dispatcher.requeue``: its remaining work under fresh task ids; the
+trainer resumes from its last checkpoint, scoring skips the models already scored) up to
+``recovery_attempts`` times, then failed with an error saying what was seen. A lost job whose
+cancel was requested is settled as cancelled.
+
+Where it runs (no extra process, the same on embedded and distributed setups): the API process
+runs :class:`Sweeper`, a daemon thread that sweeps once at start and then every
+``sweep_interval_seconds``; every worker sweeps once when it starts (``workers.tasks``); and
+``zoopick sweep`` runs one pass, e.g. from cron. Each action is a conditional UPDATE on the row
+as it was read (``recoveries`` acts as a version), so sweepers running at once act on a job
+once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.models import Job, JobStatus, TrainingRun
+from app.db.session import make_engine, make_sessionmaker, session_scope
+from app.db.types import utcnow
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+UNFINISHED = (JobStatus.queued.value, JobStatus.scoring.value, JobStatus.training.value)
+BATCH = 100
+
+
+@dataclass(frozen=True)
+class Action:
+    """What one sweep did to one job."""
+
+    job_id: uuid.UUID
+    action: str  # requeued | failed | cancelled
+    reason: str
+
+
+def _lost_clause(now: datetime, cutoff: datetime) -> Any:
+    leased = and_(Job.status == JobStatus.training.value, Job.lease_owner.is_not(None))
+    return and_(
+        Job.status.in_(UNFINISHED),
+        or_(
+            and_(leased, Job.lease_expires_at < now),
+            # a live lease is proof of life (renewed every few seconds), however long an
+            # epoch takes: only jobs without one can be stalled
+            and_(Job.updated_at < cutoff, ~and_(leased, Job.lease_expires_at >= now)),
+        ),
+    )
+
+
+def lost_reason(job: Job, now: datetime, settings: Settings) -> str | None:
+    """Why ``job`` counts as lost at ``now`` (None when it does not)."""
+    if job.status not in UNFINISHED:
+        return None
+    if (
+        job.status == JobStatus.training.value
+        and job.lease_owner
+        and job.lease_expires_at is not None
+        and job.lease_expires_at < now
+    ):
+        return (
+            f"its training task ({job.lease_owner}) stopped renewing its lease, which expired "
+            f"at {job.lease_expires_at.isoformat(timespec='seconds')}"
+        )
+    live_lease = job.lease_owner and job.lease_expires_at and job.lease_expires_at >= now
+    if job.status == JobStatus.training.value and live_lease:
+        return None
+    if job.updated_at < now - timedelta(seconds=settings.stall_timeout):
+        return (
+            f"no progress while {job.status} since {job.updated_at.isoformat(timespec='seconds')}"
+            f" (longer than {settings.stall_timeout} s, the longest a task may run)"
+        )
+    return None
+
+
+def _claim(session: Session, job: Job, now: datetime, cutoff: datetime, **values: Any) -> bool:
+    """Apply ``values`` if the job is still lost and untouched since it was read."""
+    stmt = (
+        update(Job)
+        .where(
+            Job.id == job.id,
+            Job.status == job.status,
+            Job.recoveries == job.recoveries,
+            _lost_clause(now, cutoff),
+        )
+        .values(**values)
+    )
+    return session.execute(stmt).rowcount == 1
+
+
+def _settle_run(session: Session, job_id: uuid.UUID, status: str, error: str | None) -> None:
+    session.execute(
+        update(TrainingRun)
+        .where(TrainingRun.job_id == job_id, TrainingRun.status == "running")
+        .values(status=status, error=error, finished_at=utcnow())
+    )
+
+
+def _recover(
+    factory: sessionmaker[Session], dispatcher: Any, settings: Settings, job: Job, now: datetime
+) -> Action | None:
+    cutoff = now - timedelta(seconds=settings.stall_timeout)
+    reason = lost_reason(job, now, settings)
+    if reason is None:
+        return None
+    with session_scope(factory) as session:
+        if job.cancel_requested:
+            done = _claim(
+                session,
+                job,
+                now,
+                cutoff,
+                status=JobStatus.cancelled.value,
+                finished_at=now,
+                updated_at=now,
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+            if done:
+                _settle_run(session, job.id, "cancelled", None)
+            return Action(job.id, "cancelled", reason) if done else None
+        if job.recoveries >= settings.recovery_attempts:
+            error = (
+                f"job lost: {reason}; re-queued {job.recoveries} time(s) already "
+                f"(ZOOPICK_RECOVERY_ATTEMPTS={settings.recovery_attempts}), so it is failed"
+            )
+            done = _claim(
+                session,
+                job,
+                now,
+                cutoff,
+                status=JobStatus.failed.value,
+                error=error,
+                finished_at=now,
+                updated_at=now,
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+            if done:
+                _settle_run(session, job.id, "failed", error)
+            return Action(job.id, "failed", reason) if done else None
+        # re-queue: count the attempt and clear the dead lease first (so the new task can
+        # claim it and no other sweeper re-queues the same loss), then send the work
+        if not _claim(
+            session,
+            job,
+            now,
+            cutoff,
+            recoveries=job.recoveries + 1,
+            updated_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+        ):
+            return None
+    attempt = job.recoveries + 1
+    try:
+        ids = dispatcher.requeue(job, attempt)
+    except Exception:  # the broker is down: undo, so a later sweep tries again
+        log.warning("could not re-queue lost job %s", job.id, exc_info=True)
+        with session_scope(factory) as session:
+            session.execute(
+                update(Job)
+                .where(Job.id == job.id, Job.recoveries == attempt)
+                .values(
+                    recoveries=job.recoveries,
+                    updated_at=job.updated_at,
+                    lease_owner=job.lease_owner,
+                    lease_expires_at=job.lease_expires_at,
+                )
+            )
+        return None
+    with session_scope(factory) as session:
+        # keep the old ids too: a cancel revokes whatever of either attempt is still queued
+        session.execute(
+            update(Job)
+            .where(Job.id == job.id)
+            .values(task_ids=list(dict.fromkeys([*(job.task_ids or []), *ids])))
+        )
+    log.warning("re-queued lost job %s (attempt %d): %s", job.id, attempt, reason)
+    return Action(job.id, "requeued", reason)
+
+
+def sweep(
+    factory: sessionmaker[Session],
+    dispatcher: Any,
+    settings: Settings,
+    now: datetime | None = None,
+) -> list[Action]:
+    """One pass: re-queue, fail or cancel every lost job; returns what was done."""
+    now = now or utcnow()
+    cutoff = now - timedelta(seconds=settings.stall_timeout)
+    with factory() as session:
+        jobs = list(
+            session.scalars(
+                select(Job).where(_lost_clause(now, cutoff)).order_by(Job.updated_at).limit(BATCH)
+            )
+        )
+        session.expunge_all()
+    actions = []
+    for job in jobs:
+        try:
+            action = _recover(factory, dispatcher, settings, job, now)
+        except Exception:  # one bad row must not stop the sweep
+            log.exception("recovering job %s", job.id)
+            continue
+        if action is not None:
+            actions.append(action)
+            if action.action != "requeued":
+                log.warning("%s lost job %s: %s", action.action, job.id, action.reason)
+    return actions
+
+
+def sweep_once(settings: Settings) -> list[Action]:
+    """A pass with its own engine, disposed afterwards (worker start, ``zoopick sweep``)."""
+    from app.dispatch import Dispatcher
+
+    engine = make_engine(settings.database_url)
+    try:
+        return sweep(make_sessionmaker(engine), Dispatcher(settings), settings)
+    finally:
+        engine.dispose()
+
+
+class Sweeper:
+    """The API process' sweeper thread: a pass at start, then one every ``interval`` s."""
+
+    def __init__(self, factory: sessionmaker[Session], dispatcher: Any, settings: Settings) -> None:
+        self.factory, self.dispatcher, self.settings = factory, dispatcher, settings
+        self.passes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="zoopick-sweeper", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sweep(self.factory, self.dispatcher, self.settings)
+            except Exception:  # the database is down: try again next time
+                log.warning("sweep for lost jobs failed", exc_info=True)
+            self.passes += 1
+            if self._stop.wait(self.settings.sweep_interval_seconds):
+                return

@@ -1,0 +1,268 @@
+"""The sweeper for lost jobs (``app.recovery``) on PostgreSQL with a real Redis broker: which
+jobs count as lost, what is re-queued (the messages really reach the broker's queues), failed
+or cancelled, that concurrent sweepers act on a job once, and that the API process, a starting
+worker and ``zoopick sweep`` all run it. Re-queued work being picked up and finished by a real
+worker is in ``test_e2e.py``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+import redis
+from sqlalchemy import delete, select, update
+
+from app import recovery
+from app.db import migrate
+from app.db.models import Job, TrainingRun
+from app.db.session import make_engine, make_sessionmaker
+from app.db.types import utcnow
+from app.dispatch import Dispatcher
+from app.security import get_or_create_tenant
+from app.service_cli import worker_command
+from tests.service.procs import Proc, env_for, poll
+
+STALL = 3600
+
+
+@pytest.fixture(scope="module")
+def database(new_pg_database):
+    url = new_pg_database()
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    yield url, make_sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def env(database, redis_url, tmp_path):
+    """The module's database emptied of jobs (a sweep sees every job), and a Redis key space
+    of this test's own that no worker listens on."""
+    from app.settings import Settings
+
+    url, factory = database
+    with factory.begin() as session:
+        session.execute(delete(Job))
+        tenant = get_or_create_tenant(session, "recovery").id
+    broker, prefix = redis_url
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=url,
+        broker_url=broker,
+        redis_key_prefix=f"{prefix}rec-{uuid.uuid4().hex[:6]}:",
+        stall_seconds=STALL,
+        recovery_attempts=2,
+        sweep_interval_seconds=0,
+    )
+    return settings, factory, tenant
+
+
+def add_job(factory, tenant, *, age: float = 0, finetune: bool = False, **values) -> uuid.UUID:
+    """A job row as a worker would have left it, last touched ``age`` seconds ago."""
+    stamp = utcnow() - timedelta(seconds=age)
+    with factory.begin() as session:
+        job = Job(
+            tenant_id=tenant,
+            request={},
+            models=["m1", "m2"],
+            metrics=["logme"],
+            select_by="logme",
+            finetune={"epochs": 1, "workers": 2} if finetune else None,
+            **values,
+        )
+        session.add(job)
+        session.flush()
+        jid = job.id
+        session.execute(update(Job).where(Job.id == jid).values(updated_at=stamp))
+    return jid
+
+
+def row(factory, jid) -> Job:
+    with factory() as session:
+        return session.get(Job, jid)
+
+
+def queued_tasks(settings) -> list[tuple[str, str, str]]:
+    """(queue, task name, task id) of every message waiting in the broker."""
+    client = redis.Redis.from_url(settings.broker_url)
+    out = []
+    for queue in ("cpu", "gpu"):
+        for raw in client.lrange(settings.redis_key_prefix + queue, 0, -1):
+            headers = json.loads(raw)["headers"]
+            out.append((queue, headers["task"], headers["id"]))
+    return out
+
+
+def test_lost_jobs_are_requeued_failed_or_cancelled(env):
+    settings, factory, tenant = env
+    now = utcnow()
+    dead_lease = {"lease_owner": "gone:1:t", "lease_expires_at": now - timedelta(seconds=5)}
+    live_lease = {"lease_owner": "alive:2:t", "lease_expires_at": now + timedelta(seconds=60)}
+    training = {"status": "training", "chosen_model": "m1"}
+    lease_lost = add_job(factory, tenant, finetune=True, **training, **dead_lease)
+    stalled = add_job(factory, tenant, age=STALL + 60, status="scoring", task_ids=["old-score-0"])
+    exhausted = add_job(factory, tenant, age=STALL + 60, status="queued", recoveries=2)
+    cancelling = add_job(
+        factory, tenant, age=STALL + 60, finetune=True, cancel_requested=True, **training
+    )
+    with factory.begin() as session:
+        session.add(
+            TrainingRun(job_id=cancelling, model_id="m1", config={}, world_size=2, output_dir="/x")
+        )
+    healthy = [
+        # a live lease is proof of life, even after hours without a finished epoch
+        add_job(factory, tenant, age=10 * STALL, finetune=True, **training, **live_lease),
+        add_job(factory, tenant, age=STALL - 60, status="scoring"),
+        add_job(factory, tenant, age=10 * STALL, status="succeeded"),
+    ]
+
+    actions = recovery.sweep(factory, Dispatcher(settings), settings)
+    assert {a.job_id: a.action for a in actions} == {
+        lease_lost: "requeued",
+        stalled: "requeued",
+        exhausted: "failed",
+        cancelling: "cancelled",
+    }
+
+    # the lost training job: its dead lease is cleared and only its fine-tuning is sent again
+    job = row(factory, lease_lost)
+    assert job.status == "training" and job.recoveries == 1 and job.lease_owner is None
+    assert job.task_ids == [f"{lease_lost}-r1-finetune"]
+    # the stalled scoring job: its whole canvas again, under fresh ids (the old ones are kept
+    # so a cancel still revokes them)
+    job = row(factory, stalled)
+    assert job.status == "scoring" and job.recoveries == 1
+    fresh = [f"{stalled}-r1-score-0", f"{stalled}-r1-score-1", f"{stalled}-r1-select"]
+    assert job.task_ids == ["old-score-0", *fresh]
+    assert (utcnow() - job.updated_at).total_seconds() < 60  # the stall clock restarts
+    sent = queued_tasks(settings)
+    assert ("gpu", "zoopick.finetune", f"{lease_lost}-r1-finetune") in sent
+    assert ("gpu", "zoopick.score_model", fresh[0]) in sent
+    assert ("gpu", "zoopick.score_model", fresh[1]) in sent
+
+    job = row(factory, exhausted)
+    assert job.status == "failed" and job.finished_at is not None
+    assert job.error.startswith("job lost: no progress while queued since")
+    assert "re-queued 2 time(s) already" in job.error and f"longer than {STALL} s" in job.error
+
+    assert row(factory, cancelling).status == "cancelled"
+    with factory() as session:
+        run = session.scalars(select(TrainingRun).where(TrainingRun.job_id == cancelling)).one()
+        assert run.status == "cancelled" and run.finished_at is not None
+
+    for jid in healthy:
+        job = row(factory, jid)
+        assert job.recoveries == 0 and job.error is None
+    assert row(factory, healthy[0]).lease_owner == "alive:2:t"
+
+    # a second pass finds nothing: re-queued jobs have a fresh clock, the rest are finished
+    assert recovery.sweep(factory, Dispatcher(settings), settings) == []
+
+
+def test_a_lease_lost_again_counts_towards_the_limit(env):
+    settings, factory, tenant = env
+    lease = {"lease_owner": "gone:1:t", "lease_expires_at": utcnow() - timedelta(seconds=1)}
+    jid = add_job(
+        factory, tenant, finetune=True, status="training", chosen_model="m1", recoveries=1, **lease
+    )
+    settings = settings.model_copy(update={"recovery_attempts": 1})
+    (action,) = recovery.sweep(factory, Dispatcher(settings), settings)
+    assert action.action == "failed"
+    job = row(factory, jid)
+    assert job.status == "failed" and "stopped renewing its lease" in job.error
+    assert "gone:1:t" in job.error
+
+
+def test_a_job_the_broker_cannot_take_is_left_for_the_next_sweep(env):
+    settings, factory, tenant = env
+    jid = add_job(factory, tenant, age=STALL + 60, status="scoring")
+    before = row(factory, jid)
+    down = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})  # nothing there
+    assert recovery.sweep(factory, Dispatcher(down), down) == []
+    after = row(factory, jid)  # the attempt was rolled back, so the job is still seen as lost
+    assert (after.recoveries, after.updated_at, after.status) == (0, before.updated_at, "scoring")
+    (action,) = recovery.sweep(factory, Dispatcher(settings), settings)
+    assert (action.job_id, action.action) == (jid, "requeued")
+
+
+def test_concurrent_sweepers_act_on_each_job_once(env):
+    settings, factory, tenant = env
+    jobs = {add_job(factory, tenant, age=STALL + 1, status="queued") for _ in range(6)}
+    results: list[list[recovery.Action]] = []
+    start = threading.Barrier(3)
+
+    def one() -> None:
+        start.wait()
+        results.append(recovery.sweep(factory, Dispatcher(settings), settings))
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    acted = [a.job_id for actions in results for a in actions]
+    assert sorted(acted) == sorted(jobs)  # each job once, whichever sweeper got it
+    assert all(row(factory, j).recoveries == 1 for j in jobs)
+    sent = sorted(t for _, _, t in queued_tasks(settings))  # each job's canvas sent once
+    assert sent == sorted(f"{j}-r1-score-{i}" for j in jobs for i in range(2))
+
+
+def test_the_api_sweeps_at_start_and_periodically(env):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    settings, factory, tenant = env
+    settings = settings.model_copy(update={"sweep_interval_seconds": 1, "recovery_attempts": 0})
+    first = add_job(factory, tenant, age=STALL + 1, status="scoring")
+    app = create_app(settings)
+    with TestClient(app):
+        poll(lambda: row(factory, first).status, lambda s: s == "failed", 10, what="start sweep")
+        later = add_job(factory, tenant, age=STALL + 1, status="queued")
+        poll(lambda: row(factory, later).status, lambda s: s == "failed", 10, what="next sweep")
+        assert app.state.sweeper.passes >= 2
+    assert not app.state.sweeper._thread.is_alive()  # stopped with the app
+
+
+def test_a_starting_worker_sweeps_once(env, tmp_path):
+    settings, factory, tenant = env
+    jid = add_job(factory, tenant, age=STALL + 1, status="scoring")
+    proc_env = env_for(settings)
+    proc_env.update(ZOOPICK_STALL_SECONDS=str(STALL), ZOOPICK_RECOVERY_ATTEMPTS="0")
+    cmd = worker_command("cpu", 1, "solo", "info") + ["--without-heartbeat"]
+    worker = Proc("worker-sweep", cmd, proc_env, tmp_path)
+    try:
+        job = poll(lambda: row(factory, jid), lambda j: j.status != "scoring", 60, what="sweep")
+    finally:
+        worker.stop()
+    assert job.status == "failed" and job.error.startswith("job lost: no progress while scoring")
+
+
+def test_zoopick_sweep_command(env, monkeypatch):
+    from typer.testing import CliRunner
+
+    from app.service_cli import service_app
+    from app.settings import get_settings
+
+    settings, factory, tenant = env
+    jid = add_job(factory, tenant, age=STALL + 1, status="queued")
+    for name, value in {
+        "ZOOPICK_DATA_DIR": str(settings.data_dir),
+        "ZOOPICK_DATABASE_URL": settings.database_url,
+        "ZOOPICK_BROKER_URL": settings.broker_url,
+        "ZOOPICK_REDIS_KEY_PREFIX": settings.redis_key_prefix,
+        "ZOOPICK_STALL_SECONDS": str(STALL),
+    }.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        done = CliRunner().invoke(service_app, ["sweep"])
+    finally:
+        get_settings.cache_clear()
+    assert done.exit_code == 0, done.output
+    assert f"requeued  {jid}" in done.stdout and "no progress while queued" in done.stdout
+    job = row(factory, jid)
+    assert job.recoveries == 1 and job.status == "queued"
