@@ -36,6 +36,15 @@ def spardl_ideal_bytes(rec: dict[str, Any]) -> float:
     return 2 * k * (P - 1) / P * PAIR_BYTES
 
 
+def one_core_estimate(rec: dict[str, Any]) -> float | None:
+    """What an iteration would take if each worker had its own core: the worker's CPU seconds
+    (selection, bookkeeping, gloo's own work) plus the bytes it sends at the link rate. A rough
+    model (no latency, no overlap), shown next to the measurement, never instead of it."""
+    if rec.get("cpu_s") is None or not rec.get("link_mbit") or rec.get("bytes_sent") is None:
+        return None
+    return rec["cpu_s"] + rec["bytes_sent"] * 8 / (rec["link_mbit"] * 1e6)
+
+
 def _find(records, link, P, hook, density):
     for r in records:
         if (r["link"], r["P"], r["hook"]) == (link, P, hook) and (
@@ -84,6 +93,14 @@ def goals(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"{spardl['time_s'] * 1e3:.0f} ms = {speedup:.2f}x",
             "speedup": speedup,
         }
+        est = one_core_estimate(spardl)
+        if est is not None:
+            g["one_core_estimate_s"] = est
+            g["detail"] += (
+                f" (with a core per worker, estimated from its CPU seconds "
+                f"{spardl['cpu_s']:.3f} s + wire time at the link rate: {est * 1e3:.0f} ms, "
+                f"{dense['time_s'] / est:.1f}x; an estimate, not a measurement)"
+            )
     else:
         g = {"met": None, "detail": "not measured"}
     g["goal"] = f"1 Gbit/s, P=4, density 1%: spardl >= {DENSE_SPEEDUP_GOAL:g}x faster than dense"
@@ -147,6 +164,12 @@ def markdown(result: dict[str, Any]) -> str:
         + ", low-rank, not sparse: its density column does not apply; bytes counted at its",
         "all-reduces, time not split). Bytes are what one worker sends per iteration.",
         "",
+        f"Each worker runs one torch thread; this machine has {result['runs'][-1]['cpus']} "
+        "CPUs, shared with other jobs (load averages below). For P above the core count the",
+        "selection step is CPU-bound, and a worker's *comm* time includes waiting in a",
+        "collective for peers that are still selecting: compare the CPU seconds per worker",
+        "with the wall time before reading the totals as network cost.",
+        "",
         "## Runs",
         "",
     ]
@@ -174,6 +197,17 @@ def markdown(result: dict[str, Any]) -> str:
         hooks = _hooks(recs)
         densities = sorted({r["density"] for r in recs if r["density"] is not None}, reverse=True)
         lines += [f"## {link_name(link)}", ""]
+        rates = [
+            r["bytes_sent"] * 8 / r["time_s"] / 1e9
+            for r in recs
+            if r["hook"] == "dense" and r["bytes_sent"] and r["time_s"]
+        ]
+        if rates:
+            lines += [
+                f"Link check: `dense` puts {min(rates):.2f}-{max(rates):.2f} Gbit/s per worker "
+                f"on the wire (bytes sent / time) on this {link_name(link)} link.",
+                "",
+            ]
         for d in densities:
             lines += [
                 f"### Time per iteration, density {d:g} (ms; in brackets: speed-up over dense)",
@@ -237,7 +271,45 @@ def markdown(result: dict[str, Any]) -> str:
                 ideal.append("—" if r is None else _mb(spardl_ideal_bytes(r)))
             lines.append("| *2k(P-1)/P pairs* | " + " | ".join(ideal) + " |")
             lines.append("")
+    lines += achieved_density_table(records)
     return "\n".join(lines) + "\n"
+
+
+GATHERED = ("topk", "gaussiank", "dfs")  # stats nnz counts every worker's pairs
+
+
+def achieved_density_table(records: list[dict[str, Any]]) -> list[str]:
+    """Selected elements per worker over k = density * numel, at P = 4 (or the nearest P) on
+    the first link: exact top-k gives 1.0; threshold schemes drift from it."""
+    recs = [r for r in records if r["density"] is not None and r["nnz"] is not None]
+    if not recs:
+        return []
+    link = sorted({r["link"] for r in recs}, key=_link_order)[0]
+    recs = [r for r in recs if r["link"] == link]
+    P = min({r["P"] for r in recs}, key=lambda p: abs(p - 4))
+    recs = [r for r in recs if r["P"] == P]
+    densities = sorted({r["density"] for r in recs}, reverse=True)
+    lines = [
+        f"## Achieved density (P={P}, {link_name(link)})",
+        "",
+        "Elements selected per iteration over k = density x gradient size: per worker for the",
+        "all-gather schemes (topk, gaussiank, dfs: block values), in the applied sum for",
+        "spardl and exdyna. 1.00 = exactly the asked density.",
+        "",
+        "| hook | " + " | ".join(f"{d:g}" for d in densities) + " |",
+        "|---|" + "---|" * len(densities),
+    ]
+    for h in _hooks(recs):
+        cells = []
+        for d in densities:
+            r = _find(recs, link, P, h, d)
+            if r is None:
+                cells.append("—")
+                continue
+            per = r["nnz"] / P if h in GATHERED else r["nnz"]
+            cells.append(f"{per / (d * r['numel']):.2f}")
+        lines.append(f"| {h} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _link_order(link: str) -> tuple[int, str]:
@@ -320,19 +392,22 @@ def plots(records: list[dict[str, Any]], out: Path) -> list[Path]:
         for ax, link in zip(axes[0], links, strict=True):
             recs = [r for r in split if r["link"] == link and r["P"] == P]
             hooks = _hooks(recs)
-            sel, com, oth = [], [], []
+            sel, com, oth, whole = [], [], [], []
             for h in hooks:
                 r = next(x for x in recs if x["hook"] == h)
-                s = r["select_s"] or 0.0
-                c = r["comm_s"] if r["comm_s"] is not None else 0.0
-                o = max(r["time_s"] - s - c, 0.0)
+                split_known = r["select_s"] is not None and r["comm_s"] is not None
+                s = r["select_s"] if split_known else 0.0
+                c = r["comm_s"] if split_known else 0.0
                 sel.append(s)
                 com.append(c)
-                oth.append(o)
+                oth.append(max(r["time_s"] - s - c, 0.0) if split_known else 0.0)
+                whole.append(0.0 if split_known else r["time_s"])
             x = range(len(hooks))
             ax.bar(x, sel, label="select")
             ax.bar(x, com, bottom=sel, label="communicate")
             ax.bar(x, oth, bottom=[a + b for a, b in zip(sel, com, strict=True)], label="other")
+            if any(whole):
+                ax.bar(x, whole, color="grey", label="total (not split)")
             ax.set_xticks(list(x), hooks, rotation=30, fontsize=8)
             ax.set_ylabel("seconds per iteration")
             ax.set_title(f"P={P}, density {d:g}, {link_name(link)}")

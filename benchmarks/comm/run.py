@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per launch")
     ap.add_argument("--merge", action="store_true", help="add to an existing comm.json")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument(
+        "--report-only", action="store_true", help="re-render comm.md and plots from comm.json"
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args(argv)
     hooks = [h for h in args.hooks.split(",") if h]
@@ -221,6 +224,8 @@ def _key(rec: dict[str, Any]) -> tuple:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        return write_report(json.loads((args.out / "comm.json").read_text()), args)
     started = time.time()
     ok, why = (False, "--loopback given") if args.loopback else netns.available()
     if ok:
@@ -278,13 +283,20 @@ def main(argv: list[str] | None = None) -> int:
         records = [r for r in old["records"] if _key(r) not in new_keys] + records
         runs = old["runs"] + runs
     records.sort(key=lambda r: (r["link"], r["P"], HOOKS.index(r["hook"]), r["density"] or 0))
-    result = {"runs": runs, "records": records, "goals": report.goals(records)}
-    path.write_text(json.dumps(result, indent=1))
+    write_report({"runs": runs, "records": records}, args)
+    print(f"({time.time() - started:.0f} s)", flush=True)
+    return 1 if errors else 0
+
+
+def write_report(result: dict[str, Any], args: argparse.Namespace) -> int:
+    """(Re)compute the goals; write comm.json, comm.md and the plots under ``args.out``."""
+    result["goals"] = report.goals(result["records"])
+    (args.out / "comm.json").write_text(json.dumps(result, indent=1))
     (args.out / "comm.md").write_text(report.markdown(result))
     if not args.no_plots:
-        report.plots(records, args.out)
-    print(f"wrote {path} and comm.md ({time.time() - started:.0f} s)", flush=True)
-    return 1 if errors else 0
+        report.plots(result["records"], args.out)
+    print(f"wrote {args.out / 'comm.json'}, comm.md and plots", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
