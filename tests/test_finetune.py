@@ -85,3 +85,22 @@ def test_config_rejects_bad_values():
         cfg.check()
     saved = asdict(FinetuneConfig(zoo="z", model="m", data="d", out="o"))
     assert FinetuneConfig(zoo="z", model="m", data="d", out="o", lr=0.5).same_run(saved) == ["lr"]
+
+
+def test_training_file_as_test_data_uses_its_test_split(tmp_path):
+    import numpy as np
+
+    from training.finetune import _load_data
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "keras.npz"
+    np.savez(
+        path,
+        x_train=rng.integers(0, 255, (12, 8, 8), dtype=np.uint8),
+        y_train=np.arange(12) % 3,
+        x_test=rng.integers(0, 255, (6, 8, 8), dtype=np.uint8),
+        y_test=np.arange(6) % 3,
+    )
+    cfg = FinetuneConfig(zoo="z", model="m", data=str(path), out="o", test_data=str(path))
+    train, test = _load_data(cfg)
+    assert (len(train), len(test)) == (12, 6)

@@ -88,7 +88,10 @@ def _load_data(cfg: FinetuneConfig):
 
     train = load_dataset(cfg.data, max_per_class=cfg.max_per_class, seed=cfg.seed)
     if cfg.test_data:
-        test = load_dataset(cfg.test_data)
+        # the training file itself as test data means its own test split (Keras layout
+        # x_test/y_test); testing on the training images would be a silent wrong answer
+        same = Path(cfg.test_data).resolve() == Path(cfg.data).resolve()
+        test = load_dataset(cfg.test_data, split="test" if same else "train")
         if list(test.class_names) != list(train.class_names):
             raise ValueError("test data classes differ from training data classes")
     else:
