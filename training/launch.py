@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 
 from training.finetune import FinetuneConfig, main_worker
@@ -70,9 +70,16 @@ def torchrun_command(cfg: FinetuneConfig, workers: int) -> list[str]:
     ]
 
 
-def spawn_local(cfg: FinetuneConfig, workers: int | None = None) -> subprocess.Popen[str]:
+def spawn_local(
+    cfg: FinetuneConfig,
+    workers: int | None = None,
+    *,
+    preexec_fn: Callable[[], object] | None = None,
+) -> subprocess.Popen[str]:
     """Start ``workers`` local worker processes (default: one per GPU, else 2 CPU workers) in
-    their own process session; the caller reads JSON lines from ``proc.stdout``."""
+    their own process session; the caller reads JSON lines from ``proc.stdout``.
+    ``preexec_fn`` runs in the child before torchrun starts (the service uses it to tie the
+    trainer's life to its worker's)."""
     import torch
 
     if workers is None:
@@ -91,6 +98,7 @@ def spawn_local(cfg: FinetuneConfig, workers: int | None = None) -> subprocess.P
         text=True,
         env=env,
         start_new_session=True,
+        preexec_fn=preexec_fn,
     )
 
 

@@ -17,7 +17,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -65,7 +64,7 @@ def spawn(*, zoo: Path, model: str, data: str, out: Path, spec: dict[str, Any]):
     ``torchrun --standalone`` as ``training.launch.spawn_local`` starts it, in its own process
     session, and tied to this process' life."""
     from training.finetune import CHECKPOINT, FinetuneConfig
-    from training.launch import spawn_local, torchrun_command
+    from training.launch import spawn_local
 
     cfg = FinetuneConfig(
         zoo=str(zoo),
@@ -80,23 +79,8 @@ def spawn(*, zoo: Path, model: str, data: str, out: Path, spec: dict[str, Any]):
     )
     out.mkdir(parents=True, exist_ok=True)
     workers = int(spec.get("workers", 2))
-    if not sys.platform.startswith("linux"):
-        return spawn_local(cfg, workers)
-    import torch
-
-    env = dict(os.environ)
-    if not torch.cuda.is_available():  # as spawn_local: share the cores between CPU ranks
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.Popen(
-        torchrun_command(cfg, workers),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-        preexec_fn=_die_with_parent(os.getpid()),  # only a prctl call: fork-safe
-    )
+    # the trainer also dies with its worker (Linux; only a prctl call, fork-safe)
+    return spawn_local(cfg, workers, preexec_fn=_die_with_parent(os.getpid()))
 
 
 def _pump(stream, sink: Callable[[Any], None], eof: bool = False) -> None:
