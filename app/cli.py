@@ -41,20 +41,23 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "zoopick" / "features"
 
 
+def json_or_text(raw: str) -> Any:
+    """An option value: JSON when it parses (numbers, booleans, lists), else the plain string."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
 def parse_options(items: list[str]) -> dict[str, dict[str, Any]]:
-    """``--option sms.temperature=1.5`` -> ``{"sms": {"temperature": 1.5}}`` (JSON values,
-    falling back to the plain string)."""
+    """``--option sms.temperature=1.5`` -> ``{"sms": {"temperature": 1.5}}``."""
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         metric, dot, name = key.partition(".")
         if not sep or not dot or not metric or not name:
             raise fail(f"--option {item!r}: expected METRIC.NAME=VALUE")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        out.setdefault(metric, {})[name] = value
+        out.setdefault(metric, {})[name] = json_or_text(raw)
     return out
 
 
@@ -246,10 +249,7 @@ def train(
         name, sep, raw = item.partition("=")
         if not sep or not name:
             raise fail(f"--hook-option {item!r}: expected NAME=VALUE")
-        try:
-            hook_options[name] = json.loads(raw)
-        except json.JSONDecodeError:
-            hook_options[name] = raw
+        hook_options[name] = json_or_text(raw)
     cfg = FinetuneConfig(
         zoo=str(zoo),
         model=model,

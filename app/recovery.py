@@ -127,40 +127,32 @@ def _recover(
         return None
     with session_scope(factory) as session:
         if job.cancel_requested:
-            done = _claim(
-                session,
-                job,
-                now,
-                cutoff,
-                status=JobStatus.cancelled.value,
-                finished_at=now,
-                updated_at=now,
-                lease_owner=None,
-                lease_expires_at=None,
-            )
-            if done:
-                _settle_run(session, job.id, "cancelled", None)
-            return Action(job.id, "cancelled", reason) if done else None
-        if job.recoveries >= settings.recovery_attempts:
+            status, error = JobStatus.cancelled.value, None
+        elif job.recoveries >= settings.recovery_attempts:
+            status = JobStatus.failed.value
             error = (
                 f"job lost: {reason}; re-queued {job.recoveries} time(s) already "
                 f"(ZOOPICK_RECOVERY_ATTEMPTS={settings.recovery_attempts}), so it is failed"
             )
+        else:
+            status = None
+        if status is not None:  # a pending cancel, or no attempts left: settle the job
+            fields = {"error": error} if error is not None else {}
             done = _claim(
                 session,
                 job,
                 now,
                 cutoff,
-                status=JobStatus.failed.value,
-                error=error,
+                status=status,
                 finished_at=now,
                 updated_at=now,
                 lease_owner=None,
                 lease_expires_at=None,
+                **fields,
             )
             if done:
-                _settle_run(session, job.id, "failed", error)
-            return Action(job.id, "failed", reason) if done else None
+                _settle_run(session, job.id, status, error)
+            return Action(job.id, status, reason) if done else None
         # re-queue: count the attempt and clear the dead lease first (so the new task can
         # claim it and no other sweeper re-queues the same loss), then send the work
         if not _claim(
