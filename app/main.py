@@ -1,7 +1,8 @@
 """The FastAPI application factory: ``create_app(settings)``.
 
-``uvicorn --factory app.main:create_app`` serves it with settings from the environment; tests
-and ``zoopick serve`` pass their own :class:`~app.settings.Settings`.
+``uvicorn --factory zoopick.app.main:create_app`` serves it with settings from the environment;
+tests
+and ``zoopick serve`` pass their own :class:`~zoopick.service.settings.Settings`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import datasets, health, jobs, zoo
-from app.db.session import make_engine, make_sessionmaker
-from app.dispatch import Dispatcher
-from app.problems import install as install_problems
-from app.recovery import Sweeper
-from app.settings import Settings
+from zoopick.app.api import datasets, health, jobs, zoo
+from zoopick.app.problems import install as install_problems
+from zoopick.service.db.session import make_engine, make_sessionmaker
+from zoopick.service.dispatch import Dispatcher
+from zoopick.service.recovery import Sweeper
+from zoopick.service.settings import Settings, get_settings
 
 API_PREFIX = "/api/v1"
 
@@ -30,14 +31,16 @@ Authenticate with an API key as a Bearer token. Errors are RFC 9457 problem deta
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings()
+    """The API for ``settings`` (default: :func:`get_settings`, from ``ZOOPICK_*``, as the
+    workers read theirs)."""
+    settings = settings or get_settings()
     settings.ensure_dirs()
     engine = make_engine(settings.database_url)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper = None
-        if settings.sweep_interval_seconds > 0:  # lost jobs: see app.recovery
+        if settings.sweep_interval_seconds > 0:  # lost jobs: see zoopick.service.recovery
             sweeper = Sweeper(app.state.sessionmaker, app.state.dispatcher, settings)
             sweeper.start()
         app.state.sweeper = sweeper

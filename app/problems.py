@@ -61,6 +61,13 @@ class Problem(Exception):
         self.extra = extra
 
 
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries declaring problem-details bodies for ``codes``."""
+    return {
+        code: {"model": ProblemDetail, "content": {MEDIA_TYPE: {}}} for code in sorted(codes)
+    }
+
+
 def problem_response(
     request: Request | None,
     status: int,

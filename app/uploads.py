@@ -17,7 +17,7 @@ import anyio
 from fastapi import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from app.problems import Problem
+from zoopick.app.problems import Problem
 
 MAX_FIELD_BYTES = 4096
 MAX_FIELDS = 16

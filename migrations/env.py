@@ -1,4 +1,5 @@
-"""Alembic environment: the URL comes from the caller (``app.db.migrate``) or the settings."""
+"""Alembic environment: the URL comes from the caller (``zoopick.service.db.migrate``) or the
+settings."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection
 
-from app.db.models import Base
-from app.db.session import make_engine
+from zoopick.service.db.models import Base
+from zoopick.service.db.session import make_engine
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
@@ -21,9 +22,9 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from app.settings import Settings
+    from zoopick.service.settings import get_settings
 
-    return Settings().database_url
+    return get_settings().database_url
 
 
 def _configure(connection: Connection) -> None:

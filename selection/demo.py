@@ -104,7 +104,7 @@ DEMO_MODELS = (
 def build_demo(folder: str | Path, *, per_class: int = 30) -> tuple[Path, Path]:
     """Write ``zoo.json`` (+ checkpoints) and ``target.npz`` into ``folder``; reuse what is
     already there. Returns (manifest path, dataset path)."""
-    from selection.zoo import save_checkpoint, write_zoo
+    from zoopick.selection.zoo import save_checkpoint, write_zoo
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from selection.data import DatasetError, TargetDataset, _parallel
-from selection.zoo import ZooEntry
+from zoopick.selection.data import DatasetError, TargetDataset, _parallel
+from zoopick.selection.zoo import ZooEntry
 
 __all__ = [
     "Extraction",

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from selection.metrics import registry
+from zoopick.selection.metrics import registry
 
 Progress = Callable[[str, int, int], None]
 """``progress(model_id, done, total)`` is called after each model."""
@@ -88,6 +88,55 @@ def check_metrics(metrics: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(metrics))
 
 
+def score_model(
+    entry: Any,
+    dataset: Any,
+    metrics: Sequence[str],
+    *,
+    cache_dir: str | Path | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+    metric_options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> ModelResult:
+    """One forward pass of the zoo model ``entry`` over ``dataset`` (cached on disk when
+    ``cache_dir`` is given), then every metric from those outputs, each timed.
+
+    ``metric_options`` maps a metric name to its keyword options. A metric error is raised
+    naming model and metric, never hidden behind a placeholder score. This is what a service
+    worker calls per model; :func:`rank_zoo` calls it for each model of a zoo."""
+    from zoopick.selection.extract import extract  # torch-heavy; imported when scoring
+
+    metrics = check_metrics(metrics)
+    options = _check_options(metrics, metric_options)
+    out = extract(entry, dataset, batch_size=batch_size, device=device, cache_dir=cache_dir)
+    result = ModelResult(entry.id, cached=out.cached)
+    result.seconds["forward"] = out.seconds
+    for name in metrics:
+        start = time.perf_counter()
+        try:
+            result.scores[name] = registry.score(
+                name,
+                labels=dataset.labels,
+                logits=out.logits,
+                features=out.features,
+                **options.get(name, {}),
+            )
+        except registry.MetricError as exc:
+            raise registry.MetricError(f"model {entry.id!r}, metric {name!r}: {exc}") from exc
+        result.seconds[name] = time.perf_counter() - start
+    return result
+
+
+def _check_options(
+    metrics: Sequence[str], metric_options: Mapping[str, Mapping[str, Any]] | None
+) -> dict[str, Mapping[str, Any]]:
+    options = dict(metric_options or {})
+    unknown = set(options) - set(metrics)
+    if unknown:
+        raise registry.MetricError(f"options given for metrics not requested: {sorted(unknown)}")
+    return options
+
+
 def rank_zoo(
     zoo: Any,
     dataset: Any,
@@ -99,38 +148,24 @@ def rank_zoo(
     metric_options: Mapping[str, Mapping[str, Any]] | None = None,
     progress: Progress | None = None,
 ) -> Ranking:
-    """Score every model of ``zoo`` on ``dataset`` with each metric, one forward pass a model.
-
-    ``metric_options`` maps a metric name to its keyword options. A metric error on one model
-    is raised (naming model and metric) rather than hidden behind a placeholder score.
-    """
-    from selection.extract import extract  # torch-heavy; imported when ranking, not at import
-
+    """Score every model of ``zoo`` on ``dataset`` with each metric (:func:`score_model`, one
+    forward pass a model). Bad metric names or options are rejected before any forward pass."""
     metrics = check_metrics(metrics)
-    metric_options = dict(metric_options or {})
-    unknown = set(metric_options) - set(metrics)
-    if unknown:
-        raise registry.MetricError(f"options given for metrics not requested: {sorted(unknown)}")
+    _check_options(metrics, metric_options)
     entries = list(zoo)
     results: list[ModelResult] = []
     for done, entry in enumerate(entries, start=1):
-        out = extract(entry, dataset, batch_size=batch_size, device=device, cache_dir=cache_dir)
-        result = ModelResult(entry.id, cached=out.cached)
-        result.seconds["forward"] = out.seconds
-        for name in metrics:
-            start = time.perf_counter()
-            try:
-                result.scores[name] = registry.score(
-                    name,
-                    labels=dataset.labels,
-                    logits=out.logits,
-                    features=out.features,
-                    **metric_options.get(name, {}),
-                )
-            except registry.MetricError as exc:
-                raise registry.MetricError(f"model {entry.id!r}, metric {name!r}: {exc}") from exc
-            result.seconds[name] = time.perf_counter() - start
-        results.append(result)
+        results.append(
+            score_model(
+                entry,
+                dataset,
+                metrics,
+                cache_dir=cache_dir,
+                batch_size=batch_size,
+                device=device,
+                metric_options=metric_options,
+            )
+        )
         if progress is not None:
             progress(entry.id, done, len(entries))
     return Ranking(dataset=dataset.name, metrics=metrics, models=results)

@@ -77,7 +77,7 @@ def _tiny_zoo_master(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import timm
     import torch
 
-    from selection.zoo import save_checkpoint, write_zoo
+    from zoopick.selection.zoo import save_checkpoint, write_zoo
 
     root = tmp_path_factory.mktemp("tiny-zoo-master") / "tiny_zoo"
     entries = []

@@ -7,12 +7,12 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
+from zoopick.cli import app
 
 
 def zoopick(*args, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *map(str, args)],
+        [sys.executable, "-m", "zoopick.cli", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,

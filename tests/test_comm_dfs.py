@@ -10,7 +10,7 @@ import torch
 
 from tests.comm_harness import launch_cached
 from tests.test_comm_hooks import DENSITY, DFS_WORLD, suite
-from training.comm.dfs import topk_magnitude_estimate
+from zoopick.training.comm.dfs import topk_magnitude_estimate
 
 
 @pytest.fixture(scope="module")

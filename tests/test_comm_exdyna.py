@@ -10,7 +10,7 @@ import torch
 
 from tests.comm_harness import launch_cached
 from tests.test_comm_hooks import ITERS, SHAPES, suite
-from training.comm.exdyna import PROBES, next_threshold, rebalance
+from zoopick.training.comm.exdyna import PROBES, next_threshold, rebalance
 
 
 def test_rebalance_moves_one_block_toward_the_lighter_neighbour():

@@ -20,9 +20,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import training.comm as comm
+import zoopick.training.comm as comm
 from tests.comm_harness import launch_cached
-from training.comm.store import BucketLayout
+from zoopick.training.comm.store import BucketLayout
 
 SPARSE = ["topk", "gaussiank", "spardl", "exdyna", "dfs"]
 SHAPES = [(40, 25), (300,), (63,), (500,)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-import training.comm as comm
-from training.comm.dense import DenseState
-from training.comm.spardl import SparDLState
+import zoopick.training.comm as comm
+from zoopick.training.comm.dense import DenseState
+from zoopick.training.comm.spardl import SparDLState
 
 
 def test_available_lists_every_hook():

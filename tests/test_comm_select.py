@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from training.comm.select import (
+from zoopick.training.comm.select import (
     even_bounds,
     gaussian_threshold,
     gaussiank_indices,

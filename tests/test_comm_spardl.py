@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-import training.comm as comm
+import zoopick.training.comm as comm
 from tests.comm_harness import launch_cached
 from tests.test_comm_hooks import DENSITY, ITERS, SHAPES, check_conservation, raw_configs, suite
-from training.comm.spardl import simulate_schedule
+from zoopick.training.comm.spardl import simulate_schedule
 
 
 # ------------------------------------------------------------------------------ schedule

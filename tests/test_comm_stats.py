@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.comm import CommStats, make_hook, sum_stats
+from zoopick.training.comm import CommStats, make_hook, sum_stats
 
 
 def test_records_open_fill_and_close():

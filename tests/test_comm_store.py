@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from training.comm import SimpleBucket
-from training.comm.store import BucketLayout, ParamStore
+from zoopick.training.comm import SimpleBucket
+from zoopick.training.comm.store import BucketLayout, ParamStore
 
 
 def test_layout_offsets_from_gradient_views():

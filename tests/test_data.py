@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from selection.data import DatasetError, TargetDataset, load_dataset, split_dataset
 from tests.conftest import TINY_CLASSES, TINY_PER_CLASS, tiny_arrays, write_imagefolder
+from zoopick.selection.data import DatasetError, TargetDataset, load_dataset, split_dataset
 
 
 def _pixels(ds: TargetDataset) -> np.ndarray:

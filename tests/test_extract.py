@@ -8,16 +8,16 @@ import timm
 import torch
 from timm.data import create_transform
 
-from selection import extract as extract_mod
-from selection.data import TargetDataset, load_dataset
-from selection.extract import (
+from zoopick.selection import extract as extract_mod
+from zoopick.selection.data import TargetDataset, load_dataset
+from zoopick.selection.extract import (
     cache_key,
     clear_preprocess_cache,
     default_device,
     extract,
     preprocess,
 )
-from selection.zoo import ZooEntry, load_zoo, save_checkpoint
+from zoopick.selection.zoo import ZooEntry, load_zoo, save_checkpoint
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.comm_harness import launch
-from training.comm import available
-from training.finetune import FINAL_CONFIG, FINAL_WEIGHTS, METRICS, FinetuneConfig, run
+from zoopick.training.comm import available
+from zoopick.training.finetune import FINAL_CONFIG, FINAL_WEIGHTS, METRICS, FinetuneConfig, run
 
 
 def _run_many(rank: int, world: int, configs: list[dict]) -> list[dict]:
@@ -66,7 +66,7 @@ def test_resume_continues_the_same_run_and_model_loads(tiny_zoo, tiny_npz, tmp_p
 
     from safetensors.torch import load_file
 
-    from selection.zoo import load_zoo
+    from zoopick.selection.zoo import load_zoo
 
     w1 = load_file(tmp_path / "straight" / FINAL_WEIGHTS)
     w2 = load_file(tmp_path / "split" / FINAL_WEIGHTS)
@@ -90,7 +90,7 @@ def test_config_rejects_bad_values():
 def test_training_file_as_test_data_uses_its_test_split(tmp_path):
     import numpy as np
 
-    from training.finetune import _load_data
+    from zoopick.training.finetune import _load_data
 
     rng = np.random.default_rng(0)
     path = tmp_path / "keras.npz"

@@ -13,13 +13,13 @@ from sklearn.decomposition import PCA
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.mixture import GaussianMixture
 
-import selection
-from selection.metrics import MetricError
-from selection.metrics.gbc import pca_project
-from selection.metrics.hscore import ledoit_wolf
-from selection.metrics.knn import nearest_neighbours
-from selection.metrics.logme import fit_evidence, log_evidence
-from selection.metrics.sfda import largest_eigenvalue
+import zoopick.selection as selection
+from zoopick.selection.metrics import MetricError
+from zoopick.selection.metrics.gbc import pca_project
+from zoopick.selection.metrics.hscore import ledoit_wolf
+from zoopick.selection.metrics.knn import nearest_neighbours
+from zoopick.selection.metrics.logme import fit_evidence, log_evidence
+from zoopick.selection.metrics.sfda import largest_eigenvalue
 
 BASELINES = [
     "leep",
@@ -366,7 +366,7 @@ def test_nleep_reduces_components_for_small_n():
 
 
 def test_sfda_fisher_stage_is_shrinkage_lda():
-    from selection.metrics.sfda import fisher_logits
+    from zoopick.selection.metrics.sfda import fisher_logits
 
     f, _, y = clusters(n=150, c=4, d=10, sep=0.6)
     logits, _, lam = fisher_logits(f, y, 4, 0.3)

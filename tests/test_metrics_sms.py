@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from scipy.stats import multivariate_normal
 
-import selection
-from selection.metrics import sms as sms_mod
-from selection.metrics.registry import MetricError
+import zoopick.selection as selection
+from zoopick.selection.metrics import sms as sms_mod
+from zoopick.selection.metrics.registry import MetricError
 
 # ---------------------------------------------------------------- plain reference versions
 
@@ -324,7 +324,7 @@ def test_sms_plus_randomized_projection_close_to_exact(rng, monkeypatch):
 def test_batched_and_looped_density_tables_agree(monkeypatch):
     """Small d takes the stacked (batched LAPACK) path; large d loops one class at a time.
     Both must give the same table."""
-    from selection.metrics import sms as sms_module
+    from zoopick.selection.metrics import sms as sms_module
 
     rng = np.random.default_rng(3)
     x = rng.random((240, 7))

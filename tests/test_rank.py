@@ -4,12 +4,12 @@ extracted arrays directly, cache reuse, clear errors."""
 import numpy as np
 import pytest
 
-import selection
-from selection.data import load_dataset
-from selection.extract import extract
-from selection.metrics import MetricError
-from selection.rank import ModelResult, Ranking, rank_zoo
-from selection.zoo import load_zoo
+import zoopick.selection as selection
+from zoopick.selection.data import load_dataset
+from zoopick.selection.extract import extract
+from zoopick.selection.metrics import MetricError
+from zoopick.selection.rank import ModelResult, Ranking, rank_zoo
+from zoopick.selection.zoo import load_zoo
 
 
 def test_rank_zoo_scores_match_direct_scoring(tiny_zoo, tiny_npz, tmp_path):

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from selection.rank import evaluate, rel_at_k, tie_groups
+from zoopick.selection.rank import evaluate, rel_at_k, tie_groups
 
 
 def plain_kendall_tau_a(x, y):

@@ -6,13 +6,13 @@ import sys
 
 from typer.testing import CliRunner
 
-from app.cli import app
+from zoopick.cli import app
 
 
 def test_train_two_workers_streams_epochs_and_writes_model(tiny_zoo, tiny_npz, tmp_path):
     out = tmp_path / "run"
     r = subprocess.run(
-        [sys.executable, "-m", "app.cli", "train", "--zoo", str(tiny_zoo),
+        [sys.executable, "-m", "zoopick.cli", "train", "--zoo", str(tiny_zoo),
          "--model", "tiny-vit", "--data", str(tiny_npz), "--workers", "2",
          "--compressor", "spardl", "--density", "0.1", "--epochs", "2", "--batch-size", "4",
          "--lr", "0.05", "--out", str(out), "--json"],

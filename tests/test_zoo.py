@@ -10,7 +10,7 @@ import timm
 import torch
 import yaml
 
-from selection.zoo import (
+from zoopick.selection.zoo import (
     Zoo,
     ZooEntry,
     ZooError,

@@ -1,6 +1,6 @@
 """Data-parallel fine-tuning of a zoo model on a target dataset with a sparse comm hook.
 
-One process per worker (started by ``torchrun`` or by :func:`training.launch.spawn_local`);
+One process per worker (started by ``torchrun`` or by :func:`zoopick.training.launch.spawn_local`);
 each runs :func:`run` after the process group exists. Rank 0 streams one JSON line per epoch
 (loss, accuracies, bytes sent, seconds split into compute / select / communicate) to stdout and
 to ``metrics.jsonl`` so the service can store the curve as it grows, writes a resumable
@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,70 +21,28 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from selection.extract import normalise, preprocess
-
-CHECKPOINT = "checkpoint.pt"
-FINAL_WEIGHTS = "model.safetensors"
-FINAL_CONFIG = "model.json"
-METRICS = "metrics.jsonl"
-
-
-@dataclass
-class FinetuneConfig:
-    """Everything a run needs; stored in checkpoints so ``--resume`` can refuse a changed run."""
-
-    zoo: str
-    model: str
-    data: str
-    out: str
-    test_data: str | None = None
-    test_fraction: float = 0.2
-    max_per_class: int | None = None
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    optimizer: str = "sgd"
-    compressor: str = "dense"
-    density: float = 0.01
-    hook_options: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    resume: bool = False
-    bucket_cap_mb: float = 25.0
-
-    def check(self) -> None:
-        if self.epochs < 1:
-            raise ValueError("epochs must be >= 1")
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
-        if not (0 < self.density <= 1):
-            raise ValueError(f"density must be in (0, 1], got {self.density}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.optimizer not in ("sgd", "adam"):
-            raise ValueError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
-        if not (0 < self.test_fraction < 1):
-            raise ValueError("test_fraction must be in (0, 1)")
-
-    # fields that may change between a run and its resumption
-    _RESUMABLE = frozenset({"epochs", "resume", "out"})
-
-    def same_run(self, other: dict[str, Any]) -> list[str]:
-        """Names of fields that differ from a saved config (ignoring the resumable ones)."""
-        mine = asdict(self)
-        return sorted(k for k in mine if k not in self._RESUMABLE and mine[k] != other.get(k))
+from zoopick.selection.extract import normalise, preprocess
+from zoopick.training.config import (
+    CHECKPOINT,
+    FINAL_CONFIG,
+    FINAL_WEIGHTS,
+    METRICS,
+    EpochRecord,
+    FinetuneConfig,
+    TrainerError,
+    write_line,
+)
 
 
-def _log(record: dict[str, Any], out: Path) -> None:
-    line = json.dumps(record)
-    print(line, flush=True)
+def _log(record: EpochRecord, out: Path) -> None:
+    line = record.to_json()
+    write_line(sys.stdout, line)
     with open(out / METRICS, "a") as fh:
         fh.write(line + "\n")
 
 
 def _load_data(cfg: FinetuneConfig):
-    from selection.data import load_dataset, split_dataset
+    from zoopick.selection.data import load_dataset, split_dataset
 
     train = load_dataset(cfg.data, max_per_class=cfg.max_per_class, seed=cfg.seed)
     if cfg.test_data:
@@ -113,7 +71,7 @@ class _CommTimer:
         self.mark = 0
 
     def take(self) -> dict[str, float]:
-        from training.comm import sum_stats
+        from zoopick.training.comm import sum_stats
 
         stats = getattr(self.state, "stats", [])
         total = sum_stats(stats[self.mark :])
@@ -142,8 +100,8 @@ def _all_sum(values: list[float], device: torch.device) -> list[float]:
 def run(cfg: FinetuneConfig) -> dict[str, Any]:
     """Fine-tune on this rank; the process group must be initialised. Returns the last epoch's
     record (the same on every rank)."""
-    from selection.zoo import load_zoo, save_checkpoint
-    from training.comm import make_hook
+    from zoopick.selection.zoo import load_zoo, save_checkpoint
+    from zoopick.training.comm import make_hook
 
     cfg.check()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -198,7 +156,7 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     batch = min(cfg.batch_size, per_rank)
     steps = per_rank // batch
     used = steps * batch
-    record: dict[str, Any] = {}
+    record: EpochRecord | None = None
     for epoch in range(start_epoch, cfg.epochs):
         gen = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
         order = torch.randperm(len(y_train), generator=gen)[rank * per_rank : (rank + 1) * per_rank]
@@ -227,20 +185,18 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         totals = _all_sum(
             [loss_sum, correct, used, test_correct, test_n, comm["bytes_sent"]], device
         )
-        record = {
-            "epoch": epoch + 1,
-            "loss": totals[0] / totals[2],
-            "train_acc": totals[1] / totals[2],
-            "test_acc": totals[3] / max(totals[4], 1),
-            "bytes_sent": totals[5] / world,  # per worker
-            "seconds": {
-                "compute": max(wall - comm["select_s"] - comm["comm_s"], 0.0),
-                "select": comm["select_s"],
-                "communicate": comm["comm_s"],
-            },
-            "workers": world,
-            "compressor": cfg.compressor,
-        }
+        record = EpochRecord(
+            epoch=epoch + 1,
+            loss=totals[0] / totals[2],
+            train_accuracy=totals[1] / totals[2],
+            test_accuracy=totals[3] / max(totals[4], 1),
+            bytes_sent=totals[5] / world,  # per worker
+            compute_seconds=max(wall - comm["select_s"] - comm["comm_s"], 0.0),
+            select_seconds=comm["select_s"],
+            comm_seconds=comm["comm_s"],
+            workers=world,
+            compressor=cfg.compressor,
+        )
         if rank == 0:
             _log(record, out)
         _save(out, cfg, model, opt, state, epoch + 1, rank)
@@ -255,11 +211,11 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
             "data_config": {
                 k: list(v) if isinstance(v, tuple) else v for k, v in data_config.items()
             },
-            "final": record,
+            "final": record.to_dict() if record else None,
         }
         (out / FINAL_CONFIG).write_text(json.dumps(meta, indent=2))
     dist.barrier()
-    return record
+    return record.to_dict() if record else {}
 
 
 def _state_file(out: Path, rank: int) -> Path:
@@ -310,11 +266,8 @@ def main_worker(cfg: FinetuneConfig) -> int:
     try:
         run(cfg)
     except Exception as exc:
-        print(
-            json.dumps({"error": f"{type(exc).__name__}: {exc}", "rank": dist.get_rank()}),
-            file=sys.stderr,
-            flush=True,
-        )
+        error = TrainerError(f"{type(exc).__name__}: {exc}", dist.get_rank())
+        write_line(sys.stderr, error.to_json())
         raise
     finally:
         dist.destroy_process_group()

@@ -1,6 +1,6 @@
 """Launch fine-tuning workers.
 
-``python -m training.launch --zoo Z --model ID --data D --out O ...`` is one worker: run it
+``python -m zoopick.training.launch --zoo Z --model ID --data D --out O ...`` is one worker: run it
 under ``torchrun`` (one process per GPU with NCCL, or CPU processes with gloo). ``spawn_local``
 starts ``torchrun --standalone`` for N local workers, which is what ``zoopick train`` and the
 service's training task do; across machines, run torchrun yourself (see README).
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 
-from training.finetune import FinetuneConfig, main_worker
+from zoopick.training.config import DEFAULT_WORKERS, EpochRecord, FinetuneConfig, parse_line
 
 
 def config_to_args(cfg: FinetuneConfig) -> list[str]:
@@ -39,7 +39,7 @@ def config_to_args(cfg: FinetuneConfig) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
     defaults = FinetuneConfig(zoo="", model="", data="", out="")
-    parser = argparse.ArgumentParser(prog="python -m training.launch", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m zoopick.training.launch", description=__doc__)
     for f in fields(FinetuneConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
@@ -65,7 +65,7 @@ def torchrun_command(cfg: FinetuneConfig, workers: int) -> list[str]:
         "--standalone",
         f"--nproc-per-node={workers}",
         "-m",
-        "training.launch",
+        "zoopick.training.launch",
         *config_to_args(cfg),
     ]
 
@@ -83,7 +83,7 @@ def spawn_local(
     import torch
 
     if workers is None:
-        workers = torch.cuda.device_count() or 2
+        workers = torch.cuda.device_count() or DEFAULT_WORKERS
     if workers < 1:
         raise ValueError("workers must be >= 1")
     env = dict(os.environ)
@@ -102,20 +102,19 @@ def spawn_local(
     )
 
 
-def metric_lines(proc: subprocess.Popen[str]) -> Iterator[dict]:
-    """The per-epoch JSON records a running job prints, as they arrive."""
+def epoch_records(proc: subprocess.Popen[str]) -> Iterator[EpochRecord]:
+    """The per-epoch records a running trainer prints on stdout, as they arrive."""
     assert proc.stdout is not None
     for line in proc.stdout:
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        record = parse_line(line)
+        if isinstance(record, EpochRecord):
+            yield record
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    from zoopick.training.finetune import main_worker  # torch, only in a worker process
+
     return main_worker(cfg)
 
 

@@ -1,1 +1,2 @@
-"""Celery workers of the zoopick service (to come: see the service issue)."""
+"""The Celery face of the service: task bodies (``tasks``) over the service core, and the
+trainer subprocess they follow (``training_runner``)."""

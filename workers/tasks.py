@@ -1,4 +1,5 @@
-"""The Celery tasks: thin over ``app.pipeline`` (database) and the two libraries.
+"""The Celery tasks: thin over the service core (``zoopick.service.pipeline``: a job's state in
+the database) and the two libraries.
 
 Every task starts by reading the job row and does nothing if the job already finished or a
 cancel was requested (settling it as cancelled), so a duplicate delivery or a task that a
@@ -19,17 +20,17 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_ready
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import datasets as store
-from app import pipeline, recovery, zoo_catalog
-from app.db.models import TERMINAL, Dataset, Job, JobStatus, TrainingRun, ZooModel
-from app.db.session import make_engine, make_sessionmaker, session_scope
-from app.db.types import utcnow
-from app.settings import Settings, get_settings
-from workers import training_runner
-from workers.celery_app import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED
+from zoopick.service import datasets as store
+from zoopick.service import pipeline, recovery, zoo_catalog
+from zoopick.service.db.models import TERMINAL, Dataset, Job, JobStatus, ZooModel
+from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
+from zoopick.service.queue import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED
+from zoopick.service.settings import Settings, get_settings
+from zoopick.training.config import DEFAULT_WORKERS, FINAL_WEIGHTS, EpochRecord, default
+from zoopick.workers import training_runner
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,6 @@ def owner_id(task: Any) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{task.request.id}"
 
 
-class JobGone(Exception):
-    """Raised internally when there is nothing left to do for a job."""
-
-
 def _open_job(session: Session, job_id: uuid.UUID) -> Job | None:
     """The job if work on it should go on; settles a requested cancel on the way."""
     job = session.get(Job, job_id)
@@ -72,10 +69,18 @@ def _open_job(session: Session, job_id: uuid.UUID) -> Job | None:
 # -- recovery of lost jobs ------------------------------------------------------------------
 
 
+@worker_init.connect
+def prepare_folders(**_: Any) -> None:
+    """The data folders (and the embedded broker's) exist before the worker connects; never
+    made at import (importing a module has no effect on disk)."""
+    settings().ensure_dirs()
+
+
 @worker_ready.connect
 def sweep_on_start(**_: Any) -> None:
     """A worker (re)starting is the moment jobs of a dead worker are most likely found lost:
-    sweep once, in a thread so the worker starts consuming at once (see ``app.recovery``)."""
+    sweep once, in a thread so the worker starts consuming at once (see
+    ``zoopick.service.recovery``)."""
 
     def run() -> None:
         try:
@@ -98,20 +103,15 @@ def validate_dataset(self, dataset_id: str) -> str:
 
 
 def score_one(entry: Any, dataset_path: str, metrics: list[str], cfg: Settings) -> Any:
-    """Forward pass + every metric for one model (the selection engine's ``rank_zoo`` on a
-    one-model zoo); returns its ``ModelResult``."""
-    from selection.data import load_dataset
-    from selection.rank import rank_zoo
+    """Forward pass + every metric for one model (``selection.rank.score_model``); returns
+    its ``ModelResult``."""
+    from zoopick.selection.data import load_dataset
+    from zoopick.selection.rank import score_model
 
     dataset = load_dataset(dataset_path, max_per_class=cfg.score_max_per_class)
-    ranking = rank_zoo(
-        [entry],
-        dataset,
-        metrics,
-        cache_dir=cfg.cache_dir,
-        batch_size=cfg.score_batch_size,
+    return score_model(
+        entry, dataset, metrics, cache_dir=cfg.cache_dir, batch_size=cfg.score_batch_size
     )
-    return ranking.models[0]
 
 
 @shared_task(
@@ -232,28 +232,23 @@ def finetune(self, job_id: str) -> str:
             return "failed"
         out = run_dir(cfg, jid)
         manifest = zoo_catalog.write_manifest([row], out.parent / "zoo.json")
-        spec = dict(job.finetune or {})
-        run = pipeline.latest_run(session, jid)
-        if run is None or run.status != "running":
-            run = TrainingRun(
-                job_id=jid,
-                model_id=row.id,
-                config={**spec, "data": ds.storage_path, "out": str(out)},
-                world_size=int(spec.get("workers", 1)),
-                output_dir=str(out),
-            )
-            session.add(run)
-            session.flush()
-        # else: a re-delivery after a crash continues the same run (the trainer resumes from
-        # its last checkpoint in ``out``) and its epochs keep landing on the same curve
-        run_id, epochs = run.id, int(spec.get("epochs", 1))
+        options = dict(job.finetune or {})
+        run = pipeline.open_run(
+            session,
+            job,
+            row.id,
+            config={**options, "data": ds.storage_path, "out": str(out)},
+            world_size=int(options.get("workers") or DEFAULT_WORKERS),
+            out=str(out),
+        )
+        run_id, epochs = run.id, int(options.get("epochs") or default("epochs"))
         trainer = {"zoo": manifest, "model": row.id, "data": ds.storage_path, "out": out}
 
-    def on_record(record: dict[str, Any]) -> None:
+    def on_record(record: EpochRecord) -> None:
         with session_scope(factory()) as session:
             pipeline.record_epoch(session, run_id, record)
             share = pipeline.SCORING_SHARE_WITH_TRAINING
-            done = min(int(record["epoch"]), epochs) / max(1, epochs)
+            done = min(record.epoch, epochs) / max(1, epochs)
             pipeline.set_progress(session, jid, share + (1 - share) * done * 0.99)
 
     def keep_going() -> bool:
@@ -266,13 +261,13 @@ def finetune(self, job_id: str) -> str:
 
     try:
         result = training_runner.run(
-            lambda: training_runner.spawn(**trainer, spec=spec),
+            lambda: training_runner.spawn(**trainer, options=options),
             on_record=on_record,
             keep_going=keep_going,
         )
     except SoftTimeLimitExceeded:
         with session_scope(factory()) as session:
-            _finish_run(session, run_id, "failed", "training exceeded its time limit")
+            pipeline.finish_run(session, jid, "failed", "training exceeded its time limit")
             pipeline.fail(
                 session, jid, f"training exceeded the time limit of {cfg.train_soft_time_limit} s"
             )
@@ -281,34 +276,26 @@ def finetune(self, job_id: str) -> str:
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if result.stopped:
-            _finish_run(session, run_id, "cancelled", None)
+            pipeline.finish_run(session, jid, "cancelled", None)
             if job is not None and job.cancel_requested:
                 pipeline.finish_cancelled(session, jid)
             return "cancelled"
         if result.returncode != 0:
             error = result.error or f"trainer exited with code {result.returncode}"
-            _finish_run(session, run_id, "failed", error)
+            pipeline.finish_run(session, jid, "failed", error)
             pipeline.fail(session, jid, f"training failed: {error}")
             return "failed"
-        weights = out / training_runner.FINAL_WEIGHTS
+        weights = out / FINAL_WEIGHTS
         if not weights.is_file():
-            _finish_run(session, run_id, "failed", "no model file written")
+            pipeline.finish_run(session, jid, "failed", "no model file written")
             pipeline.fail(session, jid, f"training finished without writing {weights.name}")
             return "failed"
         digest, size = training_runner.file_digest(weights)
         pipeline.add_artefact(session, jid, "model", str(weights), digest, size)
-        _finish_run(session, run_id, "succeeded", None)
+        pipeline.finish_run(session, jid, "succeeded", None)
         pipeline.transition(session, jid, JobStatus.succeeded)
         pipeline.release_lease(session, jid, owner)
     return "trained"
-
-
-def _finish_run(session: Session, run_id: uuid.UUID, status: str, error: str | None) -> None:
-    """In the caller's session: a second one writing at the same time would wait for the
-    first's lock on SQLite (embedded mode) until "database is locked"."""
-    run = session.get(TrainingRun, run_id)
-    if run is not None:
-        run.status, run.error, run.finished_at = status, error, utcnow()
 
 
 # -- the canvas' error callback ---------------------------------------------------------------

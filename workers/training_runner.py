@@ -1,8 +1,10 @@
 """Run the trainer as a subprocess and follow it.
 
-The trainer (``training.launch`` under ``torchrun --standalone``: one process per GPU, or CPU
+The trainer (``zoopick.training.launch`` under ``torchrun --standalone``: one process per GPU, or
+CPU
 processes with gloo) runs in its own process session and prints one JSON line per epoch on
-stdout; a failing rank prints ``{"error": ..., "rank": r}``. :func:`run` hands each epoch record
+stdout and a failing rank an error line on stderr (both read with ``training.config.parse_line``).
+:func:`run` hands each epoch record
 to a callback as it arrives, asks ``keep_going()`` between records and at least every
 ``poll`` seconds (lease renewal, cancellation), and stops the whole process group when told to
 or when the task itself is interrupted.
@@ -10,12 +12,8 @@ or when the task itself is interrupted.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import os
 import queue
-import signal
 import subprocess
 import threading
 import time
@@ -25,9 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FINAL_WEIGHTS = "model.safetensors"
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-STOP_GRACE_SECONDS = 15.0
+from zoopick.service.processes import die_with_parent, stop_group
+from zoopick.training.config import EpochRecord, TrainerError, parse_line
 
 
 @dataclass
@@ -39,48 +36,25 @@ class Result:
     records: int = 0
 
 
-def _die_with_parent(parent: int) -> Callable[[], None] | None:
-    """``preexec_fn`` for the trainer: the kernel sends it SIGTERM if the task's process dies
-    (a worker killed by its hard time limit or out of memory), so an orphaned trainer cannot
-    keep a GPU busy or write into the run a re-queued task resumes. Linux only (None
-    elsewhere); ``prctl`` is looked up here, so the forked child only makes the call."""
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def set_pdeathsig() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return set_pdeathsig
-
-
-def spawn(*, zoo: Path, model: str, data: str, out: Path, spec: dict[str, Any]):
+def spawn(*, zoo: Path, model: str, data: str, out: Path, options: dict[str, Any]):
     """Start the trainer for one job (the one place the service calls into ``training``):
-    ``torchrun --standalone`` as ``training.launch.spawn_local`` starts it, in its own process
-    session, and tied to this process' life."""
-    from training.finetune import CHECKPOINT, FinetuneConfig
-    from training.launch import spawn_local
+    the job's fine-tune options over the trainer's own defaults, ``torchrun --standalone`` as
+    ``training.launch.spawn_local`` starts it, in its own process session, and tied to this
+    process' life (the trainer gets SIGTERM if this worker dies; Linux)."""
+    from zoopick.training.config import CHECKPOINT, DEFAULT_WORKERS, FinetuneConfig
+    from zoopick.training.launch import spawn_local
 
-    cfg = FinetuneConfig(
+    cfg = FinetuneConfig.from_job(
+        options,
         zoo=str(zoo),
         model=model,
         data=str(data),
         out=str(out),
-        epochs=int(spec.get("epochs", 3)),
-        lr=float(spec.get("lr", 0.01)),
-        compressor=str(spec.get("compressor", "dense")),
-        density=float(spec.get("density", 0.01)),
         resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
     )
     out.mkdir(parents=True, exist_ok=True)
-    workers = int(spec.get("workers", 2))
-    # the trainer also dies with its worker (Linux; only a prctl call, fork-safe)
-    return spawn_local(cfg, workers, preexec_fn=_die_with_parent(os.getpid()))
+    workers = int(options.get("workers") or DEFAULT_WORKERS)
+    return spawn_local(cfg, workers, preexec_fn=die_with_parent())
 
 
 def _pump(stream, sink: Callable[[Any], None], eof: bool = False) -> None:
@@ -91,41 +65,10 @@ def _pump(stream, sink: Callable[[Any], None], eof: bool = False) -> None:
         sink(None)
 
 
-def _json(line: str) -> dict[str, Any] | None:
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def stop(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
-    """SIGTERM the trainer's process group (torchrun and every rank), then SIGKILL whatever
-    of the group is left: torchrun past ``grace`` seconds, or a rank that outlived it (one
-    that ignored the signal or missed torchrun's own teardown). Nothing keeps running."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    except ProcessLookupError:
-        return
-    # right after torchrun's exit (or still alive): the group id stays reserved while any
-    # member lives, so this reaches our ranks and no stranger
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 def run(
     start: Callable[[], subprocess.Popen],
     *,
-    on_record: Callable[[dict[str, Any]], None],
+    on_record: Callable[[EpochRecord], None],
     keep_going: Callable[[], bool],
     poll: float = 5.0,
 ) -> Result:
@@ -137,9 +80,9 @@ def run(
     def from_stderr(line: str) -> None:
         if line.strip():
             tail.append(line)
-        rec = _json(line)
-        if rec and "error" in rec:
-            errors.append(f"rank {rec.get('rank', '?')}: {rec['error']}")
+        rec = parse_line(line)
+        if isinstance(rec, TrainerError):
+            errors.append(rec.describe())
 
     def from_stdout(line: str | None) -> None:
         lines.put(("eof", None) if line is None else ("out", line))
@@ -167,14 +110,14 @@ def run(
                     except subprocess.TimeoutExpired:
                         if not result.stopped and not keep_going():
                             result.stopped = True
-                            stop(proc)
+                            stop_group(proc)
                 break
             check = line is None or time.monotonic() - last_check >= poll
             if line is not None:
-                rec = _json(line)
-                if rec and "error" in rec:
-                    errors.append(f"rank {rec.get('rank', '?')}: {rec['error']}")
-                elif rec and "epoch" in rec:
+                rec = parse_line(line)
+                if isinstance(rec, TrainerError):
+                    errors.append(rec.describe())
+                elif isinstance(rec, EpochRecord):
                     on_record(rec)
                     result.records += 1
                     check = True  # between epochs
@@ -182,9 +125,9 @@ def run(
                 last_check = time.monotonic()
                 if not keep_going():
                     result.stopped = True
-                    stop(proc)
+                    stop_group(proc)
     finally:
-        stop(proc)  # the task was interrupted (time limit, worker shutdown): take it down
+        stop_group(proc)  # the task was interrupted (time limit, worker shutdown): take it down
         # the group is gone, so both pipes are at EOF: read them to the end (a failing
         # rank's error line may still be in the stderr pipe behind torchrun's traceback)
         for t in threads:

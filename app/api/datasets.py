@@ -10,21 +10,18 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
-from app import datasets as store
-from app import pipeline
-from app.api import pagination
-from app.api.deps import CallerDep, DispatcherDep, SessionDep, SettingsDep, parse_id
-from app.api.schemas import DatasetOut, Page
-from app.db.models import Dataset, DatasetStatus
-from app.problems import Problem, ProblemDetail
-from app.uploads import receive_file
+from zoopick.app.api import pagination
+from zoopick.app.api.deps import CallerDep, DatasetDep, DispatcherDep, SessionDep, SettingsDep
+from zoopick.app.api.schemas import DatasetOut, Page
+from zoopick.app.problems import Problem, responses
+from zoopick.app.uploads import receive_file
+from zoopick.service import datasets as store
+from zoopick.service import pipeline
+from zoopick.service.db.models import Dataset, DatasetStatus
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
-ERRORS = {
-    code: {"model": ProblemDetail, "content": {"application/problem+json": {}}}
-    for code in (400, 401, 404, 409, 413, 415, 422)
-}
+ERRORS = responses(400, 401, 404, 409, 413, 415, 422)
 
 UPLOAD_BODY = {
     "requestBody": {
@@ -48,13 +45,6 @@ UPLOAD_BODY = {
         },
     }
 }
-
-
-def owned(session, caller, dataset_id: str) -> Dataset:
-    ds = session.get(Dataset, parse_id(dataset_id, "dataset"))
-    if ds is None or ds.tenant_id != caller.tenant_id:
-        raise Problem(404, f"no dataset {dataset_id!r}", kind="dataset-not-found")
-    return ds
 
 
 @router.post(
@@ -148,30 +138,30 @@ def list_datasets(
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: str | None = None,
     status: Annotated[str | None, Query(pattern="^(uploaded|validating|ready|invalid)$")] = None,
-) -> Page[DatasetOut]:
-    size = min(page_size or settings.page_size_default, settings.page_size_max)
+) -> dict:
     stmt = select(Dataset).where(Dataset.tenant_id == caller.tenant_id)
     if status:
         stmt = stmt.where(Dataset.status == status)
-    rows = list(session.scalars(pagination.page(stmt, Dataset, page_token, size)))
-    items, token = pagination.split(rows, size)
-    return Page[DatasetOut](
-        items=[DatasetOut.model_validate(d) for d in items], next_page_token=token
+    return pagination.list_page(
+        session,
+        stmt,
+        Dataset,
+        token=page_token,
+        page_size=page_size,
+        settings=settings,
+        out=DatasetOut.model_validate,
     )
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, responses=ERRORS, summary="Show a dataset")
-def get_dataset(dataset_id: str, caller: CallerDep, session: SessionDep) -> DatasetOut:
-    return DatasetOut.model_validate(owned(session, caller, dataset_id))
+def get_dataset(ds: DatasetDep) -> DatasetOut:
+    return DatasetOut.model_validate(ds)
 
 
 @router.delete("/{dataset_id}", status_code=204, responses=ERRORS, summary="Delete a dataset")
-def delete_dataset(
-    dataset_id: str, caller: CallerDep, session: SessionDep, settings: SettingsDep
-) -> Response:
+def delete_dataset(ds: DatasetDep, session: SessionDep, settings: SettingsDep) -> Response:
     """Delete the dataset and its files; refused (409) while a job still uses it. Finished
     jobs keep their results, with ``dataset_id`` cleared."""
-    ds = owned(session, caller, dataset_id)
     active = pipeline.active_jobs_for_dataset(session, ds.id)
     if active:
         raise Problem(

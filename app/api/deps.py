@@ -5,16 +5,19 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from app.dispatch import Dispatcher
-from app.problems import Problem
-from app.security import authenticate, touch
-from app.settings import Settings
+from zoopick.app.problems import Problem
+from zoopick.service.db.models import Dataset, Job, ZooModel
+from zoopick.service.dispatch import Dispatcher
+from zoopick.service.security import authenticate, touch
+from zoopick.service.settings import Settings
+
+T = TypeVar("T")
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -79,4 +82,37 @@ def parse_id(value: str, what: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise Problem(404, f"no {what} {value!r}", kind=f"{what}-not-found") from None
+        raise Problem(404, f"no {what} {value!r}", kind=_not_found(what)) from None
+
+
+def get_owned(session: Session, caller: Caller, model: type[T], raw_id: str, what: str) -> T:
+    """The row ``raw_id`` of ``model`` if the caller may see it, else 404 naming it: rows with
+    a tenant are visible to that tenant only (another tenant's row is "not found", not
+    "forbidden", so ids do not leak); rows without one (the zoo) to every caller."""
+    tenant_scoped = hasattr(model, "tenant_id")
+    key = parse_id(raw_id, what) if tenant_scoped else raw_id
+    row = session.get(model, key)
+    if row is None or (tenant_scoped and row.tenant_id != caller.tenant_id):
+        raise Problem(404, f"no {what} {raw_id!r}", kind=_not_found(what))
+    return row
+
+
+def _not_found(what: str) -> str:
+    return f"{what.replace(' ', '-')}-not-found"
+
+
+def owned_dataset(dataset_id: str, session: SessionDep, caller: CallerDep) -> Dataset:
+    return get_owned(session, caller, Dataset, dataset_id, "dataset")
+
+
+def owned_job(job_id: str, session: SessionDep, caller: CallerDep) -> Job:
+    return get_owned(session, caller, Job, job_id, "job")
+
+
+def zoo_model(model_id: str, session: SessionDep, caller: CallerDep) -> ZooModel:
+    return get_owned(session, caller, ZooModel, model_id, "zoo model")
+
+
+DatasetDep = Annotated[Dataset, Depends(owned_dataset)]
+JobDep = Annotated[Job, Depends(owned_job)]
+ZooModelDep = Annotated[ZooModel, Depends(zoo_model)]

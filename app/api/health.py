@@ -8,7 +8,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from app.api.schemas import Health
+from zoopick.app.api.schemas import Health
 
 router = APIRouter(tags=["health"])
 
@@ -38,7 +38,7 @@ async def readyz(request: Request) -> JSONResponse:
     broker = await run_in_threadpool(request.app.state.dispatcher.broker_problem)
     checks = {"database": db or "ok", "broker": broker or "ok"}
     if db or broker:
-        from app.problems import problem_response
+        from zoopick.app.problems import problem_response
 
         return problem_response(
             request, 503, "; ".join(p for p in (db, broker) if p), kind="not-ready", checks=checks

@@ -13,10 +13,9 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import pipeline, zoo_catalog
-from app.api import pagination
-from app.api.deps import Caller, CallerDep, DispatcherDep, SessionDep, SettingsDep, parse_id
-from app.api.schemas import (
+from zoopick.app.api import pagination
+from zoopick.app.api.deps import Caller, CallerDep, DispatcherDep, JobDep, SessionDep, SettingsDep
+from zoopick.app.api.schemas import (
     EpochOut,
     JobCreate,
     JobOut,
@@ -25,28 +24,19 @@ from app.api.schemas import (
     RankedModel,
     TrainingOut,
 )
-from app.db.models import TERMINAL, Artefact, Dataset, DatasetStatus, Job, JobStatus
-from app.db.types import utcnow
-from app.dispatch import job_task_ids
-from app.problems import Problem, ProblemDetail
-from app.settings import Settings
+from zoopick.app.problems import Problem, responses
+from zoopick.service import pipeline, zoo_catalog
+from zoopick.service.db.models import TERMINAL, Artefact, Dataset, DatasetStatus, Job, JobStatus
+from zoopick.service.db.types import utcnow
+from zoopick.service.dispatch import job_task_ids
+from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-ERRORS = {
-    code: {"model": ProblemDetail, "content": {"application/problem+json": {}}}
-    for code in (400, 401, 404, 409, 422, 429, 503)
-}
+ERRORS = responses(400, 401, 404, 409, 422, 429, 503)
 STATUSES = "^(queued|scoring|training|succeeded|failed|cancelled)$"
-
-
-def owned(session: Session, caller: Caller, job_id: str) -> Job:
-    job = session.get(Job, parse_id(job_id, "job"))
-    if job is None or job.tenant_id != caller.tenant_id:
-        raise Problem(404, f"no job {job_id!r}", kind="job-not-found")
-    return job
 
 
 def summary(job: Job) -> dict:
@@ -106,7 +96,7 @@ def accepted(session: Session, job: Job, base: str, settings: Settings) -> JSONR
 def resolve(session: Session, caller: Caller, body: JobCreate, settings: Settings) -> dict:
     """Check a submission against the tenant's datasets, the zoo and the metric registry;
     returns the job's columns or raises a 4xx problem naming what is wrong."""
-    from selection.metrics import available
+    from zoopick.selection.metrics import available
 
     ds = session.get(Dataset, body.dataset_id)
     if ds is None or ds.tenant_id != caller.tenant_id:
@@ -160,6 +150,7 @@ def resolve(session: Session, caller: Caller, body: JobCreate, settings: Setting
         )
     finetune = body.finetune.model_dump() if body.finetune else None
     if finetune:
+        check_finetune(finetune)
         if finetune["epochs"] > settings.max_epochs:
             raise Problem(
                 422, f"finetune.epochs above the limit of {settings.max_epochs}", kind="limit"
@@ -177,6 +168,17 @@ def resolve(session: Session, caller: Caller, body: JobCreate, settings: Setting
         "select_by": body.select_by,
         "finetune": finetune,
     }
+
+
+def check_finetune(options: dict) -> None:
+    """The hook, its density and its options as the trainer will build them (422 naming the
+    bad one), so a job that could never train is refused before anything runs."""
+    from zoopick.training.config import check_comm
+
+    try:
+        check_comm(options["compressor"], options["density"], options["hook_options"])
+    except ValueError as exc:
+        raise Problem(422, f"finetune: {exc}", kind="invalid-finetune") from None
 
 
 def _by_key(session: Session, caller: Caller, key: str) -> Job | None:
@@ -279,19 +281,23 @@ def list_jobs(
     status: Annotated[str | None, Query(pattern=STATUSES)] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: str | None = None,
-) -> Page[JobSummary]:
-    size = min(page_size or settings.page_size_default, settings.page_size_max)
+) -> dict:
     stmt = select(Job).where(Job.tenant_id == caller.tenant_id)
     if status:
         stmt = stmt.where(Job.status == status)
-    rows = list(session.scalars(pagination.page(stmt, Job, page_token, size)))
-    items, token = pagination.split(rows, size)
-    return Page[JobSummary](items=[JobSummary(**summary(j)) for j in items], next_page_token=token)
+    return pagination.list_page(
+        session,
+        stmt,
+        Job,
+        token=page_token,
+        page_size=page_size,
+        settings=settings,
+        out=summary,
+    )
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="Show a job")
-def get_job(job_id: str, request: Request, caller: CallerDep, session: SessionDep) -> JobOut:
-    job = owned(session, caller, job_id)
+def get_job(job: JobDep, request: Request, session: SessionDep) -> JobOut:
     base = str(request.url.path).rsplit("/", 1)[0]
     return detail(session, job, base)
 
@@ -304,9 +310,8 @@ def get_job(job_id: str, request: Request, caller: CallerDep, session: SessionDe
     summary="Cancel a job",
 )
 def cancel_job(
-    job_id: str,
+    job: JobDep,
     request: Request,
-    caller: CallerDep,
     session: SessionDep,
     settings: SettingsDep,
     dispatcher: DispatcherDep,
@@ -314,7 +319,6 @@ def cancel_job(
     """A queued job is cancelled at once. A running one is flagged: its tasks stop at the next
     model or epoch (the response says ``cancel_requested``; poll until ``cancelled``).
     Queued tasks are revoked either way."""
-    job = owned(session, caller, job_id)
     if job.status in TERMINAL:
         raise Problem(409, f"job already {job.status}", kind="job-finished")
     session.execute(
@@ -339,8 +343,7 @@ def cancel_job(
     },
     summary="Download the fine-tuned model",
 )
-def download_model(job_id: str, caller: CallerDep, session: SessionDep) -> FileResponse:
-    job = owned(session, caller, job_id)
+def download_model(job: JobDep, session: SessionDep) -> FileResponse:
     if not job.finetune:
         raise Problem(404, "this job does not fine-tune a model", kind="no-model")
     if job.status != JobStatus.succeeded.value:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, and_, or_
+from sqlalchemy import Select, Uuid, and_, or_
+from sqlalchemy.orm import Session
 
-from app.problems import Problem
+from zoopick.app.problems import Problem
+from zoopick.service.settings import Settings
 
 
 def encode(created_at: datetime, id_: uuid.UUID | str) -> str:
@@ -57,3 +60,23 @@ def split(rows: list[Any], size: int) -> tuple[list[Any], str | None]:
         return rows, None
     items = rows[:size]
     return items, encode(items[-1].created_at, items[-1].id)
+
+
+def list_page(
+    session: Session,
+    stmt: Select[Any],
+    model: Any,
+    *,
+    token: str | None,
+    page_size: int | None,
+    settings: Settings,
+    out: Callable[[Any], Any],
+) -> dict[str, Any]:
+    """One page of ``stmt`` (newest first) as ``{"items": [...], "next_page_token": ...}``:
+    the body of every list endpoint. ``page_size`` is capped by the settings; ``out`` turns a
+    row into its response item."""
+    size = min(page_size or settings.page_size_default, settings.page_size_max)
+    uuid_ids = isinstance(model.__table__.c.id.type, Uuid)
+    rows = list(session.scalars(page(stmt, model, token, size, uuid_ids=uuid_ids)))
+    items, next_token = split(rows, size)
+    return {"items": [out(row) for row in items], "next_page_token": next_token}

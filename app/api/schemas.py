@@ -8,6 +8,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zoopick.training.config import DEFAULT_WORKERS, default
+
 DEFAULT_METRICS = ["sms", "isms", "logme"]
 
 T = TypeVar("T")
@@ -78,13 +80,29 @@ class ZooModelOut(BaseModel):
 
 
 class FinetuneSpec(BaseModel):
+    """The fine-tune options a job may set. Defaults are the trainer's own
+    (``zoopick.training.config``); the hook and its options are checked against
+    ``zoopick.training.comm`` when the job is submitted (422 naming the bad one)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    epochs: int = Field(3, ge=1)
-    workers: int = Field(2, ge=1, description="Data-parallel worker processes.")
-    compressor: str = Field("spardl", min_length=1, max_length=64)
-    density: float = Field(0.01, gt=0, le=1, description="Fraction of gradient entries sent.")
-    lr: float = Field(0.01, gt=0, le=10)
+    epochs: int = Field(default("epochs"), ge=1)
+    workers: int = Field(DEFAULT_WORKERS, ge=1, description="Data-parallel worker processes.")
+    compressor: str = Field(
+        default("compressor"),
+        min_length=1,
+        max_length=64,
+        description="Communication hook: dense, topk, gaussiank, spardl, exdyna, dfs.",
+    )
+    density: float = Field(
+        default("density"), gt=0, le=1, description="Fraction of gradient entries sent."
+    )
+    lr: float = Field(default("lr"), gt=0, le=10)
+    hook_options: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Options of the hook (e.g. spardl's teams, warmup, fp16).",
+    )
 
 
 class JobCreate(BaseModel):

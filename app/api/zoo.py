@@ -9,19 +9,16 @@ from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from app import zoo_catalog
-from app.api import pagination
-from app.api.deps import AdminDep, CallerDep, SessionDep, SettingsDep
-from app.api.schemas import Page, ZooModelIn, ZooModelOut
-from app.db.models import ZooModel
-from app.problems import Problem, ProblemDetail
+from zoopick.app.api import pagination
+from zoopick.app.api.deps import AdminDep, CallerDep, SessionDep, SettingsDep, ZooModelDep
+from zoopick.app.api.schemas import Page, ZooModelIn, ZooModelOut
+from zoopick.app.problems import Problem, responses
+from zoopick.service import zoo_catalog
+from zoopick.service.db.models import ZooModel
 
 router = APIRouter(prefix="/zoo", tags=["zoo"])
 
-ERRORS = {
-    code: {"model": ProblemDetail, "content": {"application/problem+json": {}}}
-    for code in (400, 401, 403, 404, 409, 422)
-}
+ERRORS = responses(400, 401, 403, 404, 409, 422)
 
 
 @router.get("", response_model=Page[ZooModelOut], responses=ERRORS, summary="List the zoo")
@@ -31,12 +28,15 @@ def list_zoo(
     settings: SettingsDep,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: str | None = None,
-) -> Page[ZooModelOut]:
-    size = min(page_size or settings.page_size_default, settings.page_size_max)
-    stmt = pagination.page(select(ZooModel), ZooModel, page_token, size, uuid_ids=False)
-    items, token = pagination.split(list(session.scalars(stmt)), size)
-    return Page[ZooModelOut](
-        items=[ZooModelOut.model_validate(m) for m in items], next_page_token=token
+) -> dict:
+    return pagination.list_page(
+        session,
+        select(ZooModel),
+        ZooModel,
+        token=page_token,
+        page_size=page_size,
+        settings=settings,
+        out=ZooModelOut.model_validate,
     )
 
 
@@ -80,7 +80,7 @@ def register_model(
         raise Problem(409, f"zoo model {body.id!r} already exists", kind="zoo-model-exists")
     check_weights(body.weights)
     check_arch(body.arch)
-    from selection.zoo import ZooError
+    from zoopick.selection.zoo import ZooError
 
     try:
         zoo_catalog.check_fields(body.model_dump(exclude_none=True))
@@ -109,8 +109,5 @@ def register_model(
 
 
 @router.get("/{model_id}", response_model=ZooModelOut, responses=ERRORS, summary="Show a model")
-def get_model(model_id: str, caller: CallerDep, session: SessionDep) -> ZooModelOut:
-    row = session.get(ZooModel, model_id)
-    if row is None:
-        raise Problem(404, f"no zoo model {model_id!r}", kind="zoo-model-not-found")
+def get_model(row: ZooModelDep) -> ZooModelOut:
     return ZooModelOut.model_validate(row)

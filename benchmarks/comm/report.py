@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from training.comm.select import k_for
+from zoopick.training.comm.select import k_for
 
 PAIR_BYTES = 8  # int32 index + float32 value
 BYTES_GOAL = 1.1

@@ -11,7 +11,8 @@ parameters), computed ``grads`` times up front and cycled, so the backward pass 
 inside the timed region. ``params: N`` instead uses N synthetic parameters (heavy-tailed
 random gradients in 256K-element tensors) for quick runs. The parameters are cut into buckets
 the way DDP does it (reverse parameter order, a 1 MiB first bucket, then 25 MiB), each a
-``training.comm.SimpleBucket``, and the hook is called bucket by bucket exactly as DDP calls it.
+``zoopick.training.comm.SimpleBucket``, and the hook is called bucket by bucket exactly as DDP
+calls it.
 
 Per iteration and rank it records the wall time of all hook calls (after a barrier, so the
 ranks start together), the process CPU time, and the hook's own ``state.stats`` record
@@ -39,7 +40,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from training.comm import SimpleBucket, make_hook  # noqa: E402
+from zoopick.training.comm import SimpleBucket, make_hook  # noqa: E402
 
 FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb

@@ -1,6 +1,7 @@
 """Does sparse communication cost accuracy? Fine-tune with every hook at 1 % density vs dense.
 
-Each hook runs the real trainer (``training.finetune`` under ``training.launch.spawn_local``:
+Each hook runs the real trainer (``zoopick.training.finetune`` under
+``zoopick.training.launch.spawn_local``:
 ``torchrun --standalone``, P gloo processes on this machine) for the same fixed budget: the same
 model and initialisation (a timm architecture from a zoo manifest written to a temp dir,
 ``weights: "none"`` = seeded random init, input 3x32x32), the same Fashion-MNIST subset, the
@@ -36,9 +37,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from selection.zoo import write_zoo  # noqa: E402
-from training.finetune import FinetuneConfig  # noqa: E402
-from training.launch import metric_lines, spawn_local  # noqa: E402
+from zoopick.selection.zoo import write_zoo  # noqa: E402
+from zoopick.training.config import FinetuneConfig  # noqa: E402
+from zoopick.training.launch import epoch_records, spawn_local  # noqa: E402
 
 HOOKS = ("dense", "topk", "gaussiank", "spardl", "spardl-t2", "exdyna", "dfs")
 GOAL_HOOKS = ("spardl", "topk")
@@ -187,14 +188,13 @@ def run_hook(
     timer.start()
     epochs = []
     try:
-        for rec in metric_lines(proc):
-            if "epoch" in rec:
-                epochs.append(rec)
-                print(
-                    f"  {hook:<10} epoch {rec['epoch']}: loss {rec['loss']:.3f} "
-                    f"test {rec['test_acc'] * 100:.2f}% ({time.time() - t0:.0f} s)",
-                    flush=True,
-                )
+        for record in epoch_records(proc):
+            epochs.append(record.to_dict())
+            print(
+                f"  {hook:<10} epoch {record.epoch}: loss {record.loss:.3f} "
+                f"test {record.test_accuracy * 100:.2f}% ({time.time() - t0:.0f} s)",
+                flush=True,
+            )
         rc = proc.wait()
     finally:
         timer.cancel()

@@ -32,8 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import selection  # noqa: E402
-from selection.metrics import sms as sms_module  # noqa: E402
+import zoopick.selection as selection  # noqa: E402
+from zoopick.selection.metrics import sms as sms_module  # noqa: E402
 
 FORWARD_GOAL = 0.05
 ISMS_GOAL = 20.0

@@ -8,7 +8,7 @@ unseen shapes, unseen textures) therefore genuinely differs, by source relevance
 length and architecture.
 
 Writes into ``--out``: ``ckpt/<id>.safetensors``, ``zoo.json`` (the manifest
-``selection.zoo`` reads), ``targets/<name>-{train,test}.npz`` (x, y, class_names) and
+``zoopick.selection.zoo`` reads), ``targets/<name>-{train,test}.npz`` (x, y, class_names) and
 ``build.json`` (settings and timings). Work already done with the same settings is skipped.
 
     python benchmarks/transfer/build_zoo.py --fmnist ../shared/datasets/fashion-mnist.npz
@@ -82,7 +82,7 @@ def _save_checkpoint(model, path: Path) -> None:
     """Write via a temporary file so an interrupted build never leaves a half checkpoint."""
     tmp = path.with_suffix(".tmp")
     try:
-        from selection.zoo import save_checkpoint
+        from zoopick.selection.zoo import save_checkpoint
     except ImportError:
         from safetensors.torch import save_file
 
@@ -150,7 +150,7 @@ def _source_names(name: str) -> list[str]:
 
 def write_manifest(entries: list[dict], path: Path) -> None:
     try:
-        from selection.zoo import write_zoo
+        from zoopick.selection.zoo import write_zoo
     except ImportError:
         path.write_text(json.dumps({"models": entries}, indent=1) + "\n")
     else:

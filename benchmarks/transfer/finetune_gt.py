@@ -105,11 +105,11 @@ def create_from_entry(entry: Mapping[str, Any], root: Path, num_classes: int) ->
     """Build the entry's architecture, load its source weights, and put a fresh
     ``num_classes`` head on it (the caller seeds torch first, so the head is deterministic).
 
-    Uses ``selection.zoo`` when it is available, so ground truth sees the same model the
+    Uses ``zoopick.selection.zoo`` when it is available, so ground truth sees the same model the
     ranking side extracts from; otherwise timm + safetensors directly (same result).
     """
     try:
-        from selection.zoo import load_zoo  # noqa: F401  (presence check only)
+        from zoopick.selection.zoo import load_zoo  # noqa: F401  (presence check only)
     except ImportError:
         return _create_plain(entry, root, num_classes)
     return _create_with_zoo(entry, root, num_classes)
@@ -130,7 +130,7 @@ _ZOO_CACHE: dict[Path, Any] = {}
 
 
 def _create_with_zoo(entry: Mapping[str, Any], root: Path, num_classes: int) -> torch.nn.Module:
-    from selection.zoo import load_zoo
+    from zoopick.selection.zoo import load_zoo
 
     manifest = root / "zoo.json"
     if manifest not in _ZOO_CACHE:

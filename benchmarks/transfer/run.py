@@ -2,8 +2,9 @@
 ranking against the fine-tuned ground truth.
 
 For each target the zoo is ranked on the target's *train* split (what a user would have) with
-``selection.rank.rank_zoo``; each metric's scores are compared with the ground-truth accuracies
-(``ground_truth.py``) by ``selection.rank.evaluate``: weighted Kendall tau (the LogME/SFDA
+``zoopick.selection.rank.rank_zoo``; each metric's scores are compared with the ground-truth
+accuracies
+(``ground_truth.py``) by ``zoopick.selection.rank.evaluate``: weighted Kendall tau (the LogME/SFDA
 headline number), Kendall tau, Pearson, rel@1 and rel@3 (best accuracy among the top-k picks
 over the best overall). A "random pick" row gives the chance level of rel@k. Metric cost is
 reported as a ratio to the forward pass measured in the same run.
@@ -46,7 +47,7 @@ def _mean(values: list[float]) -> float:
 
 
 def evaluate_target(ranking, truth: dict[str, float], metrics: list[str]) -> dict:
-    from selection.rank import evaluate
+    from zoopick.selection.rank import evaluate
 
     forward = sum(m.seconds.get("forward", 0.0) for m in ranking.models)
     out: dict = {
@@ -223,10 +224,10 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from selection.data import load_dataset
-    from selection.metrics import available
-    from selection.rank import rank_zoo
-    from selection.zoo import load_zoo
+    from zoopick.selection.data import load_dataset
+    from zoopick.selection.metrics import available
+    from zoopick.selection.rank import rank_zoo
+    from zoopick.selection.zoo import load_zoo
 
     torch.set_num_threads(args.threads)
     root = Path(args.zoo)

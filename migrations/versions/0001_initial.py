@@ -1,4 +1,4 @@
-"""Initial schema: every table of app.db.models.
+"""Initial schema: every table of zoopick.service.db.models.
 
 Revision ID: 0001
 Revises:

@@ -1,4 +1,5 @@
-"""Jobs count how often the sweeper (``app.recovery``) re-queued them after they were lost.
+"""Jobs count how often the sweeper (``zoopick.service.recovery``) re-queued them after they were
+lost.
 
 Revision ID: 0002
 Revises: 0001

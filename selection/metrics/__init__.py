@@ -5,7 +5,7 @@ Importing this package imports every metric module so the registry is complete.
 
 from importlib import import_module
 
-from selection.metrics.registry import (
+from zoopick.selection.metrics.registry import (
     MetricError,
     MetricSpec,
     available,
@@ -18,6 +18,6 @@ from selection.metrics.registry import (
 # One module per metric; each registers itself on import.
 _MODULES = ("sms", "leep", "nce", "logme", "hscore", "nleep", "gbc", "sfda", "transrate", "knn")
 for _m in _MODULES:
-    import_module(f"selection.metrics.{_m}")
+    import_module(f"zoopick.selection.metrics.{_m}")
 
 __all__ = ["MetricError", "MetricSpec", "available", "get", "needs", "register", "score"]

@@ -18,8 +18,8 @@ import numpy as np
 from scipy import linalg
 from scipy.sparse import linalg as sparse_linalg
 
-from selection.metrics.leep import one_hot, target_labels
-from selection.metrics.registry import MetricError, register
+from zoopick.selection.metrics.leep import one_hot, target_labels
+from zoopick.selection.metrics.registry import MetricError, register
 
 _COVARIANCES = ("diagonal", "spherical")
 

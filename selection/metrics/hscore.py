@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
-from selection.metrics.leep import one_hot, target_labels
-from selection.metrics.registry import MetricError, register
+from zoopick.selection.metrics.leep import one_hot, target_labels
+from zoopick.selection.metrics.registry import MetricError, register
 
 
 def _centred_class_means(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
-from selection.metrics.registry import MetricError, register
+from zoopick.selection.metrics.registry import MetricError, register
 
 
 def target_labels(labels: np.ndarray, metric: str) -> tuple[np.ndarray, int]:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from selection.metrics.leep import one_hot, target_labels
-from selection.metrics.registry import MetricError, register
+from zoopick.selection.metrics.leep import one_hot, target_labels
+from zoopick.selection.metrics.registry import MetricError, register
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from selection.metrics.leep import target_labels
-from selection.metrics.registry import register
+from zoopick.selection.metrics.leep import target_labels
+from zoopick.selection.metrics.registry import register
 
 
 @register("nce", needs={"logits"})

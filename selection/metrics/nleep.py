@@ -24,8 +24,8 @@ from sklearn.decomposition import PCA
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
-from selection.metrics.leep import leep_from_probs, target_labels
-from selection.metrics.registry import MetricError, register
+from zoopick.selection.metrics.leep import leep_from_probs, target_labels
+from zoopick.selection.metrics.registry import MetricError, register
 
 _COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg, special
 
-from selection.metrics.leep import one_hot, softmax, target_labels
-from selection.metrics.registry import MetricError, register
+from zoopick.selection.metrics.leep import one_hot, softmax, target_labels
+from zoopick.selection.metrics.registry import MetricError, register
 
 
 def largest_eigenvalue(S: np.ndarray, *, max_iter: int = 200, tol: float = 1e-8) -> float:

@@ -40,7 +40,7 @@ import numpy as np
 from scipy import linalg
 from scipy.special import expit, logsumexp, softmax
 
-from selection.metrics.registry import MetricError, register
+from zoopick.selection.metrics.registry import MetricError, register
 
 SMS_RIDGE = 1e-6  # the reference implementation's covariance jitter
 _BATCH_MAX_ELEMENTS = 8_000_000  # stacked class covariances up to 64 MB (float64)

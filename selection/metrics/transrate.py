@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
-from selection.metrics.leep import target_labels
-from selection.metrics.registry import MetricError, register
+from zoopick.selection.metrics.leep import target_labels
+from zoopick.selection.metrics.registry import MetricError, register
 
 
 def coding_rate(Z: np.ndarray, eps: float) -> float:

@@ -67,7 +67,7 @@ def new_pg_database() -> Iterator[Callable[[], str]]:
 @pytest.fixture(scope="session")
 def pg_url(new_pg_database) -> str:
     """A PostgreSQL database migrated to head, shared by the session's service tests."""
-    from app.db import migrate
+    from zoopick.service.db import migrate
 
     url = new_pg_database()
     migrate.upgrade(url)
@@ -106,7 +106,7 @@ class Tenant:
 @pytest.fixture(scope="session")
 def service_settings(pg_url, redis_url, tmp_path_factory):
     """Settings of the API tests: PostgreSQL, Redis (private prefix), validation inline."""
-    from app.settings import Settings
+    from zoopick.service.settings import Settings
 
     url, prefix = redis_url
     return Settings(
@@ -121,7 +121,7 @@ def service_settings(pg_url, redis_url, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def service_app(service_settings):
-    from app.main import create_app
+    from zoopick.app.main import create_app
 
     return create_app(service_settings)
 
@@ -137,8 +137,8 @@ def client(service_app):
 @pytest.fixture(scope="session")
 def make_key(service_app):
     """make_key(tenant, admin=False) -> Tenant with a fresh API key."""
-    from app.db.session import session_scope
-    from app.security import create_api_key
+    from zoopick.service.db.session import session_scope
+    from zoopick.service.security import create_api_key
 
     def make(tenant: str, *, admin: bool = False) -> Tenant:
         with session_scope(service_app.state.sessionmaker) as session:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from app.service_cli import worker_command, worker_env
-from app.settings import Settings
+from zoopick.service.queue import worker_argv
+from zoopick.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def free_port() -> int:
 
 
 def env_for(settings: Settings) -> dict[str, str]:
-    env = worker_env(settings)
+    env = settings.env()
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     if settings.validate_inline:
         env["ZOOPICK_VALIDATE_INLINE"] = "1"
@@ -70,7 +70,7 @@ class Proc:
 
 
 def start_worker(settings: Settings, queues: str, log_dir: Path) -> Proc:
-    cmd = worker_command(queues, 1, "prefork", "info") + ["--without-heartbeat"]
+    cmd = worker_argv(queues, 1, "prefork", "info") + ["--without-heartbeat"]
     return Proc(f"worker-{queues.replace(',', '-')}", cmd, env_for(settings), log_dir)
 
 
@@ -92,7 +92,7 @@ def start_api(settings: Settings, log_dir: Path) -> tuple[Proc, str]:
         "-m",
         "uvicorn",
         "--factory",
-        "app.main:create_app",
+        "zoopick.app.main:create_app",
         "--host",
         "127.0.0.1",
         "--port",

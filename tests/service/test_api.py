@@ -12,9 +12,9 @@ import uuid
 import pytest
 import redis
 
-from app.db.models import Dataset, Job
-from app.db.session import session_scope
-from app.security import get_or_create_tenant
+from zoopick.service.db.models import Dataset, Job
+from zoopick.service.db.session import session_scope
+from zoopick.service.security import get_or_create_tenant
 
 PROBLEM = "application/problem+json"
 API = "/api/v1"
@@ -99,7 +99,7 @@ def test_health_readiness_and_docs(client):
 def test_readyz_names_an_unreachable_broker(service_settings):
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from zoopick.app.main import create_app
 
     settings = service_settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
     with TestClient(create_app(settings)) as c:
@@ -140,9 +140,9 @@ def test_missing_or_bad_key_is_401(client, path):
 def test_revoked_key_is_401(client, service_app, make_key):
     from sqlalchemy import update
 
-    from app.db.models import ApiKey
-    from app.db.types import utcnow
-    from app.security import hash_token
+    from zoopick.service.db.models import ApiKey
+    from zoopick.service.db.types import utcnow
+    from zoopick.service.security import hash_token
 
     carol = make_key("carol")
     assert client.get(f"{API}/jobs", headers=carol.headers).status_code == 200
@@ -158,7 +158,7 @@ def test_revoked_key_is_401(client, service_app, make_key):
 def test_only_the_hash_of_a_key_is_stored(service_app, alice):
     from sqlalchemy import select
 
-    from app.db.models import ApiKey
+    from zoopick.service.db.models import ApiKey
 
     with service_app.state.sessionmaker() as session:
         stored = [tuple(r) for r in session.execute(select(ApiKey.token_hash, ApiKey.prefix))]
@@ -227,12 +227,25 @@ def test_models_all_and_default_metrics(client, service_app, alice, zoo):
         ({"metrics": ["sms"], "select_by": "logme"}, 422, "select_by"),
         ({"finetune": {"epochs": 10_000}}, 422, "epochs"),
         ({"finetune": {"density": 2}}, 422, "density"),
+        ({"finetune": {"compressor": "bogus"}}, 422, "unknown comm hook 'bogus'"),
+        ({"finetune": {"hook_options": {"tems": 2}}}, 422, "no option(s) 'tems'"),
+        ({"finetune": {"compressor": "spardl", "hook_options": {"teams": 0}}}, 422, "teams"),
         ({"bogus": 1}, 422, "bogus"),
     ],
 )
 def test_bad_submissions_name_the_problem(client, service_app, alice, zoo, body, status, needle):
     ds = ready_dataset(service_app, "alice")
     assert_problem(submit(client, alice, ds, **body), status, needle)
+
+
+def test_a_refused_finetune_creates_no_job(client, service_app, alice, zoo):
+    """A bad hook is refused before anything is stored or queued (it used to be accepted and
+    to fail only after every model was scored)."""
+    ds = ready_dataset(service_app, "alice")
+    before = client.get("/api/v1/jobs", headers=alice.headers).json()["items"]
+    assert_problem(submit(client, alice, ds, finetune={"compressor": "bogus"}), 422, "bogus")
+    after = client.get("/api/v1/jobs", headers=alice.headers).json()["items"]
+    assert [j["id"] for j in after] == [j["id"] for j in before]
 
 
 def test_unknown_or_unready_dataset(client, service_app, alice, zoo):
@@ -347,7 +360,7 @@ def test_pagination_walks_every_job_once(client, service_app, make_key, zoo):
 def test_active_job_limit_is_429(client, service_settings, make_key, zoo):
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from zoopick.app.main import create_app
 
     erin = make_key("erin")
     settings = service_settings.model_copy(update={"max_active_jobs_per_tenant": 1})

@@ -9,8 +9,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from app.settings import EMBEDDED_BROKER, Settings
-from workers.celery_app import CPU, FINETUNE, GPU, SCORE, SELECT, VALIDATE, make_celery
+from zoopick.service.queue import CPU, FINETUNE, GPU, SCORE, SELECT, VALIDATE, make_celery
+from zoopick.service.settings import EMBEDDED_BROKER, Settings
 
 
 def test_defaults_are_embedded_and_absolute(tmp_path, monkeypatch):
@@ -57,7 +57,7 @@ def test_celery_delivery_settings(tmp_path):
 
 
 def test_task_time_limits_come_from_settings(tmp_path, monkeypatch):
-    from workers import tasks
+    from zoopick.workers import tasks
 
     assert tasks.score_model.soft_time_limit == tasks._settings.score_soft_time_limit
     assert tasks.score_model.time_limit == tasks._settings.score_hard_time_limit
@@ -67,7 +67,7 @@ def test_task_time_limits_come_from_settings(tmp_path, monkeypatch):
 def test_importing_the_workers_does_not_import_torch():
     """Forked pool children must not inherit CUDA state: nothing heavy at import time."""
     code = (
-        "import sys, workers.celery_app, workers.tasks, app.main; "
+        "import sys, zoopick.workers.celery_app, zoopick.workers.tasks, zoopick.app.main; "
         "heavy = [m for m in ('torch', 'timm') if m in sys.modules]; "
         "assert not heavy, heavy"
     )

@@ -11,7 +11,7 @@ import pytest
 import typer
 import yaml
 
-from app.service_cli import service_app
+from zoopick.service_cli import service_app
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 
@@ -62,9 +62,9 @@ def test_images_run_as_non_root_and_their_command_parses(dockerfile):
 
 
 def test_worker_healthcheck_names_match_the_cli(compose):
-    from app.service_cli import worker_command
+    from zoopick.service.queue import worker_argv
 
     for name, queue in (("worker-cpu", "cpu"), ("worker-gpu", "gpu")):
         check = " ".join(compose["services"][name]["healthcheck"]["test"])
-        node = worker_command(queue, 1)[worker_command(queue, 1).index("--hostname") + 1]
+        node = worker_argv(queue, 1)[worker_argv(queue, 1).index("--hostname") + 1]
         assert node.replace("%h", "$$HOSTNAME") in check

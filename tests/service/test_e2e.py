@@ -4,7 +4,7 @@ PostgreSQL as the source of truth, over a tiny zoo of random-weight timm models.
 Order matters and is part of the test: a cpu-only worker runs first, so scoring tasks wait on
 the gpu queue and a job can be cancelled while it is still queued; then a gpu worker joins
 (it never saw the revoke broadcast, so it must skip the cancelled job's tasks by itself).
-A job with fine-tuning runs the real trainer (``training.launch`` under torchrun, 2 CPU
+A job with fine-tuning runs the real trainer (``zoopick.training.launch`` under torchrun, 2 CPU
 processes with gloo, spardl) and its model is downloaded and loaded.
 """
 
@@ -19,12 +19,12 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from app.db.models import Job, Score, Tenant
-from app.db.session import make_engine, make_sessionmaker
-from app.db.types import utcnow
-from app.security import create_api_key
 from tests.service.datafiles import not_a_dataset_zip_bytes, npz_bytes
 from tests.service.procs import poll, start_api, start_worker, wait_worker_ready
+from zoopick.service.db.models import Job, Score, Tenant
+from zoopick.service.db.session import make_engine, make_sessionmaker
+from zoopick.service.db.types import utcnow
+from zoopick.service.security import create_api_key
 
 API = "/api/v1"
 ZOO = [("tiny-resnet", "test_resnet"), ("tiny-vit", "test_vit"), ("tiny-resnet-b", "test_resnet")]
@@ -33,9 +33,9 @@ METRICS = ["sms", "isms", "logme"]
 
 @pytest.fixture(scope="module")
 def stack(new_pg_database, redis_url, tmp_path_factory):
-    pytest.importorskip("selection.extract", reason="selection.extract not written yet")
-    from app.db import migrate
-    from app.settings import Settings
+    pytest.importorskip("zoopick.selection.extract", reason="selection engine")
+    from zoopick.service.db import migrate
+    from zoopick.service.settings import Settings
 
     url, prefix = redis_url
     data = tmp_path_factory.mktemp("e2e")
@@ -253,7 +253,7 @@ def test_running_job_is_cancelled_between_models(stack):
 
 def test_job_with_finetuning_stores_curve_and_model(stack):
     """Score, pick, fine-tune with 2 CPU workers (gloo) and spardl; then download the model."""
-    pytest.importorskip("training.launch", reason="training not written yet")
+    pytest.importorskip("zoopick.training.launch", reason="training not written yet")
     client = stack["client"]
     gpu = gpu_worker(stack)
     dataset = _upload_ready(stack)
@@ -299,7 +299,7 @@ def trainer_processes(run_dir) -> list[str]:
 def test_running_job_is_cancelled_during_training(stack):
     """A long fine-tune (100 epochs): cancelled once its first epochs are in, the training
     task stops the trainer's whole process group at the next epoch and settles the job."""
-    pytest.importorskip("training.launch", reason="training not written yet")
+    pytest.importorskip("zoopick.training.launch", reason="training not written yet")
     client = stack["client"]
     gpu = gpu_worker(stack)
     dataset = _upload_ready(stack, npz_bytes(n_per_class=20, seed=11))
@@ -340,7 +340,7 @@ def test_running_job_is_cancelled_during_training(stack):
 def test_a_failing_rank_fails_the_job_with_its_error(stack):
     """Four images leave 2 for training after the test split: enough to validate and score,
     but the trainer's ranks find they cannot each get a batch. Their error is the job's."""
-    pytest.importorskip("training.launch", reason="training not written yet")
+    pytest.importorskip("zoopick.training.launch", reason="training not written yet")
     client = stack["client"]
     gpu = gpu_worker(stack)
     dataset = _upload_ready(stack, npz_bytes(n_per_class=2, classes=2, seed=5))
@@ -367,9 +367,9 @@ def test_a_failing_rank_fails_the_job_with_its_error(stack):
 def test_a_lost_training_job_is_requeued_and_finished(stack):
     """A job whose training worker died (its lease expired, no task holds it): one sweep
     re-queues its fine-tuning, a real worker takes the lease and finishes it."""
-    pytest.importorskip("training.launch", reason="training not written yet")
-    from app import recovery
-    from app.dispatch import Dispatcher
+    pytest.importorskip("zoopick.training.launch", reason="training not written yet")
+    from zoopick.service import recovery
+    from zoopick.service.dispatch import Dispatcher
 
     client, factory, settings = stack["client"], stack["factory"], stack["settings"]
     gpu_worker(stack)

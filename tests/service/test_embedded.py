@@ -14,18 +14,18 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from app.db.models import ApiKey, Job, Score
-from app.db.session import make_engine, make_sessionmaker
 from tests.service.datafiles import npz_bytes
 from tests.service.procs import ROOT, Proc, free_port, poll, wait_http
+from zoopick.service.db.models import ApiKey, Job, Score
+from zoopick.service.db.session import make_engine, make_sessionmaker
 
-SERVE = "from app.service_cli import service_app; service_app()"
+SERVE = "from zoopick.service_cli import service_app; service_app()"
 
 
 def test_serve_runs_a_job_with_no_external_service(tmp_path):
-    pytest.importorskip("selection.extract", reason="selection.extract not written yet")
-    from app.service_cli import KEY_FILE, bootstrap
-    from app.settings import Settings
+    pytest.importorskip("zoopick.selection.extract", reason="selection engine")
+    from zoopick.service.settings import Settings
+    from zoopick.service_cli import KEY_FILE, bootstrap
 
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}

@@ -8,9 +8,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from app.db import migrate
-from app.db.models import Base
-from app.db.session import make_engine
+from zoopick.service.db import migrate
+from zoopick.service.db.models import Base
+from zoopick.service.db.session import make_engine
 
 TABLES = {
     "tenants",

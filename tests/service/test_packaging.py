@@ -1,7 +1,12 @@
-"""The service installed from a wheel (not an editable checkout) can still migrate its
-database: the wheel carries the Alembic scripts (top-level ``migrations/``, shipped as
-``app/migrations``) and every package of the source tree, and ``app.db.migrate`` run from the
-unpacked wheel, away from the checkout, brings a fresh SQLite file to head with them."""
+"""The installed distribution: one import package, ``zoopick``, that works away from the
+checkout.
+
+The wheel is built from a copy of the tree and installed into a fresh virtualenv (made with
+``--system-site-packages`` so the dependencies come from this machine; ``--no-deps``, no
+network). From a folder outside the checkout: the only new top-level import name is
+``zoopick`` (plus the ``zoopick`` console script), ``zoopick --help`` and ``python -m
+zoopick.training.launch --help`` run, and the packaged Alembic scripts migrate a fresh SQLite
+file to head. Every package of the tree is in the wheel (pyproject lists them explicitly)."""
 
 from __future__ import annotations
 
@@ -9,13 +14,25 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
-from app.db import migrate
+import pytest
+
+from zoopick.service.db import migrate
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("app", "workers", "selection", "training", "migrations")
+# repository folder -> where it lands in the package
+FOLDERS = {
+    "zoopick": "zoopick",
+    "app": "zoopick/app",
+    "workers": "zoopick/workers",
+    "service": "zoopick/service",
+    "selection": "zoopick/selection",
+    "training": "zoopick/training",
+    "migrations": "zoopick/service/migrations",
+}
 
 
 def build_wheel(tmp: Path) -> Path:
@@ -26,7 +43,7 @@ def build_wheel(tmp: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in SOURCES:
+    for name in FOLDERS:
         shutil.copytree(ROOT / name, src / name, ignore=skip)
     out = tmp / "wheels"
     subprocess.run(
@@ -40,50 +57,76 @@ def build_wheel(tmp: Path) -> Path:
     return wheel
 
 
-def test_wheel_ships_the_migrations_and_they_run_installed(tmp_path):
-    wheel = build_wheel(tmp_path)
-    names = set(zipfile.ZipFile(wheel).namelist())
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
-    scripts = ROOT / "migrations"
-    expected = {
-        "app/migrations/" + p.relative_to(scripts).as_posix()
-        for p in scripts.rglob("*")
-        if p.is_file() and p.suffix in (".py", ".mako") and "__pycache__" not in p.parts
-    }
-    assert {"app/migrations/env.py", "app/migrations/script.py.mako"} <= expected
-    assert any(n.startswith("app/migrations/versions/") for n in expected)
+
+def test_wheel_holds_one_package_with_every_module_and_the_migrations(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    tops = {n.split("/", 1)[0] for n in names}
+    assert {t for t in tops if not t.endswith((".dist-info", ".data"))} == {"zoopick"}
+
+    expected = set()
+    for folder, target in FOLDERS.items():
+        for p in (ROOT / folder).rglob("*"):
+            if p.is_file() and p.suffix in (".py", ".mako") and "__pycache__" not in p.parts:
+                expected.add(f"{target}/{p.relative_to(ROOT / folder).as_posix()}")
+    assert "zoopick/service/migrations/env.py" in expected
+    assert any(n.startswith("zoopick/service/migrations/versions/") for n in expected)
     assert expected <= names, sorted(expected - names)
 
-    # every package of the tree is in the wheel (pyproject lists them explicitly)
-    packages = {
-        p.parent.relative_to(ROOT).as_posix()
-        for top in ("app", "workers", "selection", "training")
-        for p in (ROOT / top).rglob("*.py")
-        if "__pycache__" not in p.parts
-    }
-    shipped = {n.rsplit("/", 1)[0] for n in names if n.endswith(".py")}
-    assert packages <= shipped, sorted(packages - shipped)
 
-    site = tmp_path / "site"
-    zipfile.ZipFile(wheel).extractall(site)
+def _venv_site(venv: Path) -> Path:
+    purelib = sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)})
+    return Path(purelib)
+
+
+def test_installed_wheel_adds_only_zoopick_and_runs_away_from_the_checkout(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+        timeout=120,
+    )
+    site = _venv_site(venv)
+    before = set(os.listdir(site))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install"]
+        + ["--no-deps", "--no-index", "-q", str(wheel)],
+        check=True,
+        timeout=240,
+    )
+    added = set(os.listdir(site)) - before
+    assert {a for a in added if not a.endswith(".dist-info")} == {"zoopick"}, added
+    assert (venv / "bin" / "zoopick").is_file()
+
+    away = tmp_path / "elsewhere"  # no repository folder is importable from here
+    away.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZOOPICK_", "PYTHON"))}
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+
+    def run(*cmd: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            list(cmd), cwd=away, env=env, capture_output=True, text=True, timeout=180
+        )
+        assert done.returncode == 0, done.stderr
+        return done
+
+    python = str(venv / "bin" / "python")
+    where = run(python, "-c", "import zoopick; print(zoopick.__file__)").stdout.strip()
+    assert Path(where).is_relative_to(site)  # the installed copy, not the checkout
+    assert "score" in run(str(venv / "bin" / "zoopick"), "--help").stdout
+    assert "--compressor" in run(python, "-m", "zoopick.training.launch", "--help").stdout
+
     db = tmp_path / "installed.db"
     code = (
-        "from app.db import migrate; "
+        "from zoopick.service.db import migrate; "
         "print(migrate.script_location()); "
         f"migrate.upgrade('sqlite:///{db}'); "
         f"print(sorted(migrate.current_heads('sqlite:///{db}')))"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
-    env["PYTHONPATH"] = str(site)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    location, heads = done.stdout.strip().splitlines()[-2:]
-    assert Path(location) == site / "app" / "migrations"  # the packaged copy, not the checkout
+    location, heads = run(python, "-c", code).stdout.strip().splitlines()[-2:]
+    assert Path(location) == site / "zoopick" / "service" / "migrations"
     assert heads == repr([migrate.head()])
+    assert not (away / ".zoopick").exists()

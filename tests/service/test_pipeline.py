@@ -3,18 +3,20 @@ what makes a re-delivered or racing task harmless."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import func, select, update
 
-from app import pipeline
-from app.db import migrate
-from app.db.models import EpochMetric, Job, JobStatus, Score, TrainingRun
-from app.db.session import make_engine, make_sessionmaker
-from app.db.types import utcnow
-from app.security import get_or_create_tenant
+from zoopick.service import pipeline
+from zoopick.service.db import migrate
+from zoopick.service.db.models import EpochMetric, Job, JobStatus, Score, TrainingRun
+from zoopick.service.db.session import make_engine, make_sessionmaker
+from zoopick.service.db.types import utcnow
+from zoopick.service.security import get_or_create_tenant
+from zoopick.training.config import parse_line
 
 S = JobStatus
 
@@ -133,8 +135,9 @@ def test_epoch_records_are_upserted(factory, job):
             "seconds": {"compute": 1.0, "select": 0.1, "communicate": 0.2},
             "workers": 2,
         }
-        pipeline.record_epoch(s, run.id, record)
-        pipeline.record_epoch(s, run.id, {**record, "loss": 2.0})  # re-sent line
+        # the trainer's line, read as the service reads it
+        pipeline.record_epoch(s, run.id, parse_line(json.dumps(record)))
+        pipeline.record_epoch(s, run.id, parse_line(json.dumps({**record, "loss": 2.0})))
         rows = list(s.scalars(select(EpochMetric).where(EpochMetric.run_id == run.id)))
         assert len(rows) == 1
         e = rows[0]

@@ -1,4 +1,5 @@
-"""The sweeper for lost jobs (``app.recovery``) on PostgreSQL with a real Redis broker: which
+"""The sweeper for lost jobs (``zoopick.service.recovery``) on PostgreSQL with a real Redis broker:
+which
 jobs count as lost, what is re-queued (the messages really reach the broker's queues), failed
 or cancelled, that concurrent sweepers act on a job once, and that the API process, a starting
 worker and ``zoopick sweep`` all run it. Re-queued work being picked up and finished by a real
@@ -15,15 +16,15 @@ import pytest
 import redis
 from sqlalchemy import delete, select, update
 
-from app import recovery
-from app.db import migrate
-from app.db.models import Job, TrainingRun
-from app.db.session import make_engine, make_sessionmaker
-from app.db.types import utcnow
-from app.dispatch import Dispatcher
-from app.security import get_or_create_tenant
-from app.service_cli import worker_command
 from tests.service.procs import Proc, env_for, poll
+from zoopick.service import recovery
+from zoopick.service.db import migrate
+from zoopick.service.db.models import Job, TrainingRun
+from zoopick.service.db.session import make_engine, make_sessionmaker
+from zoopick.service.db.types import utcnow
+from zoopick.service.dispatch import Dispatcher
+from zoopick.service.queue import worker_argv
+from zoopick.service.security import get_or_create_tenant
 
 STALL = 3600
 
@@ -41,7 +42,7 @@ def database(new_pg_database):
 def env(database, redis_url, tmp_path):
     """The module's database emptied of jobs (a sweep sees every job), and a Redis key space
     of this test's own that no worker listens on."""
-    from app.settings import Settings
+    from zoopick.service.settings import Settings
 
     url, factory = database
     with factory.begin() as session:
@@ -213,7 +214,7 @@ def test_concurrent_sweepers_act_on_each_job_once(env):
 def test_the_api_sweeps_at_start_and_periodically(env):
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from zoopick.app.main import create_app
 
     settings, factory, tenant = env
     settings = settings.model_copy(update={"sweep_interval_seconds": 1, "recovery_attempts": 0})
@@ -232,7 +233,7 @@ def test_a_starting_worker_sweeps_once(env, tmp_path):
     jid = add_job(factory, tenant, age=STALL + 1, status="scoring")
     proc_env = env_for(settings)
     proc_env.update(ZOOPICK_STALL_SECONDS=str(STALL), ZOOPICK_RECOVERY_ATTEMPTS="0")
-    cmd = worker_command("cpu", 1, "solo", "info") + ["--without-heartbeat"]
+    cmd = worker_argv("cpu", 1, "solo", "info") + ["--without-heartbeat"]
     worker = Proc("worker-sweep", cmd, proc_env, tmp_path)
     try:
         job = poll(lambda: row(factory, jid), lambda j: j.status != "scoring", 60, what="sweep")
@@ -244,8 +245,8 @@ def test_a_starting_worker_sweeps_once(env, tmp_path):
 def test_zoopick_sweep_command(env, monkeypatch):
     from typer.testing import CliRunner
 
-    from app.service_cli import service_app
-    from app.settings import get_settings
+    from zoopick.service.settings import get_settings
+    from zoopick.service_cli import service_app
 
     settings, factory, tenant = env
     jid = add_job(factory, tenant, age=STALL + 1, status="queued")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from app.db import migrate
-from app.db.session import make_engine, make_sessionmaker
-from app.security import authenticate
-from app.service_cli import service_app
-from app.settings import get_settings
+from zoopick.service.db import migrate
+from zoopick.service.db.session import make_engine, make_sessionmaker
+from zoopick.service.security import authenticate
+from zoopick.service.settings import get_settings
+from zoopick.service_cli import service_app
 
 
 def test_migrate_then_manage_keys(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 
-from workers import training_runner
+from zoopick.workers import training_runner
 
 TRAINER = textwrap.dedent(
     """
@@ -51,7 +51,7 @@ def test_records_arrive_in_order_and_success(tmp_path):
         poll=0.5,
     )
     assert result.returncode == 0 and not result.stopped and result.error is None
-    assert [r["epoch"] for r in records] == [1, 2, 3] and result.records == 3
+    assert [r.epoch for r in records] == [1, 2, 3] and result.records == 3
     assert checks  # asked between epochs
 
 
@@ -138,11 +138,11 @@ def test_the_trainer_dies_with_the_task_process(tmp_path):
     task = textwrap.dedent(
         f"""
         import os, subprocess, sys, time
-        from workers.training_runner import _die_with_parent
+        from zoopick.service.processes import die_with_parent
         trainer = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(60)"],
             start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
+            preexec_fn=die_with_parent(os.getpid()),
         )
         open({str(pid_file)!r}, "w").write(str(trainer.pid))
         time.sleep(60)

@@ -85,7 +85,7 @@ def test_oversized_upload_without_length_is_cut_off_while_streaming(
 
 @pytest.fixture(scope="module")
 def loader():
-    return pytest.importorskip("selection.data", reason="selection.data not written yet")
+    return pytest.importorskip("zoopick.selection.data", reason="selection engine")
 
 
 def test_upload_npz_is_validated(client, alice, loader):

@@ -16,13 +16,13 @@ correction) and ``fp16`` options, return the average of what is applied, and rec
 times per iteration in ``state.stats``. Only gloo/NCCL-common operations are used.
 """
 
-from training.comm import dense, dfs, exdyna, gaussiank, spardl, topk  # noqa: F401  (register)
-from training.comm.bucket import SimpleBucket
-from training.comm.errors import CommError
-from training.comm.registry import available, check_options, get, make_hook
-from training.comm.spardl import Transfer, simulate_schedule, spardl_schedule
-from training.comm.state import HookState
-from training.comm.stats import CommStats, sum_stats
+from zoopick.training.comm import dense, dfs, exdyna, gaussiank, spardl, topk  # noqa: F401  (register)
+from zoopick.training.comm.bucket import SimpleBucket
+from zoopick.training.comm.errors import CommError
+from zoopick.training.comm.registry import available, check_options, get, make_hook
+from zoopick.training.comm.spardl import Transfer, simulate_schedule, spardl_schedule
+from zoopick.training.comm.state import HookState
+from zoopick.training.comm.stats import CommStats, sum_stats
 
 __all__ = [
     "CommError",

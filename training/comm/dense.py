@@ -10,9 +10,9 @@ call.
 import torch
 import torch.distributed as dist
 
-from training.comm.exchange import allreduce_sum, to_wire
-from training.comm.registry import register
-from training.comm.state import HookState
+from zoopick.training.comm.exchange import allreduce_sum, to_wire
+from zoopick.training.comm.registry import register
+from zoopick.training.comm.state import HookState
 
 
 class DenseState(HookState):

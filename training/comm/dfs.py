@@ -21,12 +21,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.comm.errors import CommError
-from training.comm.exchange import INDEX_DTYPE, allgather_parts, to_wire
-from training.comm.registry import register
-from training.comm.select import k_for, topk_indices
-from training.comm.state import HookState, run_hook
-from training.comm.store import BucketLayout
+from zoopick.training.comm.errors import CommError
+from zoopick.training.comm.exchange import INDEX_DTYPE, allgather_parts, to_wire
+from zoopick.training.comm.registry import register
+from zoopick.training.comm.select import k_for, topk_indices
+from zoopick.training.comm.state import HookState, run_hook
+from zoopick.training.comm.store import BucketLayout
 
 SAMPLE = 4096
 

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from training.comm.errors import CommError
+from zoopick.training.comm.errors import CommError
 
 if TYPE_CHECKING:
-    from training.comm.state import HookState
+    from zoopick.training.comm.state import HookState
 
 FP16_MAX = 65504.0
 INDEX_DTYPE = torch.int32

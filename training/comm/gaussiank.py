@@ -12,12 +12,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.comm.errors import CommError
-from training.comm.registry import register
-from training.comm.select import gaussiank_indices, k_for
-from training.comm.sparse import allgather_exchange
-from training.comm.state import HookState, run_hook
-from training.comm.store import BucketLayout
+from zoopick.training.comm.errors import CommError
+from zoopick.training.comm.registry import register
+from zoopick.training.comm.select import gaussiank_indices, k_for
+from zoopick.training.comm.sparse import allgather_exchange
+from zoopick.training.comm.state import HookState, run_hook
+from zoopick.training.comm.store import BucketLayout
 
 
 class GaussianKState(HookState):

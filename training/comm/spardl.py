@@ -74,18 +74,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.comm.errors import CommError
-from training.comm.exchange import (
+from zoopick.training.comm.errors import CommError
+from zoopick.training.comm.exchange import (
     INDEX_DTYPE,
     add_pairs,
     allgather_parts,
     p2p_exchange,
     to_wire,
 )
-from training.comm.registry import register
-from training.comm.select import even_bounds, k_for, topk_indices
-from training.comm.state import HookState, run_hook
-from training.comm.store import BucketLayout
+from zoopick.training.comm.registry import register
+from zoopick.training.comm.select import even_bounds, k_for, topk_indices
+from zoopick.training.comm.state import HookState, run_hook
+from zoopick.training.comm.store import BucketLayout
 
 SPLITS = ("halving", "pow2")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from training.comm.exchange import INDEX_DTYPE, add_pairs, allgather_parts, to_wire
-from training.comm.state import HookState
+from zoopick.training.comm.exchange import INDEX_DTYPE, add_pairs, allgather_parts, to_wire
+from zoopick.training.comm.state import HookState
 
 
 def allgather_exchange(

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.comm.errors import CommError
-from training.comm.exchange import allreduce_sum, to_wire
-from training.comm.stats import CommStats
-from training.comm.store import BucketLayout, ParamStore
+from zoopick.training.comm.errors import CommError
+from zoopick.training.comm.exchange import allreduce_sum, to_wire
+from zoopick.training.comm.stats import CommStats
+from zoopick.training.comm.store import BucketLayout, ParamStore
 
 WARMUP_MODES = ("exp", "dense")
 

@@ -8,11 +8,11 @@ from every worker, so no size header), scatter-adds them and keeps ``acc - sent`
 import torch
 import torch.distributed as dist
 
-from training.comm.registry import register
-from training.comm.select import k_for, topk_indices
-from training.comm.sparse import allgather_exchange
-from training.comm.state import HookState, run_hook
-from training.comm.store import BucketLayout
+from zoopick.training.comm.registry import register
+from zoopick.training.comm.select import k_for, topk_indices
+from zoopick.training.comm.sparse import allgather_exchange
+from zoopick.training.comm.state import HookState, run_hook
+from zoopick.training.comm.store import BucketLayout
 
 
 class TopKState(HookState):

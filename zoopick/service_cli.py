@@ -11,6 +11,7 @@ commands run distributed: ``zoopick serve --no-worker`` on one machine, ``zoopic
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ from typing import Annotated
 
 import typer
 
-from app.settings import Settings, get_settings
+from zoopick.service.queue import worker_argv
+from zoopick.service.settings import Settings, get_settings
 
 service_app = typer.Typer(
     help="Run the web service and its workers.",
@@ -31,6 +33,18 @@ service_app.add_typer(keys_app, name="keys")
 
 LOCAL_TENANT = "local"
 KEY_FILE = "api-key"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+WORKER_STOP_GRACE_SECONDS = 20.0
+"""How long ``serve`` lets its worker finish a short task (a warm shutdown) before killing
+it; a re-delivered or swept task redoes whatever was cut off."""
+
+
+class ServerStopped(Exception):
+    """A stop signal arrived (after uvicorn's own graceful shutdown)."""
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise ServerStopped(signal.Signals(signum).name)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -38,61 +52,16 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def worker_env(settings: Settings) -> dict[str, str]:
-    """The environment that makes a child process see exactly these settings."""
-    env = dict(os.environ)
-    env.update(
-        ZOOPICK_DATA_DIR=str(settings.data_dir),
-        ZOOPICK_DATABASE_URL=settings.database_url,
-        ZOOPICK_BROKER_URL=settings.broker_url,
-        ZOOPICK_RESULT_BACKEND=settings.result_backend,
-        ZOOPICK_STORAGE_DIR=str(settings.storage_dir),
-        ZOOPICK_CACHE_DIR=str(settings.cache_dir),
-        ZOOPICK_REDIS_KEY_PREFIX=settings.redis_key_prefix,
-    )
-    return env
-
-
-def worker_command(
-    queues: str,
-    concurrency: int,
-    pool: str = "prefork",
-    loglevel: str = "info",
-    hostname: str | None = None,
-) -> list[str]:
-    name = hostname or f"zoopick-{queues.replace(',', '-')}@%h"
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.celery_app",
-        "worker",
-        "--queues",
-        queues,
-        "--concurrency",
-        str(concurrency),
-        "--pool",
-        pool,
-        "--loglevel",
-        loglevel,
-        "--hostname",
-        name,
-        "--without-gossip",
-        "--without-mingle",
-    ]
-
-
 def bootstrap(settings: Settings, *, demo: bool, local_key: bool = True) -> str | None:
     """Migrate, sync the zoo, and on first start create the local admin key. Returns the
     local key when one is on file (the embedded single-user case)."""
     from sqlalchemy import func, select
 
-    from app import zoo_catalog
-    from app.db import migrate
-    from app.db.models import ApiKey, ZooModel
-    from app.db.session import make_engine, make_sessionmaker, session_scope
-    from app.security import create_api_key
+    from zoopick.service import zoo_catalog
+    from zoopick.service.db import migrate
+    from zoopick.service.db.models import ApiKey, ZooModel
+    from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
+    from zoopick.service.security import create_api_key
 
     settings.ensure_dirs()
     migrate.upgrade(settings.database_url)
@@ -105,7 +74,7 @@ def bootstrap(settings: Settings, *, demo: bool, local_key: bool = True) -> str 
                 ids = zoo_catalog.sync_manifest(session, settings.zoo_manifest)
                 typer.echo(f"zoo: {len(ids)} models from {settings.zoo_manifest}", err=True)
             elif demo and not session.scalar(select(func.count()).select_from(ZooModel)):
-                from selection.demo import build_demo
+                from zoopick.selection.demo import build_demo
 
                 folder = settings.data_dir / "demo"
                 typer.echo(f"zoo is empty: building the demo zoo in {folder} ...", err=True)
@@ -146,31 +115,41 @@ def serve(
     """
     import uvicorn
 
-    from app.main import create_app
+    from zoopick.app.main import create_app
+    from zoopick.service.processes import die_with_parent, stop_group
 
     settings = get_settings()
     key = bootstrap(settings, demo=demo, local_key=local_key)
-    proc = None
-    if worker:
-        proc = subprocess.Popen(
-            worker_command("cpu,gpu", concurrency, loglevel="warning"),
-            env=worker_env(settings),
-        )
     url = f"http://{host}:{port}"
     typer.echo(f"zoopick: serving {url}  (API docs: {url}/docs)", err=True)
     typer.echo(f"database: {settings.database_url}", err=True)
     typer.echo(f"broker:   {settings.broker_url}", err=True)
     if key:
         typer.echo(f"API key:  {key}  (kept in {settings.data_dir / KEY_FILE})", err=True)
+    # uvicorn answers SIGTERM/SIGINT by shutting down, then re-raises the signal to the handler
+    # that was installed before it: make that handler an exception, so the ``finally`` below
+    # runs and stops the worker (with the default handler the process would die on the spot
+    # and leave the worker and its pool running)
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in STOP_SIGNALS}
+    proc = None
     try:
+        if worker:
+            # its own process group (one signal reaches its pool and their trainers), and it
+            # dies with us even if we are killed outright
+            proc = subprocess.Popen(
+                worker_argv("cpu,gpu", concurrency, loglevel="warning"),
+                env=settings.env(),
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    except ServerStopped:
+        pass
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_group(proc, grace=WORKER_STOP_GRACE_SECONDS)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @service_app.command("worker")
@@ -191,7 +170,7 @@ def worker_cmd(
     if bad or not queues:
         raise _fail(f"unknown queue(s) {sorted(bad)}; use cpu, gpu or cpu,gpu")
     get_settings().ensure_dirs()
-    os.execv(sys.executable, worker_command(queues, concurrency, pool, loglevel, hostname))
+    os.execv(sys.executable, worker_argv(queues, concurrency, pool, loglevel, hostname))
 
 
 @service_app.command()
@@ -199,7 +178,7 @@ def migrate(
     revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
 ) -> None:
     """Bring the database schema to ``revision`` (head by default)."""
-    from app.db import migrate as mig
+    from zoopick.service.db import migrate as mig
 
     settings = get_settings()
     settings.ensure_dirs()
@@ -214,7 +193,7 @@ def sweep() -> None:
     A job is lost when its training lease expired or it made no progress for longer than the
     longest hard time limit (ZOOPICK_STALL_SECONDS); see ZOOPICK_RECOVERY_ATTEMPTS.
     """
-    from app.recovery import sweep_once
+    from zoopick.service.recovery import sweep_once
 
     actions = sweep_once(get_settings())
     for a in actions:
@@ -225,7 +204,7 @@ def sweep() -> None:
 def _factory():
     from sqlalchemy import inspect
 
-    from app.db.session import make_engine, make_sessionmaker
+    from zoopick.service.db.session import make_engine, make_sessionmaker
 
     engine = make_engine(get_settings().database_url)
     if not inspect(engine).has_table("api_keys"):
@@ -243,8 +222,8 @@ def keys_create(
     admin: Annotated[bool, typer.Option(help="May register zoo models.")] = False,
 ) -> None:
     """Create an API key; prints the token (shown once, only its hash is stored)."""
-    from app.db.session import session_scope
-    from app.security import create_api_key
+    from zoopick.service.db.session import session_scope
+    from zoopick.service.security import create_api_key
 
     engine, factory = _factory()
     try:
@@ -261,7 +240,7 @@ def keys_list() -> None:
     """List keys (prefix, name, tenant, admin, revoked)."""
     from sqlalchemy import select
 
-    from app.db.models import ApiKey, Tenant
+    from zoopick.service.db.models import ApiKey, Tenant
 
     engine, factory = _factory()
     try:
@@ -281,9 +260,9 @@ def keys_revoke(prefix: Annotated[str, typer.Argument(help="The key's prefix (zp
     """Revoke the key(s) whose prefix is given."""
     from sqlalchemy import select
 
-    from app.db.models import ApiKey
-    from app.db.session import session_scope
-    from app.db.types import utcnow
+    from zoopick.service.db.models import ApiKey
+    from zoopick.service.db.session import session_scope
+    from zoopick.service.db.types import utcnow
 
     engine, factory = _factory()
     try:

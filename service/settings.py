@@ -74,7 +74,8 @@ class Settings(BaseSettings):
     light_hard_time_limit: int = Field(660, gt=0)
     lease_seconds: int = Field(120, gt=0)
 
-    # recovery of lost jobs (app.recovery): the API sweeps every interval, a worker at start
+    # recovery of lost jobs (zoopick.service.recovery): the API sweeps every interval, a worker at
+    # start
     sweep_interval_seconds: int = Field(
         60, ge=0, description="How often the API process sweeps for lost jobs; 0: never."
     )
@@ -152,6 +153,24 @@ class Settings(BaseSettings):
             self.score_hard_time_limit, self.train_hard_time_limit, self.light_hard_time_limit
         )
 
+    def env(self) -> dict[str, str]:
+        """This process' environment plus the ``ZOOPICK_*`` variables that make a child process
+        (a local worker, a test's server) read exactly these settings with
+        :func:`get_settings`: the one way settings reach both faces."""
+        import os
+
+        env = dict(os.environ)
+        env.update(
+            ZOOPICK_DATA_DIR=str(self.data_dir),
+            ZOOPICK_DATABASE_URL=self.database_url,
+            ZOOPICK_BROKER_URL=self.broker_url,
+            ZOOPICK_RESULT_BACKEND=self.result_backend,
+            ZOOPICK_STORAGE_DIR=str(self.storage_dir),
+            ZOOPICK_CACHE_DIR=str(self.cache_dir),
+            ZOOPICK_REDIS_KEY_PREFIX=self.redis_key_prefix,
+        )
+        return env
+
     def ensure_dirs(self) -> None:
         for path in (self.data_dir, self.storage_dir, self.cache_dir):
             path.mkdir(parents=True, exist_ok=True)
@@ -164,5 +183,7 @@ class Settings(BaseSettings):
 
 @lru_cache
 def get_settings() -> Settings:
-    """The process-wide settings from the environment (workers and the CLI use this)."""
+    """The process-wide settings from the environment: what a worker, the CLI and
+    ``create_app()`` without arguments use (tests and ``zoopick serve`` may pass their own
+    object to ``create_app``, and hand it to child processes with :meth:`Settings.env`)."""
     return Settings()

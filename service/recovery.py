@@ -7,7 +7,7 @@ embedded file broker deletes a message as soon as a worker takes it, so a worker
 mid-task loses it for good. Two signs on the job row tell a lost job:
 
 * **lease expired**: a training task renews its lease every few seconds while its trainer runs
-  (``workers.tasks.finetune``); a lease past its expiry means the owner stopped;
+  (``zoopick.workers.tasks.finetune``); a lease past its expiry means the owner stopped;
 * **stalled**: no progress (``updated_at``) for longer than ``settings.stall_timeout``, by
   default the longest hard time limit, which no task can outlive (a training job holding a
   live lease is never stalled: its task is alive, however long an epoch takes).
@@ -19,7 +19,7 @@ cancel was requested is settled as cancelled.
 
 Where it runs (no extra process, the same on embedded and distributed setups): the API process
 runs :class:`Sweeper`, a daemon thread that sweeps once at start and then every
-``sweep_interval_seconds``; every worker sweeps once when it starts (``workers.tasks``); and
+``sweep_interval_seconds``; every worker sweeps once when it starts (``zoopick.workers.tasks``); and
 ``zoopick sweep`` runs one pass, e.g. from cron. Each action is a conditional UPDATE on the row
 as it was read (``recoveries`` acts as a version), so sweepers running at once act on a job
 once.
@@ -37,10 +37,11 @@ from typing import Any
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import Job, JobStatus, TrainingRun
-from app.db.session import make_engine, make_sessionmaker, session_scope
-from app.db.types import utcnow
-from app.settings import Settings
+from zoopick.service.db.models import Job, JobStatus
+from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
+from zoopick.service.db.types import utcnow
+from zoopick.service.pipeline import finish_run
+from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +111,6 @@ def _claim(session: Session, job: Job, now: datetime, cutoff: datetime, **values
     return session.execute(stmt).rowcount == 1
 
 
-def _settle_run(session: Session, job_id: uuid.UUID, status: str, error: str | None) -> None:
-    session.execute(
-        update(TrainingRun)
-        .where(TrainingRun.job_id == job_id, TrainingRun.status == "running")
-        .values(status=status, error=error, finished_at=utcnow())
-    )
-
-
 def _recover(
     factory: sessionmaker[Session], dispatcher: Any, settings: Settings, job: Job, now: datetime
 ) -> Action | None:
@@ -151,7 +144,7 @@ def _recover(
                 **fields,
             )
             if done:
-                _settle_run(session, job.id, status, error)
+                finish_run(session, job.id, status, error)
             return Action(job.id, status, reason) if done else None
         # re-queue: count the attempt and clear the dead lease first (so the new task can
         # claim it and no other sweeper re-queues the same loss), then send the work
@@ -226,7 +219,7 @@ def sweep(
 
 def sweep_once(settings: Settings) -> list[Action]:
     """A pass with its own engine, disposed afterwards (worker start, ``zoopick sweep``)."""
-    from app.dispatch import Dispatcher
+    from zoopick.service.dispatch import Dispatcher
 
     engine = make_engine(settings.database_url)
     try:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import (
+from zoopick.service.db.models import (
     TERMINAL,
     Artefact,
     EpochMetric,
@@ -25,7 +26,8 @@ from app.db.models import (
     Score,
     TrainingRun,
 )
-from app.db.types import utcnow
+from zoopick.service.db.types import utcnow
+from zoopick.training.config import EpochRecord
 
 S = JobStatus
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
@@ -183,7 +185,7 @@ def update_scoring_progress(session: Session, job: Job) -> float:
 def ranking(session: Session, job: Job) -> list[dict[str, Any]]:
     """The ranking so far: models with every metric scored, best first by ``select_by``
     (models the metric cannot tell apart share a rank)."""
-    from selection.rank import tie_groups
+    from zoopick.selection.rank import tie_groups  # numpy/scipy: not at the API's import
 
     by_model: dict[str, dict[str, Any]] = {}
     for s in session.scalars(select(Score).where(Score.job_id == job.id)):
@@ -214,7 +216,7 @@ def choose(session: Session, job: Job) -> str | None:
 # -- training runs --------------------------------------------------------------------------
 
 
-EPOCH_FIELDS = (
+EPOCH_COLUMNS = (
     "loss",
     "train_accuracy",
     "test_accuracy",
@@ -223,47 +225,58 @@ EPOCH_FIELDS = (
     "select_seconds",
     "comm_seconds",
 )
-_ALIASES = {
-    "train_accuracy": ("train_accuracy", "train_acc"),
-    "test_accuracy": ("test_accuracy", "test_acc"),
-    "compute_seconds": ("compute_seconds", "seconds.compute"),
-    "select_seconds": ("select_seconds", "seconds.select"),
-    "comm_seconds": ("comm_seconds", "seconds.communicate", "seconds.comm"),
-}
+"""Fields of ``training.config.EpochRecord`` that have their own ``epoch_metrics`` column; the
+others (workers, compressor) go to ``extra``."""
 
 
-def _lookup(record: Mapping[str, Any], name: str) -> Any:
-    for key in _ALIASES.get(name, (name,)):
-        head, _, tail = key.partition(".")
-        value = record.get(head)
-        if tail:
-            value = value.get(tail) if isinstance(value, Mapping) else None
-        if value is not None:
-            return value
-    return None
-
-
-def epoch_values(record: Mapping[str, Any]) -> dict[str, Any]:
-    """Columns of an ``epoch_metrics`` row from one JSON line of the trainer (which writes
-    ``train_acc``/``test_acc`` and a ``seconds`` object); other keys go to ``extra``."""
-    values: dict[str, Any] = {"epoch": int(record["epoch"])}
-    for name in EPOCH_FIELDS:
-        value = _lookup(record, name)
+def epoch_values(record: EpochRecord) -> dict[str, Any]:
+    """Columns of an ``epoch_metrics`` row for one epoch record of the trainer."""
+    values: dict[str, Any] = {"epoch": record.epoch}
+    for name in EPOCH_COLUMNS:
+        value = getattr(record, name)
         values[name] = None if value is None else (int if name == "bytes_sent" else float)(value)
-    used = {"epoch", "seconds"} | {k.partition(".")[0] for a in _ALIASES.values() for k in a}
-    values["extra"] = {k: v for k, v in record.items() if k not in used and k not in EPOCH_FIELDS}
+    rest = {k: v for k, v in asdict(record).items() if k not in values and v is not None}
+    values["extra"] = rest
     return values
 
 
-def record_epoch(session: Session, run_id: uuid.UUID, record: Mapping[str, Any]) -> None:
-    """Upsert one per-epoch record (as the trainer prints it) on (run, epoch)."""
+def record_epoch(session: Session, run_id: uuid.UUID, record: EpochRecord) -> None:
+    """Upsert one per-epoch record on (run, epoch): a re-sent line replaces the first."""
     values = {"run_id": run_id, **epoch_values(record), "created_at": utcnow()}
     stmt = _insert(session)(EpochMetric).values(values)
     stmt = stmt.on_conflict_do_update(
         index_elements=["run_id", "epoch"],
-        set_={k: getattr(stmt.excluded, k) for k in (*EPOCH_FIELDS, "extra", "created_at")},
+        set_={k: getattr(stmt.excluded, k) for k in (*EPOCH_COLUMNS, "extra", "created_at")},
     )
     session.execute(stmt)
+
+
+def open_run(
+    session: Session, job: Job, model_id: str, config: dict[str, Any], world_size: int, out: str
+) -> TrainingRun:
+    """The job's running training run: the one a re-delivered task left open (the trainer
+    resumes from its last checkpoint and the epochs land on the same curve), or a new one."""
+    run = latest_run(session, job.id)
+    if run is not None and run.status == "running":
+        return run
+    run = TrainingRun(
+        job_id=job.id, model_id=model_id, config=config, world_size=world_size, output_dir=out
+    )
+    session.add(run)
+    session.flush()
+    return run
+
+
+def finish_run(session: Session, job_id: uuid.UUID, status: str, error: str | None) -> None:
+    """Close the job's running training run as ``status`` (the task that trained, or the
+    sweeper settling a lost job). In the caller's session: a second one writing at the same
+    time would wait for the first's lock on SQLite (embedded mode) until "database is
+    locked"."""
+    session.execute(
+        update(TrainingRun)
+        .where(TrainingRun.job_id == job_id, TrainingRun.status == "running")
+        .values(status=status, error=error, finished_at=utcnow())
+    )
 
 
 def add_artefact(

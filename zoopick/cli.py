@@ -1,4 +1,5 @@
-"""The ``zoopick`` command line.
+"""The ``zoopick`` command line: library commands (``score``, ``demo``, ``train``,
+``metrics``) and the service's (``serve``, ``worker``, ``migrate``, ``sweep``, ``keys``).
 
 Library errors (bad zoo, bad dataset, unknown metric) become a one-line message on stderr and
 exit code 2; heavy imports (torch, timm) happen inside the commands so ``--help`` stays fast.
@@ -14,7 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-from app.service_cli import service_app
+from zoopick.service_cli import service_app
+from zoopick.training.config import FinetuneConfig, default
 
 app = typer.Typer(
     name="zoopick",
@@ -87,10 +89,10 @@ def score(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Rank every model of a zoo on a dataset with one or more transferability metrics."""
-    from selection.data import DatasetError, load_dataset
-    from selection.metrics import MetricError
-    from selection.rank import check_metrics
-    from selection.zoo import ZooError, load_zoo
+    from zoopick.selection.data import DatasetError, load_dataset
+    from zoopick.selection.metrics import MetricError
+    from zoopick.selection.rank import check_metrics
+    from zoopick.selection.zoo import ZooError, load_zoo
 
     options = parse_options(option or [])
     try:
@@ -120,7 +122,7 @@ def _rank_with_progress(zoo, dataset, metrics, cache, batch_size, device, option
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from selection.rank import rank_zoo
+    from zoopick.selection.rank import rank_zoo
 
     console = Console(stderr=True)
     with Progress(
@@ -189,7 +191,7 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Build a small demo zoo and target on the spot (seconds, no download) and rank it."""
-    from selection.demo import build_demo
+    from zoopick.selection.demo import build_demo
 
     typer.echo(f"building the demo zoo in {folder} ...", err=True)
     manifest, target = build_demo(folder)
@@ -223,12 +225,14 @@ def train(
     workers: Annotated[
         int | None, typer.Option(min=1, help="Local workers [one per GPU, else 2]")
     ] = None,
-    compressor: Annotated[str, typer.Option(help="Comm hook: dense, topk, spardl ...")] = "spardl",
-    density: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.01,
-    epochs: Annotated[int, typer.Option(min=1)] = 3,
-    batch_size: Annotated[int, typer.Option(min=1)] = 32,
-    lr: Annotated[float, typer.Option(min=0.0)] = 0.01,
-    optimizer: Annotated[str, typer.Option(help="sgd or adam")] = "sgd",
+    compressor: Annotated[
+        str, typer.Option(help="Comm hook: dense, topk, spardl ...")
+    ] = default("compressor"),
+    density: Annotated[float, typer.Option(min=0.0, max=1.0)] = default("density"),
+    epochs: Annotated[int, typer.Option(min=1)] = default("epochs"),
+    batch_size: Annotated[int, typer.Option(min=1)] = default("batch_size"),
+    lr: Annotated[float, typer.Option(min=0.0)] = default("lr"),
+    optimizer: Annotated[str, typer.Option(help="sgd or adam")] = default("optimizer"),
     max_per_class: Annotated[int | None, typer.Option(min=1)] = None,
     hook_option: Annotated[
         list[str] | None, typer.Option("--hook-option", help="NAME=VALUE (repeatable)")
@@ -238,11 +242,10 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
 ) -> None:
     """Fine-tune a zoo model on a dataset, data-parallel with a sparse comm hook."""
-    from selection.data import DatasetError, load_dataset
-    from selection.zoo import ZooError, load_zoo
-    from training.comm import check_options
-    from training.finetune import FinetuneConfig
-    from training.launch import metric_lines, spawn_local
+    from zoopick.selection.data import DatasetError, load_dataset
+    from zoopick.selection.zoo import ZooError, load_zoo
+    from zoopick.training.config import FINAL_WEIGHTS, TrainerError, check_comm, parse_line
+    from zoopick.training.launch import epoch_records, spawn_local
 
     hook_options: dict[str, Any] = {}
     for item in hook_option or []:
@@ -270,7 +273,7 @@ def train(
     # reject bad input here, before any worker process starts
     try:
         cfg.check()
-        check_options(compressor, density=density, **hook_options)
+        check_comm(compressor, density, hook_options)
         load_zoo(zoo)[model]
         load_dataset(data, max_per_class=max_per_class)
         if test_data:
@@ -279,30 +282,29 @@ def train(
         raise fail(str(exc)) from None
 
     proc = spawn_local(cfg, workers)
-    for record in metric_lines(proc):
+    for record in epoch_records(proc):
         if as_json:
-            typer.echo(json.dumps(record))
+            typer.echo(record.to_json())
         else:
-            s = record["seconds"]
             typer.echo(
-                f"epoch {record['epoch']}: loss {record['loss']:.4f} "
-                f"train {record['train_acc']:.3f} test {record['test_acc']:.3f} "
-                f"sent {record['bytes_sent'] / 1e6:.2f} MB "
-                f"(compute {s['compute']:.1f}s select {s['select']:.1f}s "
-                f"comm {s['communicate']:.1f}s)"
+                f"epoch {record.epoch}: loss {record.loss:.4f} "
+                f"train {record.train_accuracy:.3f} test {record.test_accuracy:.3f} "
+                f"sent {record.bytes_sent / 1e6:.2f} MB "
+                f"(compute {record.compute_seconds:.1f}s select {record.select_seconds:.1f}s "
+                f"comm {record.comm_seconds:.1f}s)"
             )
     code = proc.wait()
     err = proc.stderr.read() if proc.stderr else ""
     if code != 0:
-        reasons = [ln for ln in err.splitlines() if ln.startswith('{"error"')]
-        raise fail(json.loads(reasons[0])["error"] if reasons else err.strip()[-500:], code=1)
-    typer.echo(f"model written to {out / 'model.safetensors'}", err=True)
+        reasons = [r for r in map(parse_line, err.splitlines()) if isinstance(r, TrainerError)]
+        raise fail(reasons[0].error if reasons else err.strip()[-500:], code=1)
+    typer.echo(f"model written to {out / FINAL_WEIGHTS}", err=True)
 
 
 @app.command()
 def metrics() -> None:
     """List the available metrics, the inputs each needs and its options."""
-    from selection.metrics import available, get
+    from zoopick.selection.metrics import available, get
 
     for name in available():
         spec = get(name)

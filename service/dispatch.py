@@ -13,9 +13,9 @@ from functools import cached_property
 from celery import Celery, chain, chord, group
 from celery.canvas import Signature
 
-from app.db.models import Job, JobStatus
-from app.settings import Settings
-from workers.celery_app import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED, make_celery
+from zoopick.service.db.models import Job, JobStatus
+from zoopick.service.queue import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED, make_celery
+from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,9 @@ class Dispatcher:
 
     @cached_property
     def celery(self) -> Celery:
+        """Built on first use, never at import (the embedded broker's folders are made
+        then)."""
+        self.settings.ensure_dirs()
         return make_celery(self.settings)
 
     def _sig(self, name: str, *args: str, task_id: str | None = None) -> Signature:

@@ -1,6 +1,6 @@
 """Uploaded datasets: where they live on disk, which formats are accepted, and validation.
 
-Validation is the selection engine's own loader (``selection.data.load_dataset``): a dataset
+Validation is the selection engine's own loader (``zoopick.selection.data.load_dataset``): a dataset
 is ``ready`` exactly when the engine can read it, with its classes, per-class counts and digest
 recorded; otherwise ``invalid`` with the loader's message naming the problem.
 """
@@ -18,10 +18,10 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import Dataset, DatasetStatus
-from app.db.session import session_scope
-from app.db.types import utcnow
-from app.settings import Settings
+from zoopick.service.db.models import Dataset, DatasetStatus
+from zoopick.service.db.session import session_scope
+from zoopick.service.db.types import utcnow
+from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def _counts(dataset: Any) -> dict[str, int]:
 def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID) -> str:
     """Load the dataset with the selection engine and record the outcome; returns the final
     status. Safe to run twice (a re-delivered task simply validates again)."""
-    from selection.data import DatasetError, load_dataset
+    from zoopick.selection.data import DatasetError, load_dataset
 
     with session_scope(factory) as session:
         ds = session.get(Dataset, dataset_id)

@@ -13,8 +13,8 @@ import secrets
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import ApiKey, Tenant
-from app.db.types import utcnow
+from zoopick.service.db.models import ApiKey, Tenant
+from zoopick.service.db.types import utcnow
 
 TOKEN_PREFIX = "zp_"
 SHOWN = 11

@@ -1,7 +1,7 @@
 """The zoo in the database: synced from the manifest at start, extended through ``POST /zoo``,
-and turned back into ``selection.zoo.ZooEntry`` objects for the workers.
+and turned back into ``zoopick.selection.zoo.ZooEntry`` objects for the workers.
 
-A manifest's relative checkpoint paths are resolved by ``selection.zoo.load_zoo``; the rows
+A manifest's relative checkpoint paths are resolved by ``zoopick.selection.zoo.load_zoo``; the rows
 store the resolved paths, so workers need no manifest, only the same file system.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import ZooModel
+from zoopick.service.db.models import ZooModel
 
 MANIFEST_ORIGIN = "manifest"
 
@@ -33,7 +33,7 @@ def sync_manifest(session: Session, manifest: Path) -> list[str]:
     """Insert or update every model of ``manifest``; returns their ids. Models registered
     through the API are left alone, and so are manifest models no longer listed (jobs may
     still name them)."""
-    from selection.zoo import load_zoo
+    from zoopick.selection.zoo import load_zoo
 
     ids = []
     for entry in load_zoo(manifest):
@@ -50,8 +50,8 @@ def sync_manifest(session: Session, manifest: Path) -> list[str]:
 
 
 def to_entry(row: ZooModel) -> Any:
-    """The ``selection.zoo.ZooEntry`` of a row (what extraction and ranking consume)."""
-    from selection.zoo import ZooEntry
+    """The ``zoopick.selection.zoo.ZooEntry`` of a row (what extraction and ranking consume)."""
+    from zoopick.selection.zoo import ZooEntry
 
     return ZooEntry(
         id=row.id,
@@ -66,17 +66,18 @@ def to_entry(row: ZooModel) -> Any:
 
 def write_manifest(rows: list[ZooModel], path: Path) -> Path:
     """A zoo manifest holding ``rows`` (the trainer takes a manifest path and a model id)."""
-    from selection.zoo import write_zoo
+    from zoopick.selection.zoo import write_zoo
 
     return write_zoo([to_entry(row) for row in rows], path)
 
 
 def check_fields(values: dict[str, Any]) -> None:
     """Validate one manifest entry with the engine's own rules (checkpoint files are not
-    opened: they live on the workers); raises ``selection.zoo.ZooError`` naming the field."""
+    opened: they live on the workers); raises ``zoopick.selection.zoo.ZooError`` naming the
+    field."""
     import tempfile
 
-    from selection.zoo import write_zoo
+    from zoopick.selection.zoo import write_zoo
 
     with tempfile.TemporaryDirectory() as tmp:
         write_zoo([values], Path(tmp) / "zoo.json")

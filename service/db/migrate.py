@@ -1,8 +1,9 @@
 """Run the Alembic migrations from code (``zoopick migrate``, ``zoopick serve``, tests).
 
 The scripts live in ``migrations/`` at the repository root; a wheel ships that folder inside
-the package as ``app/migrations`` (see pyproject), so an installed service can migrate with no
-checkout. :func:`script_location` finds whichever is there. No ``alembic.ini`` is needed: the
+the package as ``zoopick/service/migrations`` (see pyproject), so an installed service can
+migrate with no checkout. :func:`script_location` finds whichever is there. No ``alembic.ini`` is
+needed: the
 URL is passed explicitly so a caller's settings (not the environment) decide which database is
 migrated, and logging is left to the caller.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-APP = Path(__file__).resolve().parents[1]
+SERVICE = Path(__file__).resolve().parents[1]
 
 
 class MigrationsNotFound(RuntimeError):
@@ -22,9 +23,10 @@ class MigrationsNotFound(RuntimeError):
 
 
 def script_location() -> Path:
-    """The Alembic scripts: packaged (``app/migrations``, installed from a wheel) or the
-    source tree's ``migrations/`` (a checkout or an editable install)."""
-    candidates = (APP / "migrations", APP.parent / "migrations")
+    """The Alembic scripts: packaged (``zoopick/service/migrations``, installed from a wheel)
+    or the source tree's ``migrations/`` beside ``service/`` (a checkout or an editable
+    install)."""
+    candidates = (SERVICE / "migrations", SERVICE.parent / "migrations")
     for folder in candidates:
         if (folder / "env.py").is_file() and (folder / "versions").is_dir():
             return folder
@@ -60,7 +62,7 @@ def current_heads(url: str) -> set[str]:
     """The revisions the database is at (empty before the first migration)."""
     from alembic.runtime.migration import MigrationContext
 
-    from app.db.session import make_engine
+    from zoopick.service.db.session import make_engine
 
     engine = make_engine(url)
     try:

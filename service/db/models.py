@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from app.db.types import UTCDateTime, utcnow
+from zoopick.service.db.types import UTCDateTime, utcnow
 
 # Deterministic constraint names, so migrations can name (and drop) what they create.
 NAMING = {
@@ -173,7 +173,7 @@ class Job(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None]
     recoveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    """Times the sweeper (``app.recovery``) re-queued this job after it was lost."""
+    """Times the sweeper (``zoopick.service.recovery``) re-queued this job after it was lost."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None]

@@ -1,0 +1,139 @@
+"""The layout of docs/ARCHITECTURE.md holds: importing any module of ``zoopick`` touches no
+disk (no data folder appears in the working directory or the home folder, even for the
+worker's Celery app), and the trainer's contract is the one the API schema and the CLI use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+IMPORT_ALL = "import importlib, sys\nfor name in sys.argv[1:]: importlib.import_module(name)"
+# ``python -m zoopick`` runs the CLI; Alembic's env.py runs only inside Alembic
+NOT_IMPORTABLE = ("zoopick.__main__", "zoopick.service.migrations")
+
+
+def test_importing_every_module_has_no_effect_on_disk(tmp_path):
+    cwd, home = tmp_path / "cwd", tmp_path / "home"
+    cwd.mkdir()
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
+    env["HOME"] = str(home)
+    from tests.lint_imports import module_names
+
+    names = [n for n in module_names() if not n.startswith(NOT_IMPORTABLE)]
+    assert "zoopick.workers.celery_app" in names and len(names) > 40
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALL, *names],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(cwd.iterdir()) == []
+    assert [p for p in home.rglob("*") if "zoopick" in str(p)] == []
+
+
+def test_the_api_schema_and_the_cli_take_the_trainers_defaults():
+    import typer
+
+    from zoopick.app.api.schemas import FinetuneSpec
+    from zoopick.cli import app
+    from zoopick.training.config import DEFAULT_WORKERS, FinetuneConfig
+
+    trainer = FinetuneConfig(zoo="z", model="m", data="d", out="o")
+    spec = FinetuneSpec()
+    for name in ("epochs", "compressor", "density", "lr", "hook_options"):
+        assert getattr(spec, name) == getattr(trainer, name), name
+    assert spec.workers == DEFAULT_WORKERS
+
+    command = typer.main.get_command(app).commands["train"]
+    cli = {p.name: p.default for p in command.params}
+    for name in ("epochs", "compressor", "density", "lr", "batch_size", "optimizer"):
+        assert cli[name] == getattr(trainer, name), name
+
+
+def test_a_job_config_is_the_job_options_over_the_defaults():
+    from zoopick.training.config import JOB_OPTIONS, FinetuneConfig
+
+    options = {"epochs": 5, "compressor": "topk", "density": 0.1, "workers": 3, "lr": 0.2}
+    cfg = FinetuneConfig.from_job(options, zoo="z", model="m", data="d", out="o", resume=True)
+    assert (cfg.epochs, cfg.compressor, cfg.density, cfg.lr) == (5, "topk", 0.1, 0.2)
+    assert cfg.resume and cfg.batch_size == FinetuneConfig("z", "m", "d", "o").batch_size
+    assert "workers" not in JOB_OPTIONS  # the world size is torchrun's, not the config's
+
+
+def test_epoch_records_round_trip_and_other_lines_are_ignored():
+    from zoopick.training.config import EpochRecord, TrainerError, parse_line
+
+    record = EpochRecord(
+        epoch=2,
+        loss=0.5,
+        train_accuracy=0.75,
+        test_accuracy=0.625,
+        bytes_sent=1024.0,
+        compute_seconds=1.5,
+        select_seconds=0.25,
+        comm_seconds=0.125,
+        workers=4,
+        compressor="spardl",
+    )
+    assert parse_line(record.to_json() + "\n") == record
+    # the wire names are the trainer's (train_acc, seconds.communicate, ...)
+    wire = record.to_dict()
+    assert wire["train_acc"] == 0.75 and wire["seconds"]["communicate"] == 0.125
+    assert parse_line('{"error": "RuntimeError: boom", "rank": 3}') == TrainerError(
+        "RuntimeError: boom", 3
+    )
+    for other in ("Traceback (most recent call last):", '{"epoch": ', "[1, 2]", "{}", ""):
+        assert parse_line(other) is None
+
+
+def test_the_import_contracts_hold_and_catch_a_wrong_way_import(tmp_path):
+    """The layers of pyproject's import-linter contracts are kept by the code as it is, and a
+    core module importing a face (or a library importing the web stack) breaks them."""
+    from tests.lint_imports import lint, package_tree
+
+    tree = package_tree(tmp_path / "tree")
+    kept = lint(tree)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert "3 kept, 0 broken" in kept.stdout
+
+    settings = tree / "zoopick" / "service" / "settings.py"
+    settings.write_text(settings.read_text() + "\nimport zoopick.workers.tasks  # noqa\n")
+    extract = tree / "zoopick" / "selection" / "extract.py"
+    extract.write_text(extract.read_text() + "\nimport fastapi  # noqa\n")
+    broken = lint(tree)
+    assert broken.returncode != 0
+    assert "zoopick.service.settings -> zoopick.workers.tasks" in broken.stdout
+    assert "zoopick.selection.extract -> fastapi" in broken.stdout
+    assert "python -m tests.lint_imports" in (ROOT / "README.md").read_text()  # CI runs it
+
+
+def test_error_lines_of_ranks_sharing_a_pipe_never_interleave():
+    """Ranks share torchrun's stderr, unbuffered: each line must reach the pipe whole."""
+    import subprocess
+
+    writer = (
+        "import sys\n"
+        "from zoopick.training.config import TrainerError, write_line\n"
+        "for i in range(300):\n"
+        "    write_line(sys.stderr, TrainerError('ValueError: ' + 'x' * 200, int(sys.argv[1]))"
+        ".to_json())\n"
+    )
+    shell = " & ".join(f"{sys.executable} -c \"$W\" {rank}" for rank in range(3)) + " & wait"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "W": writer}
+    done = subprocess.run(
+        ["bash", "-c", shell], env=env, capture_output=True, text=True, timeout=120
+    )
+    from zoopick.training.config import TrainerError, parse_line
+
+    parsed = [parse_line(line) for line in done.stderr.splitlines()]
+    assert len(parsed) == 900
+    assert all(isinstance(p, TrainerError) for p in parsed)
+    assert sorted({p.rank for p in parsed}) == [0, 1, 2]

@@ -1,0 +1,5 @@
+"""``python -m zoopick``: the ``zoopick`` command."""
+
+from zoopick.cli import main
+
+main()
