@@ -41,6 +41,12 @@ class _Part:
     value: bytearray = field(default_factory=bytearray)
 
 
+def check_text(value: str, what: str) -> None:
+    """Refuse a NUL character (PostgreSQL text cannot hold one: it would be a 500 at insert)."""
+    if "\x00" in value:
+        raise Problem(422, f"{what} contains a NUL character", kind="invalid-text")
+
+
 def too_large(limit: int) -> Problem:
     return Problem(413, f"upload larger than the limit of {limit} bytes", kind="upload-too-large")
 
@@ -62,7 +68,7 @@ async def receive_file(request: Request, dest: Path, *, max_bytes: int) -> Uploa
     if length and length.isdigit() and int(length) > max_bytes + 64 * 1024:
         raise too_large(max_bytes)
 
-    state = {"size": 0, "file_parts": 0}
+    state = {"size": 0, "file_parts": 0, "ended": 0}
     current = _Part()
     header_field = bytearray()
     header_value = bytearray()
@@ -118,9 +124,13 @@ async def receive_file(request: Request, dest: Path, *, max_bytes: int) -> Uploa
                 errors.append(Problem(400, "too many form fields"))
             fields[current.name] = current.value.decode("utf-8", "replace")
 
+    def on_end() -> None:
+        state["ended"] = 1
+
     parser = MultipartParser(
         params[b"boundary"],
         {
+            "on_end": on_end,
             "on_part_begin": on_part_begin,
             "on_part_data": on_part_data,
             "on_part_end": on_part_end,
@@ -148,10 +158,22 @@ async def receive_file(request: Request, dest: Path, *, max_bytes: int) -> Uploa
             parser.finalize()
             if errors:
                 raise errors[0]
+        if not state["ended"]:
+            # a body cut short (client gone, proxy timeout) must not be stored as a complete
+            # dataset of whatever bytes arrived
+            raise Problem(
+                400,
+                "malformed multipart body: it ends before its closing boundary (truncated upload)",
+                kind="truncated-upload",
+            )
         if not filename:
             raise Problem(400, "no file part: send the dataset as form field 'file'")
         if state["file_parts"] > 1:
             raise Problem(400, "send exactly one file per upload")
+        check_text(filename[0], "the file name")
+        for key, value in fields.items():
+            check_text(key, "a form field name")
+            check_text(value, f"form field {key!r}")
     except BaseException:
         dest.unlink(missing_ok=True)
         raise

@@ -167,10 +167,23 @@ def _decode(data: bytes, where: str, *, draft: bool = False) -> Image.Image:
             if img.mode in ("I", "F") or img.mode.startswith("I;16"):
                 img = _to_8bit(img)
             return img.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise DatasetError(f"unreadable or corrupt image {where}: {exc}") from exc
+    except UnidentifiedImageError as exc:
+        # PIL's own message names its in-memory buffer object (``<_io.BytesIO object at
+        # 0x7f...>``): say what is wrong in plain words instead
+        raise DatasetError(f"unreadable image {where}: not a recognised image format") from exc
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise DatasetError(f"unreadable or corrupt image {where}: {_plain(exc)}") from exc
     except Image.DecompressionBombError as exc:
         raise DatasetError(f"image {where} is too large: {exc}") from exc
+
+
+def _plain(exc: BaseException) -> str:
+    """An exception's message without object reprs (``<... at 0x7f...>``) that tell a user
+    nothing and leak the process' memory layout."""
+    import re
+
+    text = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "the data", str(exc)).strip()
+    return text or type(exc).__name__
 
 
 def _parallel(fn: Callable[[int], Any], n: int) -> list[Any]:
@@ -328,6 +341,13 @@ def _check_arrays(
 def _load_npz(
     path: Path, name: str, max_per_class: int | None, seed: int, split: str
 ) -> TargetDataset:
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic[:4] != b"PK\x03\x04" and magic[:4] != b"PK\x05\x06":
+        what = "a single .npy array" if magic.startswith(b"\x93NUM") else "not a zip file"
+        raise DatasetError(
+            f"{path.name}: not an .npz archive ({what}); save with numpy.savez(file, x=..., y=...)"
+        )
     try:
         with np.load(path, allow_pickle=False) as npz:
             files = set(npz.files)
@@ -345,9 +365,9 @@ def _load_npz(
     except DatasetError:
         raise
     except ValueError as exc:  # object arrays (allow_pickle=False) and malformed members
-        raise DatasetError(f"{path.name}: cannot read arrays: {exc}") from exc
+        raise DatasetError(f"{path.name}: cannot read arrays: {_plain(exc)}") from exc
     except (OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise DatasetError(f"{path.name}: not a readable .npz file: {exc}") from exc
+        raise DatasetError(f"{path.name}: not a readable .npz file: {_plain(exc)}") from exc
     images, labels, names = _check_arrays(x, y, class_names, path.name)
     keep = _subsample(labels, names, max_per_class, seed)
     ds = TargetDataset(name, labels, names, "", images)

@@ -88,11 +88,12 @@ def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID) -> str:
         }
     except DatasetError as exc:
         values = {"status": DatasetStatus.invalid.value, "error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - an unreadable upload must not stay "validating"
+    except Exception:  # noqa: BLE001 - an unreadable upload must not stay "validating"
         log.exception("validating dataset %s", dataset_id)
+        # the exception's text is for the server log, not the tenant (internals, paths)
         values = {
             "status": DatasetStatus.invalid.value,
-            "error": f"could not read the dataset: {type(exc).__name__}: {exc}",
+            "error": "could not read the dataset: the file is malformed in an unexpected way",
         }
     with session_scope(factory) as session:
         session.execute(

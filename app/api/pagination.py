@@ -11,7 +11,7 @@ import base64
 import json
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Select, Uuid, and_, or_
@@ -26,13 +26,27 @@ def encode(created_at: datetime, id_: uuid.UUID | str) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+def invalid_token() -> Problem:
+    return Problem(
+        400,
+        "invalid page_token: pass the next_page_token of a previous page unchanged",
+        kind="invalid-page-token",
+    )
+
+
 def decode(token: str) -> tuple[datetime, str]:
+    """The (created_at in UTC, id) a token encodes. The time is converted to UTC here, where a
+    crafted offset near the ends of the calendar (``0001-01-01T00:00:00+14:00``) overflows as
+    a 400 instead of deep in the column type as a 500."""
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         data = json.loads(raw)
-        return datetime.fromisoformat(data["c"]), str(data["i"])
-    except (ValueError, KeyError, TypeError):
-        raise Problem(400, "invalid page_token", kind="invalid-page-token") from None
+        created = datetime.fromisoformat(data["c"])
+        if created.tzinfo is None:
+            raise ValueError("naive time")
+        return created.astimezone(UTC), str(data["i"])
+    except (ValueError, KeyError, TypeError, OverflowError, AttributeError):
+        raise invalid_token() from None
 
 
 def page(
@@ -45,9 +59,7 @@ def page(
         try:
             last_id: Any = uuid.UUID(last) if uuid_ids else last
         except ValueError:
-            raise Problem(400, "invalid page_token", kind="invalid-page-token") from None
-        if created.tzinfo is None:
-            raise Problem(400, "invalid page_token", kind="invalid-page-token")
+            raise invalid_token() from None
         stmt = stmt.where(
             or_(model.created_at < created, and_(model.created_at == created, model.id < last_id))
         )

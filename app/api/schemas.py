@@ -6,13 +6,43 @@ import uuid
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
 from zoopick.training.config import DEFAULT_WORKERS, default
 
 DEFAULT_METRICS = ["sms", "isms", "logme"]
 
 T = TypeVar("T")
+
+
+def _nul_path(value: Any, where: str) -> str | None:
+    """The location of the first string holding a NUL character (PostgreSQL's text and jsonb
+    cannot store one: without this check it surfaces as a 500 at insert)."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _nul_path(k, where) or _nul_path(v, f"{where}.{k}")
+            if found:
+                return found
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            found = _nul_path(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+class NoNulModel(BaseModel):
+    """A request body whose strings, at any depth, may not contain NUL (422 naming the field)."""
+
+    @model_validator(mode="after")
+    def _no_nul(self) -> NoNulModel:
+        for name in type(self).model_fields:
+            found = _nul_path(getattr(self, name), name)
+            if found:
+                raise ValueError(f"{found} contains a NUL character")
+        return self
 
 
 class Page(BaseModel, Generic[T]):
@@ -41,7 +71,7 @@ class DatasetOut(BaseModel):
     updated_at: datetime
 
 
-class ZooModelIn(BaseModel):
+class ZooModelIn(NoNulModel):
     """A model to register. ``weights``: a checkpoint path on the workers' file system,
     ``"hub"`` (timm's pretrained weights) or ``"none"`` (random init)."""
 
@@ -70,7 +100,9 @@ class ZooModelOut(BaseModel):
 
     id: str
     arch: str
-    weights: str
+    weights: str = Field(
+        description='"hub", "none", or the checkpoint path (admins; others see "checkpoint").'
+    )
     num_classes: int
     overrides: dict[str, Any]
     source: str | None
@@ -79,25 +111,28 @@ class ZooModelOut(BaseModel):
     created_at: datetime
 
 
-class FinetuneSpec(BaseModel):
+class FinetuneSpec(NoNulModel):
     """The fine-tune options a job may set. Defaults are the trainer's own
     (``zoopick.training.config``); the hook and its options are checked against
-    ``zoopick.training.comm`` when the job is submitted (422 naming the bad one)."""
+    ``zoopick.training.comm`` when the job is submitted (422 naming the bad one).
 
-    model_config = ConfigDict(extra="forbid")
+    Types are strict: ``"epochs": "2"`` or ``"epochs": 2.0`` is refused (422), not coerced;
+    a float field takes a JSON integer (``"lr": 1``), nothing else."""
 
-    epochs: int = Field(default("epochs"), ge=1)
-    workers: int = Field(DEFAULT_WORKERS, ge=1, description="Data-parallel worker processes.")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    epochs: StrictInt = Field(default("epochs"), ge=1)
+    workers: StrictInt = Field(DEFAULT_WORKERS, ge=1, description="Data-parallel worker processes.")
     compressor: str = Field(
         default("compressor"),
         min_length=1,
         max_length=64,
         description="Communication hook: dense, topk, gaussiank, spardl, exdyna, dfs.",
     )
-    density: float = Field(
+    density: StrictFloat | StrictInt = Field(
         default("density"), gt=0, le=1, description="Fraction of gradient entries sent."
     )
-    lr: float = Field(default("lr"), gt=0, le=10)
+    lr: StrictFloat | StrictInt = Field(default("lr"), gt=0, le=10)
     hook_options: dict[str, Any] = Field(
         default_factory=dict,
         max_length=16,
@@ -105,10 +140,13 @@ class FinetuneSpec(BaseModel):
     )
 
 
-class JobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class JobCreate(NoNulModel):
+    """A job submission. Strict JSON types (no coercion of ``"2"`` to 2 or of a number to a
+    string); ``dataset_id`` is a UUID string."""
 
-    dataset_id: uuid.UUID
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dataset_id: uuid.UUID = Field(strict=False)
     models: list[str] | Literal["all"] = Field(
         "all", description='Zoo model ids to score, or "all".'
     )

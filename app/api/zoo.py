@@ -10,7 +10,14 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from zoopick.app.api import pagination
-from zoopick.app.api.deps import AdminDep, CallerDep, SessionDep, SettingsDep, ZooModelDep
+from zoopick.app.api.deps import (
+    AdminDep,
+    Caller,
+    CallerDep,
+    SessionDep,
+    SettingsDep,
+    ZooModelDep,
+)
 from zoopick.app.api.schemas import Page, ZooModelIn, ZooModelOut
 from zoopick.app.problems import Problem, responses
 from zoopick.service import zoo_catalog
@@ -19,6 +26,18 @@ from zoopick.service.db.models import ZooModel
 router = APIRouter(prefix="/zoo", tags=["zoo"])
 
 ERRORS = responses(400, 401, 403, 404, 409, 422)
+
+
+HIDDEN_WEIGHTS = "checkpoint"
+
+
+def zoo_out(row: ZooModel, caller: Caller) -> ZooModelOut:
+    """A zoo entry as ``caller`` may see it: a checkpoint's server path only for admins (a
+    tenant learns that the model has local weights, not where the server keeps its files)."""
+    out = ZooModelOut.model_validate(row)
+    if not caller.admin and out.weights not in ("hub", "none"):
+        out.weights = HIDDEN_WEIGHTS
+    return out
 
 
 @router.get("", response_model=Page[ZooModelOut], responses=ERRORS, summary="List the zoo")
@@ -36,7 +55,7 @@ def list_zoo(
         token=page_token,
         page_size=page_size,
         settings=settings,
-        out=ZooModelOut.model_validate,
+        out=lambda row: zoo_out(row, caller),
     )
 
 
@@ -109,5 +128,5 @@ def register_model(
 
 
 @router.get("/{model_id}", response_model=ZooModelOut, responses=ERRORS, summary="Show a model")
-def get_model(row: ZooModelDep) -> ZooModelOut:
-    return ZooModelOut.model_validate(row)
+def get_model(row: ZooModelDep, caller: CallerDep) -> ZooModelOut:
+    return zoo_out(row, caller)

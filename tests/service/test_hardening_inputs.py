@@ -1,0 +1,231 @@
+"""Hostile inputs that used to give a 5xx or a wrong answer (issue 10, items 6-11), against a
+real uvicorn on PostgreSQL + Redis (uploads validated in the request, so no worker is needed).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import uuid
+import zipfile
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.service import procs
+from tests.service.datafiles import npz_bytes
+from tests.service.test_api import API, assert_problem
+
+
+@pytest.fixture(scope="module")
+def live(new_pg_database, redis_url, tmp_path_factory):
+    """(base URL, settings, sessionmaker) of a real uvicorn on a fresh PostgreSQL database."""
+    from zoopick.service.db import migrate
+    from zoopick.service.db.session import make_engine, make_sessionmaker
+    from zoopick.service.settings import Settings
+
+    url, prefix = redis_url
+    db = new_pg_database()
+    migrate.upgrade(db)
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("hardening-inputs"),
+        database_url=db,
+        broker_url=url,
+        redis_key_prefix=prefix + "inputs:",
+        validate_inline=True,
+        upload_max_bytes=4 * 1024 * 1024,
+    )
+    settings.ensure_dirs()
+    api, base = procs.start_api(settings, settings.data_dir)
+    engine = make_engine(db)
+    try:
+        yield base, settings, make_sessionmaker(engine)
+    finally:
+        api.stop()
+        engine.dispose()
+
+
+def key(live, tenant: str, *, admin: bool = False) -> dict[str, str]:
+    from zoopick.service.db.session import session_scope
+    from zoopick.service.security import create_api_key
+
+    with session_scope(live[2]) as session:
+        _, token = create_api_key(session, tenant=tenant, name=f"{tenant}-k", admin=admin)
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def http(live):
+    with httpx.Client(base_url=live[0] + API, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def carol(live):
+    return key(live, "carol")
+
+
+@pytest.fixture(scope="module")
+def root(live):
+    return key(live, "root-ops", admin=True)
+
+
+def multipart(filename: str, data: bytes, name: str | None = None, *, close: bool = True):
+    """A multipart body built by hand (so NUL bytes and truncation reach the server as sent)."""
+    parts = []
+    if name is not None:
+        parts.append(
+            b'--zpb\r\nContent-Disposition: form-data; name="name"\r\n\r\n'
+            + name.encode()
+            + b"\r\n"
+        )
+    parts.append(
+        b'--zpb\r\nContent-Disposition: form-data; name="file"; filename="'
+        + filename.encode()
+        + b'"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        + data
+    )
+    body = b"".join(parts) + (b"\r\n--zpb--\r\n" if close else b"")
+    return {"content": body, "headers": {"content-type": "multipart/form-data; boundary=zpb"}}
+
+
+def upload(http, headers, filename, data, name=None, *, close=True):
+    kw = multipart(filename, data, name, close=close)
+    return http.post("/datasets", content=kw["content"], headers={**headers, **kw["headers"]})
+
+
+def datasets_of(http, headers) -> list[dict]:
+    resp = http.get("/datasets", headers=headers)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["items"]
+
+
+# -- 6: crafted page tokens ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("resource", ["jobs", "datasets", "zoo"])
+def test_page_token_at_the_calendars_edge_is_400(http, carol, resource):
+    token = json.dumps({"c": "0001-01-01T00:00:00+14:00", "i": str(uuid.uuid4())})
+    token = base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+    resp = http.get(f"/{resource}", params={"page_token": token}, headers=carol)
+    assert_problem(resp, 400, "page_token")
+    for weird in ({"c": 5, "i": "x"}, ["c"], {"c": "9999-12-31T23:59:59-14:00", "i": "x"}):
+        raw = base64.urlsafe_b64encode(json.dumps(weird).encode()).decode()
+        resp = http.get(f"/{resource}", params={"page_token": raw}, headers=carol)
+        assert_problem(resp, 400, "page_token")
+
+
+# -- 7: NUL bytes ----------------------------------------------------------------------------
+
+
+def test_nul_in_upload_name_or_filename_is_422(http, carol, live):
+    before = datasets_of(http, carol)
+    assert_problem(upload(http, carol, "d.npz", npz_bytes(), name="a\x00b"), 422, "NUL")
+    assert_problem(upload(http, carol, "d\x00.npz", npz_bytes()), 422, "NUL")
+    assert datasets_of(http, carol) == before
+    stored = list((live[1].storage_dir / "datasets").rglob("*"))
+    assert not [p for p in stored if p.is_file()]
+
+
+def test_nul_in_job_or_zoo_body_is_422(http, carol, root):
+    body = {"dataset_id": str(uuid.uuid4()), "select_by": "is\x00ms"}
+    assert_problem(http.post("/jobs", json=body, headers=carol), 422, "NUL")
+    zoo = {"id": "nul-src", "arch": "test_resnet", "weights": "none", "num_classes": 3}
+    resp = http.post("/zoo", json={**zoo, "source": "a\x00"}, headers=root)
+    assert_problem(resp, 422, "NUL")
+    resp = http.post("/zoo", json={**zoo, "tags": ["ok", "b\x00"]}, headers=root)
+    assert_problem(resp, 422, "NUL")
+
+
+# -- 8: truncated multipart ------------------------------------------------------------------
+
+
+def test_multipart_without_closing_boundary_is_400_and_not_stored(http, carol, live):
+    before = datasets_of(http, carol)
+    resp = upload(http, carol, "d.npz", b"123456789", close=False)
+    assert_problem(resp, 400, "closing boundary")
+    resp = upload(http, carol, "d.npz", npz_bytes(), close=False)
+    assert_problem(resp, 400, "closing boundary")
+    assert datasets_of(http, carol) == before
+    stored = list((live[1].storage_dir / "datasets").rglob("*"))
+    assert not [p for p in stored if p.is_file()]
+
+
+# -- 9: strict types in the job body ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ready(http, carol, root):
+    zoo = {"id": "strict-net", "arch": "test_resnet", "weights": "none", "num_classes": 3}
+    resp = http.post("/zoo", json=zoo, headers=root)
+    assert resp.status_code in (201, 409), resp.text
+    resp = upload(http, carol, "ok.npz", npz_bytes())
+    assert resp.status_code == 201, resp.text
+    return resp.json()["id"]
+
+
+@pytest.mark.parametrize(
+    "finetune, field",
+    [
+        ({"epochs": "2"}, "epochs"),
+        ({"epochs": 2.0}, "epochs"),
+        ({"epochs": True}, "epochs"),
+        ({"workers": "1"}, "workers"),
+        ({"density": "0.1"}, "density"),
+        ({"lr": "0.01"}, "lr"),
+        ({"compressor": 5}, "compressor"),
+    ],
+)
+def test_job_body_types_are_strict(http, carol, ready, finetune, field):
+    body = {"dataset_id": ready, "models": ["strict-net"], "finetune": finetune}
+    assert_problem(http.post("/jobs", json=body, headers=carol), 422, field)
+
+
+def test_strict_job_body_still_takes_well_typed_values(http, carol, ready):
+    body = {"dataset_id": ready, "models": "all", "metrics": ["sms", "isms"], "select_by": "sms"}
+    body["finetune"] = {"epochs": 2, "workers": 1, "density": 1, "lr": 0.01}
+    resp = http.post("/jobs", json=body, headers=carol)
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["finetune"]["epochs"] == 2
+    http.post(f"/jobs/{resp.json()['id']}/cancel", headers=carol)
+    for bad in ({"models": "some"}, {"metrics": "sms"}, {"dataset_id": 5}):
+        assert_problem(http.post("/jobs", json={**body, **bad}, headers=carol), 422)
+
+
+# -- 10: no internals in errors --------------------------------------------------------------
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_errors_name_the_problem_without_internals(http, carol):
+    bad_png = _zip({"a/1.png": b"not a png at all", "b/1.png": b"nor this"})
+    body = assert_problem(upload(http, carol, "bad.zip", bad_png), 422, "not a recognised image")
+    assert "0x" not in body["detail"] and "BytesIO" not in body["detail"]
+
+    npy = io.BytesIO()
+    np.save(npy, np.zeros((4, 8, 8), np.uint8))
+    body = assert_problem(upload(http, carol, "renamed.npz", npy.getvalue()), 422, ".npy")
+    assert "TypeError" not in body["detail"] and "context manager" not in body["detail"]
+
+
+def test_checkpoint_paths_are_shown_to_admins_only(http, carol, root, tmp_path_factory):
+    from tests.service.checkpoints import write_checkpoint
+
+    path = write_checkpoint(tmp_path_factory.mktemp("ckpt") / "c10.safetensors", 10)
+    zoo = {"id": "path-net", "arch": "test_resnet", "weights": str(path), "num_classes": 10}
+    resp = http.post("/zoo", json=zoo, headers=root)
+    assert resp.status_code == 201, resp.text
+    assert http.get("/zoo/path-net", headers=root).json()["weights"] == str(path)
+    seen = http.get("/zoo/path-net", headers=carol).json()["weights"]
+    assert seen == "checkpoint"
+    listed = http.get("/zoo", params={"page_size": 100}, headers=carol).json()["items"]
+    assert all(str(path.parent) not in m["weights"] for m in listed)
+    assert all(m["weights"] in ("hub", "none", "checkpoint") for m in listed)
