@@ -29,9 +29,13 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from zoopick.selection.limits import DEFAULT_LIMITS, DatasetLimits
+
 __all__ = [
     "IMAGE_EXTENSIONS",
     "DatasetError",
+    "DatasetLimits",
+    "LimitExceeded",
     "TargetDataset",
     "load_dataset",
     "split_dataset",
@@ -39,12 +43,17 @@ __all__ = [
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
-MAX_ARCHIVE_BYTES = 16 << 30  # refuse archives whose images would expand beyond this
+_READ_CHUNK = 1 << 20
 _DIGEST_VERSION = b"zoopick-dataset-v1"
 
 
 class DatasetError(ValueError):
     """A target dataset cannot be used (the message names the file or member at fault)."""
+
+
+class LimitExceeded(DatasetError):
+    """A dataset is over one of its :class:`~zoopick.selection.limits.DatasetLimits` (the
+    message names the limit)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,17 +165,23 @@ def _to_8bit(img: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.rint(arr / top * 255), 0, 255).astype(np.uint8))
 
 
-def _decode(data: bytes, where: str, *, draft: bool = False) -> Image.Image:
+def _decode(
+    data: bytes, where: str, *, draft: bool = False, limits: DatasetLimits = DEFAULT_LIMITS
+) -> Image.Image:
     """Decode one encoded image to RGB; ``draft`` lets JPEG decode at reduced scale (enough to
-    prove the whole file decodes, several times faster)."""
+    prove the whole file decodes, several times faster). The header's size is checked against
+    ``limits.max_pixels`` before any pixel is decoded."""
     try:
         with Image.open(io.BytesIO(data)) as img:
+            limits.check("max_pixels", img.width * img.height, f"image {where} pixels")
             if draft:
                 img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
             img.load()
             if img.mode in ("I", "F") or img.mode.startswith("I;16"):
                 img = _to_8bit(img)
             return img.convert("RGB")
+    except LimitExceeded:
+        raise
     except UnidentifiedImageError as exc:
         # PIL's own message names its in-memory buffer object (``<_io.BytesIO object at
         # 0x7f...>``): say what is wrong in plain words instead
@@ -206,8 +221,12 @@ def load_dataset(
     max_per_class: int | None = None,
     seed: int = 0,
     split: str = "train",
+    limits: DatasetLimits | None = None,
 ) -> TargetDataset:
     """Load an ImageFolder (directory, .zip, .tar, .tar.gz/.tgz) or an ``.npz`` dataset.
+
+    ``limits`` (default :data:`~zoopick.selection.limits.DEFAULT_LIMITS`) bound what the file
+    may cost before it is read: :class:`LimitExceeded` names the limit it broke.
 
     ImageFolder: one sub-folder per class (possibly under a single top-level folder); class
     names are the sorted folder names. npz: ``x``/``y`` (or Keras ``x_train``/``y_train``,
@@ -238,18 +257,19 @@ def load_dataset(
             f"unknown dataset format: {path.name} (expected an ImageFolder directory, "
             f"{', '.join(ARCHIVE_SUFFIXES)} archive, or .npz)"
         )
+    limits = limits or DEFAULT_LIMITS
     if kind == "npz":
-        return _load_npz(path, name, max_per_class, seed, split)
+        return _load_npz(path, name, max_per_class, seed, split, limits)
     if split != "train":
         raise DatasetError("split='test' applies to .npz files with x_test/y_test only")
     if kind == "dir":
-        reader: _Reader = _DirReader(path)
+        reader: _Reader = _DirReader(path, limits)
     elif kind == "zip":
-        reader = _ZipReader(path)
+        reader = _ZipReader(path, limits)
     else:
-        reader = _TarReader(path)
+        reader = _TarReader(path, limits)
     with reader:
-        return _load_folder(reader, name, max_per_class, seed)
+        return _load_folder(reader, name, max_per_class, seed, limits)
 
 
 def _subsample(labels: np.ndarray, names: Sequence[str], max_per_class: int | None, seed: int):
@@ -267,18 +287,30 @@ def _subsample(labels: np.ndarray, names: Sequence[str], max_per_class: int | No
     return np.sort(np.concatenate(keep)) if keep else np.arange(0)
 
 
-def _check_classes(labels: np.ndarray, names: Sequence[str], where: str) -> None:
-    present = np.unique(labels)
+def _check_classes(
+    labels: np.ndarray, names: Sequence[str], where: str, limits: DatasetLimits = DEFAULT_LIMITS
+) -> None:
+    present, counts = np.unique(labels, return_counts=True)
     if len(present) < 2:
         shown = [names[i] for i in present]
         raise DatasetError(f"{where}: need at least 2 classes with images, found {shown}")
+    limits.check("max_classes", len(names), f"{where}: number of classes")
+    if limits.min_per_class > 1:
+        few = [str(names[c]) for c, n in zip(present, counts, strict=True)]
+        few = [c for c, n in zip(few, counts, strict=True) if n < limits.min_per_class]
+        if few:
+            shown = ", ".join(few[:5]) + (f" and {len(few) - 5} more" if len(few) > 5 else "")
+            raise LimitExceeded(
+                f"{where}: {len(few)} class(es) with fewer than {limits.min_per_class} images "
+                f"({shown}); the limit min_per_class={limits.min_per_class}"
+            )
 
 
 # ---- npz
 
 
 def _check_arrays(
-    x: Any, y: Any, class_names: Any, where: str
+    x: Any, y: Any, class_names: Any, where: str, limits: DatasetLimits = DEFAULT_LIMITS
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     x = np.asarray(x)
     y = np.asarray(y)
@@ -334,12 +366,63 @@ def _check_arrays(
             )
         labels = y
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
-    _check_classes(labels, names, where)
+    _check_classes(labels, names, where, limits)
     return images, labels, names
 
 
+def _npy_header(fh: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) from an ``.npy`` header, reading nothing of the data."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fh)
+        if version == (1, 0):
+            shape, _, dtype = fmt.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, _, dtype = fmt.read_array_header_2_0(fh)
+        else:
+            raise DatasetError(f"{where}: unsupported .npy format version {version}")
+    except DatasetError:
+        raise
+    except (ValueError, OSError, EOFError, SyntaxError, zipfile.BadZipFile, zlib.error) as exc:
+        raise DatasetError(f"{where}: malformed .npy header: {_plain(exc)}") from exc
+    return tuple(int(d) for d in shape), np.dtype(dtype)
+
+
+def _check_npz_sizes(path: Path, keys: Sequence[str], limits: DatasetLimits) -> None:
+    """What loading ``keys`` of the npz would allocate, from their ``.npy`` headers (shape x
+    itemsize), checked against ``limits`` before a byte of the arrays is read."""
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
+            for key in keys:
+                info = infos.get(key)
+                if info is None:
+                    continue
+                with zf.open(info) as fh:
+                    shape, dtype = _npy_header(fh, f"{path.name}: array {key!r}")
+                size = dtype.itemsize
+                for d in shape:
+                    size *= d
+                limits.check("max_total_bytes", size, f"{path.name}: array {key!r} bytes")
+                total += size
+                if key.startswith("x") and len(shape) >= 3:
+                    limits.check("max_members", shape[0], f"{path.name}: images in {key!r}")
+                    limits.check(
+                        "max_pixels", shape[1] * shape[2], f"{path.name}: pixels per image"
+                    )
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+        raise DatasetError(f"{path.name}: not a readable .npz file: {_plain(exc)}") from exc
+    limits.check("max_total_bytes", total, f"{path.name}: bytes of all arrays")
+
+
 def _load_npz(
-    path: Path, name: str, max_per_class: int | None, seed: int, split: str
+    path: Path,
+    name: str,
+    max_per_class: int | None,
+    seed: int,
+    split: str,
+    limits: DatasetLimits = DEFAULT_LIMITS,
 ) -> TargetDataset:
     with path.open("rb") as fh:
         magic = fh.read(4)
@@ -360,6 +443,8 @@ def _load_npz(
                     f"{path.name}: needs arrays {keys[0]!r} and {keys[1]!r} for split "
                     f"{split!r} (has {', '.join(sorted(files)) or 'none'})"
                 )
+            wanted = [*keys, "class_names"] if "class_names" in files else list(keys)
+            _check_npz_sizes(path, wanted, limits)
             x, y = npz[keys[0]], npz[keys[1]]
             class_names = npz["class_names"] if "class_names" in files else None
     except DatasetError:
@@ -368,7 +453,7 @@ def _load_npz(
         raise DatasetError(f"{path.name}: cannot read arrays: {_plain(exc)}") from exc
     except (OSError, zipfile.BadZipFile, EOFError) as exc:
         raise DatasetError(f"{path.name}: not a readable .npz file: {_plain(exc)}") from exc
-    images, labels, names = _check_arrays(x, y, class_names, path.name)
+    images, labels, names = _check_arrays(x, y, class_names, path.name, limits)
     keep = _subsample(labels, names, max_per_class, seed)
     ds = TargetDataset(name, labels, names, "", images)
     if len(keep) != len(labels):
@@ -381,9 +466,34 @@ def _load_npz(
 
 
 class _Reader:
-    """Lists the regular files of a folder or archive (posix relative names) and reads them."""
+    """Lists the regular files of a folder or archive (posix relative names) and reads them,
+    counting bytes against ``limits`` as they arrive."""
 
     where: str
+    limits: DatasetLimits = DEFAULT_LIMITS
+    produced: int = 0  # uncompressed bytes read so far
+
+    def _count(self, n: int, name: str) -> None:
+        self.produced += n
+        self.limits.check("max_total_bytes", self.produced, f"{self.where}: uncompressed bytes")
+
+    def _read_stream(self, fh: Any, name: str, compressed: int | None) -> bytes:
+        """All of ``fh``, chunk by chunk: the member limit, the running total and (for a
+        compressed member) the ratio are checked as bytes come out, since headers can lie."""
+        parts: list[bytes] = []
+        got = 0
+        what = f"{self.where}: member {name}"
+        while True:
+            chunk = fh.read(_READ_CHUNK)
+            if not chunk:
+                break
+            got += len(chunk)
+            self.limits.check("max_member_bytes", got, f"{what} uncompressed bytes")
+            if compressed is not None:
+                self.limits.check_ratio(got, compressed, what)
+            self._count(len(chunk), name)
+            parts.append(chunk)
+        return b"".join(parts)
 
     def names(self) -> list[str]:
         raise NotImplementedError
@@ -414,9 +524,10 @@ def _safe_member(name: str, where: str) -> str | None:
 
 
 class _DirReader(_Reader):
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, limits: DatasetLimits = DEFAULT_LIMITS) -> None:
         self.root = root
         self.where = root.name
+        self.limits = limits
         self._sizes: dict[str, int] = {}
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             dirnames[:] = [d for d in dirnames if not _ignored(d)]
@@ -433,6 +544,12 @@ class _DirReader(_Reader):
         return self._sizes[name]
 
     def read(self, names: Sequence[str]) -> list[bytes]:
+        for n in names:
+            self.limits.check("max_member_bytes", self._sizes[n], f"{self.where}: file {n} bytes")
+        self.limits.check(
+            "max_total_bytes", sum(self._sizes[n] for n in names), f"{self.where}: image bytes"
+        )
+
         def one(i: int) -> bytes:
             try:
                 return (self.root / names[i]).read_bytes()
@@ -443,15 +560,18 @@ class _DirReader(_Reader):
 
 
 class _ZipReader(_Reader):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limits: DatasetLimits = DEFAULT_LIMITS) -> None:
         self.where = path.name
+        self.limits = limits
         try:
             self.zf = zipfile.ZipFile(path)
         except (zipfile.BadZipFile, OSError) as exc:
             raise DatasetError(f"{path.name}: not a readable zip archive: {exc}") from exc
         self.members: dict[str, zipfile.ZipInfo] = {}
         try:
-            for info in self.zf.infolist():
+            infos = self.zf.infolist()
+            limits.check("max_members", len(infos), f"{self.where}: archive entries")
+            for info in infos:
                 name = _safe_member(info.filename, self.where)
                 if name is not None and not info.is_dir():
                     self.members[name] = info
@@ -468,10 +588,16 @@ class _ZipReader(_Reader):
     def read(self, names: Sequence[str]) -> list[bytes]:
         out = []
         for n in names:
+            info = self.members[n]
+            # the declared size first (cheap); then counted while inflating (it can lie)
+            self.limits.check(
+                "max_member_bytes", info.file_size, f"{self.where}: member {n} declared bytes"
+            )
             try:
-                out.append(self.zf.read(self.members[n]))
+                with self.zf.open(info) as fh:
+                    out.append(self._read_stream(fh, n, info.compress_size))
             except (zipfile.BadZipFile, OSError, zlib.error, NotImplementedError) as exc:
-                raise DatasetError(f"{self.where}: cannot read member {n}: {exc}") from exc
+                raise DatasetError(f"{self.where}: cannot read member {n}: {_plain(exc)}") from exc
         return out
 
     def __exit__(self, *exc: object) -> None:
@@ -479,14 +605,24 @@ class _ZipReader(_Reader):
 
 
 class _TarReader(_Reader):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limits: DatasetLimits = DEFAULT_LIMITS) -> None:
         self.where = path.name
+        self.limits = limits
+        self.compressed = not path.name.lower().endswith(".tar")
+        self.archive_bytes = path.stat().st_size
         try:
             self.tf = tarfile.open(path, "r:*")  # noqa: SIM115 - closed by __exit__
         except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             raise DatasetError(f"{path.name}: not a readable tar archive: {exc}") from exc
+        infos: list[tarfile.TarInfo] = []
         try:
-            infos = self.tf.getmembers()
+            # one entry at a time, so a flood of entries stops at the limit, not in memory
+            while (info := self.tf.next()) is not None:
+                infos.append(info)
+                limits.check("max_members", len(infos), f"{self.where}: archive entries")
+        except DatasetError:
+            self.tf.close()
+            raise
         except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             self.tf.close()
             raise DatasetError(f"{path.name}: not a readable tar archive: {exc}") from exc
@@ -514,11 +650,17 @@ class _TarReader(_Reader):
         order = sorted(range(len(names)), key=lambda i: self.members[names[i]].offset_data)
         out: list[bytes] = [b""] * len(names)
         for i in order:
+            info = self.members[names[i]]
+            self.limits.check(
+                "max_member_bytes", info.size, f"{self.where}: member {names[i]} bytes"
+            )
             try:
-                fh = self.tf.extractfile(self.members[names[i]])
+                fh = self.tf.extractfile(info)
                 if fh is None:
                     raise DatasetError(f"{self.where}: member {names[i]} is not a file")
-                out[i] = fh.read()
+                out[i] = self._read_stream(fh, names[i], None)
+                if self.compressed:  # the whole stream is compressed: its overall ratio
+                    self.limits.check_ratio(self.produced, self.archive_bytes, self.where)
             except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
                 raise DatasetError(f"{self.where}: cannot read member {names[i]}: {exc}") from exc
         return out
@@ -590,7 +732,13 @@ def _class_files(names: Iterable[str], where: str) -> dict[str, list[str]]:
     return {c: sorted(classes[c]) for c in sorted(classes)}
 
 
-def _load_folder(reader: _Reader, name: str, max_per_class: int | None, seed: int) -> TargetDataset:
+def _load_folder(
+    reader: _Reader,
+    name: str,
+    max_per_class: int | None,
+    seed: int,
+    limits: DatasetLimits = DEFAULT_LIMITS,
+) -> TargetDataset:
     where = reader.where
     classes = _class_files(reader.names(), where)
     class_names = list(classes)
@@ -598,17 +746,19 @@ def _load_folder(reader: _Reader, name: str, max_per_class: int | None, seed: in
         raise DatasetError(f"{where}: need at least 2 classes, found {class_names}")
     files = [f for c in class_names for f in classes[c]]
     labels = np.array([k for k, c in enumerate(class_names) for _ in classes[c]], dtype=np.int64)
+    _check_classes(labels, class_names, where, limits)
     keep = _subsample(labels, class_names, max_per_class, seed)
     files = [files[i] for i in keep]
     labels = labels[keep]
+    for f in files:  # declared sizes first: a bomb is named before anything is inflated
+        limits.check("max_member_bytes", reader.size(f), f"{where}: member {f} declared bytes")
     total = sum(reader.size(f) for f in files)
-    if total > MAX_ARCHIVE_BYTES:
-        raise DatasetError(
-            f"{where}: images total {total} bytes, over the {MAX_ARCHIVE_BYTES} limit"
-        )
+    limits.check("max_total_bytes", total, f"{where}: declared image bytes")
     blobs = reader.read(files)
     # decode each image once now, so a corrupt file is named at load time
-    _parallel(lambda i: _decode(blobs[i], f"{where}/{files[i]}", draft=True), len(blobs))
+    _parallel(
+        lambda i: _decode(blobs[i], f"{where}/{files[i]}", draft=True, limits=limits), len(blobs)
+    )
     ds = TargetDataset(name, labels, class_names, "", blobs, files)
     ds.digest = ds.compute_digest()
     return ds

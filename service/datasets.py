@@ -59,8 +59,9 @@ def _counts(dataset: Any) -> dict[str, int]:
     return {str(name): int(n) for name, n in zip(names, list(counts), strict=True)}
 
 
-def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID) -> str:
-    """Load the dataset with the selection engine and record the outcome; returns the final
+def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Settings) -> str:
+    """Load the dataset with the selection engine, within ``settings``' dataset limits
+    (checked before the memory is allocated), and record the outcome; returns the final
     status. Safe to run twice (a re-delivered task simply validates again)."""
     from zoopick.selection.data import DatasetError, load_dataset
 
@@ -76,7 +77,7 @@ def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID) -> str:
         )
     values: dict[str, Any]
     try:
-        loaded = load_dataset(path)
+        loaded = load_dataset(path, limits=settings.dataset_limits())
         labels = loaded.labels
         values = {
             "status": DatasetStatus.ready.value,
@@ -99,4 +100,8 @@ def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID) -> str:
         session.execute(
             update(Dataset).where(Dataset.id == dataset_id).values(**values, updated_at=utcnow())
         )
+    if values["status"] == DatasetStatus.invalid.value:
+        # an invalid upload is never read again: keep its row (the error), not its bytes (they
+        # would count against the tenant's storage quota, and may be hostile)
+        remove_files(settings, dataset_id)
     return values["status"]

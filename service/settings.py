@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -51,6 +52,30 @@ class Settings(BaseSettings):
         description="Validate uploads in the request instead of on the cpu queue (tests, or a "
         "deployment without workers).",
     )
+
+    # datasets: what validating one upload may cost a worker, checked before allocation
+    # (zoopick.selection.limits.DatasetLimits; every rejection names the limit)
+    dataset_max_member_bytes: int = Field(
+        64 * 1024**2, gt=0, description="Uncompressed bytes of one archive member (image)."
+    )
+    dataset_max_total_bytes: int = Field(
+        1024**3,
+        gt=0,
+        description="Uncompressed bytes of all images of an archive, or all arrays of an npz.",
+    )
+    dataset_max_compression_ratio: float = Field(
+        100.0, gt=1, description="Uncompressed / compressed size of a zip member or a tar.gz."
+    )
+    dataset_max_members: int = Field(
+        200_000, gt=0, description="Entries of an archive, or images of an npz."
+    )
+    dataset_max_pixels: int = Field(
+        4096 * 4096, gt=0, description="Pixels of one image (from its header, before decoding)."
+    )
+    dataset_max_classes: int = Field(
+        2000, ge=2, description="Classes of a dataset (metric memory grows with it)."
+    )
+    dataset_min_per_class: int = Field(2, ge=1, description="Images every class must have.")
 
     # jobs
     max_models_per_job: int = Field(64, gt=0)
@@ -130,6 +155,21 @@ class Settings(BaseSettings):
             if getattr(self, soft) >= getattr(self, hard):
                 raise ValueError(f"{soft} must be below {hard}")
         return self
+
+    def dataset_limits(self) -> Any:
+        """These settings as ``zoopick.selection.limits.DatasetLimits`` (imported here, not at
+        module import: the selection package pulls in torch)."""
+        from zoopick.selection.limits import DatasetLimits
+
+        return DatasetLimits(
+            max_member_bytes=self.dataset_max_member_bytes,
+            max_total_bytes=self.dataset_max_total_bytes,
+            max_compression_ratio=self.dataset_max_compression_ratio,
+            max_members=self.dataset_max_members,
+            max_pixels=self.dataset_max_pixels,
+            max_classes=self.dataset_max_classes,
+            min_per_class=self.dataset_min_per_class,
+        )
 
     @property
     def embedded_broker(self) -> bool:

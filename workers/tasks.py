@@ -96,7 +96,7 @@ def sweep_on_start(**_: Any) -> None:
 
 @shared_task(name=VALIDATE, bind=True)
 def validate_dataset(self, dataset_id: str) -> str:
-    return store.validate(factory(), uuid.UUID(dataset_id))
+    return store.validate(factory(), uuid.UUID(dataset_id), settings())
 
 
 # -- scoring ----------------------------------------------------------------------------------
@@ -108,7 +108,9 @@ def score_one(entry: Any, dataset_path: str, metrics: list[str], cfg: Settings) 
     from zoopick.selection.data import load_dataset
     from zoopick.selection.rank import score_model
 
-    dataset = load_dataset(dataset_path, max_per_class=cfg.score_max_per_class)
+    dataset = load_dataset(
+        dataset_path, max_per_class=cfg.score_max_per_class, limits=cfg.dataset_limits()
+    )
     return score_model(
         entry, dataset, metrics, cache_dir=cfg.cache_dir, batch_size=cfg.score_batch_size
     )

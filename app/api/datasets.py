@@ -105,7 +105,9 @@ async def upload_dataset(
 
     location = {"Location": f"{request.url.path}/{dataset_id}"}
     if settings.validate_inline:
-        status = await run_in_threadpool(store.validate, request.app.state.sessionmaker, dataset_id)
+        status = await run_in_threadpool(
+            store.validate, request.app.state.sessionmaker, dataset_id, settings
+        )
         session.expire_all()
         ds = session.get(Dataset, dataset_id)
         if status == DatasetStatus.invalid.value:

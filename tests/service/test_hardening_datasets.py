@@ -1,0 +1,121 @@
+"""Hostile datasets through the real service (issue 10, items 1 and 3): uploads go through
+uvicorn, a Celery cpu worker validates them (PostgreSQL + Redis), and each bomb ends
+``invalid`` with an error naming the limit it broke, its files deleted, while the worker's
+pool process stays far below the memory the file would have cost."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.bombs import MiB, many_classes_npz, npz_declaring, png_bytes, zip_bomb
+from tests.service import procs
+from tests.service.test_api import API
+
+PAD = {"a/0.png": png_bytes(8, 8), "b/0.png": png_bytes(8, 8), "b/1.png": png_bytes(8, 8)}
+
+
+@pytest.fixture(scope="module")
+def service(new_pg_database, redis_url, tmp_path_factory):
+    from zoopick.service.db import migrate
+    from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
+    from zoopick.service.security import create_api_key
+    from zoopick.service.settings import Settings
+
+    url, prefix = redis_url
+    db = new_pg_database()
+    migrate.upgrade(db)
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("hardening-datasets"),
+        database_url=db,
+        broker_url=url,
+        redis_key_prefix=prefix + "datasets:",
+        upload_max_bytes=8 * MiB,
+    )
+    settings.ensure_dirs()
+    engine = make_engine(db)
+    with session_scope(make_sessionmaker(engine)) as session:
+        _, token = create_api_key(session, tenant="mallory", name="m")
+    engine.dispose()
+    worker = procs.start_worker(settings, "cpu", settings.data_dir)
+    api, base = procs.start_api(settings, settings.data_dir)
+    try:
+        procs.wait_worker_ready(worker)
+        with httpx.Client(
+            base_url=base + API, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        ) as http:
+            yield http, settings, worker
+    finally:
+        api.stop()
+        worker.stop()
+
+
+def pool_peak_rss(worker: procs.Proc) -> int:
+    """Peak resident bytes (VmHWM) of the worker's pool children."""
+    peak = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid != worker.proc.pid:
+                continue
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]) * 1024)
+        except (OSError, ValueError, IndexError):
+            continue
+    return peak
+
+
+def validated(http, filename: str, data: bytes) -> dict:
+    resp = http.post("/datasets", files={"file": (filename, data, "application/octet-stream")})
+    assert resp.status_code == 202, resp.text
+    ds_id = resp.json()["id"]
+    return procs.poll(
+        lambda: http.get(f"/datasets/{ds_id}").json(),
+        lambda d: d["status"] in ("ready", "invalid"),
+        timeout=90,
+        what=f"validation of {filename}",
+    )
+
+
+@pytest.mark.parametrize(
+    "filename, make, limit",
+    [
+        ("bomb.zip", lambda: zip_bomb([("a/bomb.png", 1024)], PAD), "max_member_bytes"),
+        ("liar.zip", lambda: zip_bomb([("a/bomb.png", 1024)], PAD, declare=1000), "bomb.png"),
+        ("ratio.zip", lambda: zip_bomb([("a/r.png", 16)], PAD), "max_compression_ratio"),
+        ("pixels.zip", lambda: zip_bomb([], {"a/big.png": png_bytes(5000, 5000), **PAD}),
+         "max_pixels"),
+        ("huge.npz", lambda: npz_declaring((2, 23170, 23170)), "max_pixels"),
+        ("long.npz", lambda: npz_declaring((5000, 4000, 4000)), "max_total_bytes"),
+        ("classes.npz", lambda: many_classes_npz(200_000), "max_classes"),
+        ("thin.npz", lambda: many_classes_npz(50, per_class=1), "min_per_class=2"),
+    ],
+)  # fmt: skip
+def test_hostile_upload_is_invalid_naming_the_limit(service, filename, make, limit):
+    http, settings, worker = service
+    data = make()
+    assert len(data) < 2 * MiB
+    ds = validated(http, filename, data)
+    assert ds["status"] == "invalid", ds
+    assert limit in ds["error"], ds["error"]
+    assert "0x" not in ds["error"]
+    folder = settings.storage_dir / "datasets" / ds["id"]
+    assert not folder.exists() or not any(folder.iterdir())  # an invalid upload's file is gone
+    assert worker.alive()
+    assert pool_peak_rss(worker) < 600 * MiB
+
+
+def test_a_fair_dataset_is_still_ready(service):
+    from tests.service.datafiles import npz_bytes
+
+    http, _, worker = service
+    ds = validated(http, "fair.npz", npz_bytes(n_per_class=3, classes=4))
+    assert ds["status"] == "ready", ds
+    assert ds["num_samples"] == 12
