@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -25,7 +25,7 @@ from zoopick.app.api.schemas import (
     TrainingOut,
 )
 from zoopick.app.problems import Problem, responses
-from zoopick.service import pipeline, zoo_catalog
+from zoopick.service import pipeline, quotas, zoo_catalog
 from zoopick.service.db.models import TERMINAL, Artefact, Dataset, DatasetStatus, Job, JobStatus
 from zoopick.service.db.types import utcnow
 from zoopick.service.dispatch import job_task_ids
@@ -231,31 +231,31 @@ def create_job(
             return _replay(session, existing, request_body, base, settings)
 
     columns = resolve(session, caller, body, settings)
-    active = session.scalar(
-        select(func.count(Job.id)).where(
-            Job.tenant_id == caller.tenant_id, Job.status.not_in([s.value for s in TERMINAL])
-        )
-    )
-    if active >= settings.max_active_jobs_per_tenant:
-        raise Problem(
-            429,
-            f"{active} jobs are still running; the limit is {settings.max_active_jobs_per_tenant}",
-            kind="too-many-jobs",
-            headers={"Retry-After": str(max(30, settings.retry_after_seconds))},
-        )
-    job = Job(
-        tenant_id=caller.tenant_id,
-        request=request_body,
-        idempotency_key=idempotency_key,
-        status=JobStatus.queued.value,
-        progress=0.0,
-        **columns,
-    )
-    session.add(job)
     try:
-        session.flush()
-        job.task_ids = job_task_ids(job)
-        session.commit()
+        # count and insert under the tenant's lock, or concurrent submits all pass the count
+        with quotas.tenant_lock(session, caller.tenant_id):
+            active = quotas.active_jobs(session, caller.tenant_id)
+            if active >= settings.max_active_jobs_per_tenant:
+                session.rollback()
+                raise Problem(
+                    429,
+                    f"{active} jobs are still running; the limit is "
+                    f"{settings.max_active_jobs_per_tenant}",
+                    kind="too-many-jobs",
+                    headers={"Retry-After": str(max(30, settings.retry_after_seconds))},
+                )
+            job = Job(
+                tenant_id=caller.tenant_id,
+                request=request_body,
+                idempotency_key=idempotency_key,
+                status=JobStatus.queued.value,
+                progress=0.0,
+                **columns,
+            )
+            session.add(job)
+            session.flush()
+            job.task_ids = job_task_ids(job)
+            session.commit()
     except IntegrityError:  # the same key raced us: answer with the winner
         session.rollback()
         existing = _by_key(session, caller, idempotency_key) if idempotency_key else None
