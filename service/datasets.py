@@ -59,6 +59,26 @@ def _counts(dataset: Any) -> dict[str, int]:
     return {str(name): int(n) for name, n in zip(names, list(counts), strict=True)}
 
 
+def fail_validation(
+    factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Settings, error: str
+) -> str:
+    """Mark a dataset that is not (or no longer) being validated ``invalid`` with ``error``,
+    its files deleted; a dataset already ready or invalid is left as it is."""
+    with session_scope(factory) as session:
+        done = session.execute(
+            update(Dataset)
+            .where(
+                Dataset.id == dataset_id,
+                Dataset.status.in_([DatasetStatus.uploaded.value, DatasetStatus.validating.value]),
+            )
+            .values(status=DatasetStatus.invalid.value, error=error, updated_at=utcnow())
+        ).rowcount
+    if done:
+        remove_files(settings, dataset_id)
+        log.warning("dataset %s failed: %s", dataset_id, error)
+    return DatasetStatus.invalid.value
+
+
 def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Settings) -> str:
     """Load the dataset with the selection engine, within ``settings``' dataset limits
     (checked before the memory is allocated), and record the outcome; returns the final
@@ -69,6 +89,8 @@ def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Se
         ds = session.get(Dataset, dataset_id)
         if ds is None:  # deleted meanwhile
             return "deleted"
+        if ds.status in (DatasetStatus.ready.value, DatasetStatus.invalid.value):
+            return ds.status  # a re-delivered task of a finished validation
         path = Path(ds.storage_path)
         session.execute(
             update(Dataset)

@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from zoopick.service.db.models import Job, JobStatus
+from zoopick.service.db.models import Dataset, DatasetStatus, Job, JobStatus
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
 from zoopick.service.db.types import utcnow
 from zoopick.service.pipeline import finish_run
@@ -204,6 +204,10 @@ def sweep(
         )
         session.expunge_all()
     actions = []
+    try:
+        actions += sweep_datasets(factory, dispatcher, settings, now)
+    except Exception:  # noqa: BLE001 - the jobs' sweep must still run
+        log.exception("sweeping lost datasets")
     for job in jobs:
         try:
             action = _recover(factory, dispatcher, settings, job, now)
@@ -214,6 +218,55 @@ def sweep(
             actions.append(action)
             if action.action != "requeued":
                 log.warning("%s lost job %s: %s", action.action, job.id, action.reason)
+    return actions
+
+
+LOST_DATASET = (DatasetStatus.uploaded.value, DatasetStatus.validating.value)
+
+
+def sweep_datasets(
+    factory: sessionmaker[Session], dispatcher: Any, settings: Settings, now: datetime
+) -> list[Action]:
+    """Datasets stuck ``uploaded`` or ``validating`` for longer than a validation may take
+    (twice the light tasks' hard time limit: queueing and running): their message was lost (the
+    embedded broker drops a message its dead worker had reserved) or their worker died. Each is
+    sent for validation again, at most ``max_deliveries`` times, then marked invalid."""
+    from zoopick.service import datasets as store
+    from zoopick.service.liveness import count_delivery
+
+    cutoff = now - timedelta(seconds=2 * settings.light_hard_time_limit)
+    with factory() as session:
+        stuck = list(
+            session.execute(
+                select(Dataset.id, Dataset.updated_at)
+                .where(Dataset.status.in_(LOST_DATASET), Dataset.updated_at < cutoff)
+                .order_by(Dataset.updated_at)
+                .limit(BATCH)
+            )
+        )
+    actions = []
+    for dataset_id, seen in stuck:
+        with session_scope(factory) as session:
+            claimed = session.execute(
+                update(Dataset)
+                .where(Dataset.id == dataset_id, Dataset.updated_at == seen)
+                .values(updated_at=now)
+            ).rowcount
+            if not claimed:  # another sweeper, or the dataset moved on
+                continue
+            count = count_delivery(session, f"requeue:validate:{dataset_id}")
+        if count > settings.max_deliveries:
+            reason = f"its validation was lost {count - 1} times; not sent again"
+            store.fail_validation(factory, dataset_id, settings, reason)
+            actions.append(Action(dataset_id, "failed", reason))
+            continue
+        try:
+            dispatcher.validate_dataset(str(dataset_id))
+        except Exception:  # the broker is down: a later sweep tries again
+            log.warning("could not re-queue dataset %s", dataset_id, exc_info=True)
+            continue
+        log.warning("re-queued the validation of dataset %s (lost since %s)", dataset_id, seen)
+        actions.append(Action(dataset_id, "requeued", "validation lost"))
     return actions
 
 

@@ -115,6 +115,18 @@ class Settings(BaseSettings):
         2, ge=0, description="Times a lost job is re-queued before it is failed."
     )
 
+    # a task that kills its worker, and workers that stop running tasks
+    max_deliveries: int = Field(
+        3,
+        ge=1,
+        description="Starts of one dataset's validation (or one model's scoring) whose worker "
+        "died before the work is failed instead of run again.",
+    )
+    heartbeat_seconds: float = Field(5.0, gt=0, description="Worker pool heartbeat interval.")
+    heartbeat_timeout_seconds: float = Field(
+        30.0, gt=0, description="A worker not seen for this long is stopped or stalled."
+    )
+
     @field_validator(
         "database_url",
         "broker_url",

@@ -20,11 +20,16 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_init, worker_ready
+from celery.signals import (
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
 from zoopick.service import datasets as store
-from zoopick.service import pipeline, recovery, zoo_catalog
+from zoopick.service import liveness, pipeline, recovery, zoo_catalog
 from zoopick.service.db.models import TERMINAL, Dataset, Job, JobStatus, ZooModel
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
 from zoopick.service.queue import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED
@@ -91,12 +96,53 @@ def sweep_on_start(**_: Any) -> None:
     threading.Thread(target=run, name="zoopick-sweep", daemon=True).start()
 
 
+# -- heartbeats -------------------------------------------------------------------------------
+
+_heartbeat: liveness.Heartbeat | None = None
+
+
+def _heartbeat_name() -> str:
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+@worker_process_init.connect
+def start_heartbeat(**_: Any) -> None:
+    """Each pool process beats (see ``zoopick.service.liveness``): a worker whose pool died
+    stops beating even though its main process still reserves tasks."""
+    global _heartbeat
+    cfg = settings()
+    _heartbeat = liveness.Heartbeat(
+        factory(),
+        _heartbeat_name(),
+        socket.gethostname(),
+        os.getpid(),
+        os.environ.get("ZOOPICK_WORKER_QUEUES", ""),
+        cfg.heartbeat_seconds,
+    ).start()
+
+
+@worker_process_shutdown.connect
+def stop_heartbeat(**_: Any) -> None:
+    if _heartbeat is not None:
+        _heartbeat.stop()
+        try:
+            liveness.forget(factory(), _heartbeat_name())
+        except Exception:  # noqa: BLE001 - shutting down anyway
+            log.debug("could not remove the heartbeat row", exc_info=True)
+
+
 # -- datasets ---------------------------------------------------------------------------------
 
 
 @shared_task(name=VALIDATE, bind=True)
 def validate_dataset(self, dataset_id: str) -> str:
-    return store.validate(factory(), uuid.UUID(dataset_id), settings())
+    did = uuid.UUID(dataset_id)
+    with session_scope(factory()) as session:
+        count = liveness.count_delivery(session, f"validate:{did}")
+    error = liveness.died_too_often(count, settings(), "validating")
+    if error is not None:
+        return store.fail_validation(factory(), did, settings(), error)
+    return store.validate(factory(), did, settings())
 
 
 # -- scoring ----------------------------------------------------------------------------------
@@ -133,6 +179,11 @@ def score_model(self, job_id: str, model_id: str) -> str:
         if model_id in pipeline.scored_models(session, job):  # a re-delivered message
             pipeline.update_scoring_progress(session, job)
             return "already scored"
+        count = liveness.count_delivery(session, f"score:{jid}:{model_id}")
+        error = liveness.died_too_often(count, cfg, f"scoring model {model_id!r}")
+        if error is not None:
+            pipeline.fail(session, jid, error)
+            return "failed"
         row = session.get(ZooModel, model_id)
         ds = session.get(Dataset, job.dataset_id) if job.dataset_id else None
         if row is None or ds is None:

@@ -1,5 +1,5 @@
 """Liveness (``/healthz``: the process answers) and readiness (``/readyz``: it can reach the
-database and the broker)."""
+database and the broker, and the workers that were seen still beat)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,19 @@ def healthz() -> Health:
     return Health(status="ok")
 
 
-def _database(request: Request) -> str | None:
+def _database(request: Request) -> tuple[str | None, str]:
+    """(database problem, worker summary): the workers' heartbeats are read in the same
+    session (``zoopick.service.liveness``)."""
+    from zoopick.service.liveness import worker_status
+
     try:
         with request.app.state.sessionmaker() as session:
             session.execute(text("SELECT 1"))
+            workers = worker_status(session, request.app.state.settings)
     except Exception as exc:  # noqa: BLE001
-        return f"database unreachable: {type(exc).__name__}: {exc}"
-    return None
+        return f"database unreachable: {type(exc).__name__}", "unknown"
+    problem = workers.problem()
+    return None, problem or workers.summary()
 
 
 @router.get(
@@ -34,13 +40,18 @@ def _database(request: Request) -> str | None:
     summary="Readiness",
 )
 async def readyz(request: Request) -> JSONResponse:
-    db = await run_in_threadpool(_database, request)
+    db, workers = await run_in_threadpool(_database, request)
     broker = await run_in_threadpool(request.app.state.dispatcher.broker_problem)
-    checks = {"database": db or "ok", "broker": broker or "ok"}
-    if db or broker:
+    stalled = workers if workers.startswith("no live worker") else None
+    checks = {"database": db or "ok", "broker": broker or "ok", "workers": workers}
+    if db or broker or stalled:
         from zoopick.app.problems import problem_response
 
         return problem_response(
-            request, 503, "; ".join(p for p in (db, broker) if p), kind="not-ready", checks=checks
+            request,
+            503,
+            "; ".join(p for p in (db, broker, stalled) if p),
+            kind="not-ready",
+            checks=checks,
         )
     return JSONResponse({"status": "ok", "checks": checks})

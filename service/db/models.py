@@ -265,3 +265,33 @@ class Artefact(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     job: Mapped[Job] = relationship(back_populates="artefacts")
+
+
+class TaskDelivery(Base):
+    """How many times a task for one piece of work was *started* (``validate:<dataset>``,
+    ``score:<job>:<model>``). Celery re-delivers a task whose worker died (``acks_late`` +
+    ``reject_on_worker_lost``); a task that kills its worker every time (a memory bomb under
+    the kernel's OOM killer) would be re-delivered forever. The task counts its start here, and
+    past ``ZOOPICK_MAX_DELIVERIES`` fails the work instead of running it again."""
+
+    __tablename__ = "task_deliveries"
+
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WorkerHeartbeat(Base):
+    """A worker process that can run tasks, as last seen: written every few seconds by each
+    pool process (not only the worker's main process, which keeps reserving tasks even when its
+    pool is dead). ``/readyz`` and the dashboard read it."""
+
+    __tablename__ = "worker_heartbeats"
+
+    name: Mapped[str] = mapped_column(String(300), primary_key=True)
+    """``<celery hostname>/<pid>``."""
+    hostname: Mapped[str] = mapped_column(String(200), index=True)
+    pid: Mapped[int]
+    queues: Mapped[str] = mapped_column(String(200))
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -24,11 +24,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def env_for(settings: Settings) -> dict[str, str]:
+def env_for(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: ``settings.env()`` plus ``extra`` ``ZOOPICK_*`` values (the
+    settings a test changes beyond the ones ``env()`` carries)."""
     env = settings.env()
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     if settings.validate_inline:
         env["ZOOPICK_VALIDATE_INLINE"] = "1"
+    env.update(extra or {})
     return env
 
 
@@ -69,9 +72,11 @@ class Proc:
         self._fh.close()
 
 
-def start_worker(settings: Settings, queues: str, log_dir: Path) -> Proc:
+def start_worker(
+    settings: Settings, queues: str, log_dir: Path, extra: dict[str, str] | None = None
+) -> Proc:
     cmd = worker_argv(queues, 1, "prefork", "info") + ["--without-heartbeat"]
-    return Proc(f"worker-{queues.replace(',', '-')}", cmd, env_for(settings), log_dir)
+    return Proc(f"worker-{queues.replace(',', '-')}", cmd, env_for(settings, extra), log_dir)
 
 
 def wait_worker_ready(worker: Proc, timeout: float = 60) -> None:
@@ -85,7 +90,9 @@ def wait_worker_ready(worker: Proc, timeout: float = 60) -> None:
     raise AssertionError(f"{worker.name} not ready after {timeout}s:\n{worker.tail()}")
 
 
-def start_api(settings: Settings, log_dir: Path) -> tuple[Proc, str]:
+def start_api(
+    settings: Settings, log_dir: Path, extra: dict[str, str] | None = None
+) -> tuple[Proc, str]:
     port = free_port()
     cmd = [
         sys.executable,
@@ -100,7 +107,7 @@ def start_api(settings: Settings, log_dir: Path) -> tuple[Proc, str]:
         "--log-level",
         "warning",
     ]
-    proc = Proc("api", cmd, env_for(settings), log_dir)
+    proc = Proc("api", cmd, env_for(settings, extra), log_dir)
     url = f"http://127.0.0.1:{port}"
     wait_http(proc, url + "/healthz")
     return proc, url
