@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from zoopick.app.api import datasets, health, jobs, zoo
 from zoopick.app.problems import install as install_problems
+from zoopick.app.ratelimit import RateLimits
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.dispatch import Dispatcher
 from zoopick.service.recovery import Sweeper
@@ -61,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.dispatcher = Dispatcher(settings)
+    app.state.rate = RateLimits(settings)
     install_problems(app)
     app.include_router(health.router)
     for module in (datasets, zoo, jobs):

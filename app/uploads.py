@@ -47,11 +47,13 @@ def check_text(value: str, what: str) -> None:
         raise Problem(422, f"{what} contains a NUL character", kind="invalid-text")
 
 
-def too_large(limit: int) -> Problem:
+def too_large_problem(limit: int) -> Problem:
     return Problem(413, f"upload larger than the limit of {limit} bytes", kind="upload-too-large")
 
 
-async def receive_file(request: Request, dest: Path, *, max_bytes: int) -> Upload:
+async def receive_file(
+    request: Request, dest: Path, *, max_bytes: int, too_large: Problem | None = None
+) -> Upload:
     """Parse a ``multipart/form-data`` request, streaming part ``file`` into ``dest``.
 
     Small text fields are returned in ``Upload.fields``. Raises :class:`Problem` (415 wrong
@@ -64,9 +66,10 @@ async def receive_file(request: Request, dest: Path, *, max_bytes: int) -> Uploa
             "expected a multipart/form-data body with the dataset in a part named 'file'",
             kind="unsupported-media-type",
         )
+    over = too_large or too_large_problem(max_bytes)
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > max_bytes + 64 * 1024:
-        raise too_large(max_bytes)
+        raise over
 
     state = {"size": 0, "file_parts": 0, "ended": 0}
     current = _Part()
@@ -110,7 +113,7 @@ async def receive_file(request: Request, dest: Path, *, max_bytes: int) -> Uploa
             state["size"] += len(chunk)
             if state["size"] > max_bytes:
                 if not errors:
-                    errors.append(too_large(max_bytes))
+                    errors.append(over)
                 return
             pending.append(bytes(chunk))
         else:

@@ -115,6 +115,28 @@ class Settings(BaseSettings):
         2, ge=0, description="Times a lost job is re-queued before it is failed."
     )
 
+    # rate limits (``limits`` notation: "60/minute", "1000/hour") and storage quotas
+    rate_uploads: str = Field("60/minute", description="Dataset uploads per API key.")
+    rate_jobs: str = Field("120/minute", description="Job submissions per API key.")
+    rate_auth_failures: str = Field(
+        "60/minute", description="Failed authentications per client address."
+    )
+    quota_bytes: int = Field(
+        20 * 1024**3, gt=0, description="Bytes of datasets a tenant may keep stored."
+    )
+    quota_datasets: int = Field(200, gt=0, description="Datasets a tenant may keep stored.")
+
+    @field_validator("rate_uploads", "rate_jobs", "rate_auth_failures")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        from limits import parse
+
+        try:
+            parse(value)
+        except ValueError:
+            raise ValueError(f"not a rate limit: {value!r} (e.g. '60/minute')") from None
+        return value
+
     # a task that kills its worker, and workers that stop running tasks
     max_deliveries: int = Field(
         3,

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from zoopick.app.api import pagination
 from zoopick.app.api.deps import CallerDep, DatasetDep, DispatcherDep, SessionDep, SettingsDep
@@ -16,12 +17,13 @@ from zoopick.app.api.schemas import DatasetOut, Page
 from zoopick.app.problems import Problem, responses
 from zoopick.app.uploads import receive_file
 from zoopick.service import datasets as store
-from zoopick.service import pipeline
+from zoopick.service import pipeline, quotas
 from zoopick.service.db.models import Dataset, DatasetStatus
+from zoopick.service.settings import Settings
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
-ERRORS = responses(400, 401, 404, 409, 413, 415, 422)
+ERRORS = responses(400, 401, 404, 409, 413, 415, 422, 429)
 
 UPLOAD_BODY = {
     "requestBody": {
@@ -68,11 +70,16 @@ async def upload_dataset(
     ``GET /datasets/{id}`` until ``ready`` or ``invalid``); a deployment that validates in the
     request answers 201 with a ready dataset, or 422 naming what is wrong with the file.
     """
+    request.app.state.rate.check("uploads", str(caller.key_id), "uploads")
+    room = await run_in_threadpool(quota_room, session, caller.tenant_id, settings)
     dataset_id = uuid.uuid4()
     folder = store.dataset_dir(settings, dataset_id)
     try:
         upload = await receive_file(
-            request, folder / "upload.part", max_bytes=settings.upload_max_bytes
+            request,
+            folder / "upload.part",
+            max_bytes=min(settings.upload_max_bytes, room),
+            too_large=None if room >= settings.upload_max_bytes else quota_exceeded(settings),
         )
         fmt = store.detect_format(upload.filename)
         if fmt is None:
@@ -97,8 +104,7 @@ async def upload_dataset(
             storage_path=str(path),
             status=DatasetStatus.uploaded.value,
         )
-        session.add(ds)
-        await run_in_threadpool(session.commit)
+        await run_in_threadpool(insert_within_quota, session, ds, settings)
     except BaseException:
         await run_in_threadpool(store.remove_files, settings, dataset_id)
         raise
@@ -130,6 +136,45 @@ async def upload_dataset(
     body = DatasetOut.model_validate(ds).model_dump(mode="json")
     headers = {**location, "Retry-After": str(settings.retry_after_seconds)}
     return JSONResponse(body, status_code=202, headers=headers)
+
+
+def quota_exceeded(settings: Settings, what: str = "bytes") -> Problem:
+    limit = (
+        f"{settings.quota_datasets} datasets (ZOOPICK_QUOTA_DATASETS)"
+        if what == "datasets"
+        else f"{settings.quota_bytes} bytes (ZOOPICK_QUOTA_BYTES)"
+    )
+    return Problem(
+        413,
+        f"storage quota exceeded: a tenant may keep {limit}; delete datasets to make room",
+        kind="storage-quota",
+    )
+
+
+def quota_room(session: Session, tenant_id: uuid.UUID, settings: Settings) -> int:
+    """Bytes this tenant may still upload (413 naming the quota when nothing is left)."""
+    count, used = quotas.stored(session, tenant_id)
+    session.rollback()  # end the read transaction before the (long) upload
+    if count >= settings.quota_datasets:
+        raise quota_exceeded(settings, "datasets")
+    if used >= settings.quota_bytes:
+        raise quota_exceeded(settings)
+    return settings.quota_bytes - used
+
+
+def insert_within_quota(session: Session, ds: Dataset, settings: Settings) -> None:
+    """Insert ``ds`` if the tenant's quota still holds, counted under the tenant's lock (two
+    uploads that each fit alone must not both be kept when together they do not)."""
+    with quotas.tenant_lock(session, ds.tenant_id):
+        count, used = quotas.stored(session, ds.tenant_id)
+        if count + 1 > settings.quota_datasets:
+            session.rollback()
+            raise quota_exceeded(settings, "datasets")
+        if used + ds.size_bytes > settings.quota_bytes:
+            session.rollback()
+            raise quota_exceeded(settings)
+        session.add(ds)
+        session.commit()
 
 
 @router.get("", response_model=Page[DatasetOut], responses=ERRORS, summary="List datasets")

@@ -51,13 +51,20 @@ def _unauthorized(detail: str) -> Problem:
 
 
 def get_caller(
+    request: Request,
     session: Annotated[Session, Depends(get_session)],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Caller:
+    client = request.client.host if request.client else "unknown"
+    rate = request.app.state.rate
+    # a client that keeps failing is refused before its next guess is even looked at
+    rate.blocked("auth_failures", client, "failed authentications")
     if creds is None:
+        rate.count("auth_failures", client)
         raise _unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
     key = authenticate(session, creds.credentials)
     if key is None:
+        rate.count("auth_failures", client)
         raise _unauthorized("invalid or revoked API key")
     touch(session, key)
     session.commit()

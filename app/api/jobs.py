@@ -230,6 +230,7 @@ def create_job(
         if existing is not None:
             return _replay(session, existing, request_body, base, settings)
 
+    request.app.state.rate.check("jobs", str(caller.key_id), "job submissions")
     columns = resolve(session, caller, body, settings)
     try:
         # count and insert under the tenant's lock, or concurrent submits all pass the count

@@ -13,7 +13,7 @@ from tests.service import procs
 from tests.service.test_api import API
 
 
-def start_service(new_pg_database, redis_url, tmp_path_factory, name: str, **overrides):
+def start_service(new_pg_database, redis_url, tmp_path_factory, name: str, extra=None, **overrides):
     """(api proc, base URL, settings, sessionmaker) of a uvicorn on a fresh database."""
     from zoopick.service.db import migrate
     from zoopick.service.db.session import make_engine, make_sessionmaker
@@ -31,7 +31,7 @@ def start_service(new_pg_database, redis_url, tmp_path_factory, name: str, **ove
         **overrides,
     )
     settings.ensure_dirs()
-    api, base = procs.start_api(settings, settings.data_dir)
+    api, base = procs.start_api(settings, settings.data_dir, extra)
     return api, base, settings, make_sessionmaker(make_engine(db))
 
 
@@ -93,3 +93,95 @@ def test_active_job_limit_holds_under_40_concurrent_submits(service):
         listed = c.get("/jobs", params={"page_size": 100}, headers=headers).json()["items"]
     assert len(listed) == limit
     assert uuid.UUID(listed[0]["id"])
+
+
+LIMITED = {
+    "ZOOPICK_RATE_UPLOADS": "3/minute",
+    "ZOOPICK_RATE_JOBS": "2/minute",
+    "ZOOPICK_RATE_AUTH_FAILURES": "4/minute",
+    "ZOOPICK_QUOTA_DATASETS": "4",
+    "ZOOPICK_QUOTA_BYTES": "300000",
+}
+
+
+@pytest.fixture(scope="module")
+def limited(new_pg_database, redis_url, tmp_path_factory):
+    api, base, settings, factory = start_service(
+        new_pg_database, redis_url, tmp_path_factory, "limited", LIMITED
+    )
+    try:
+        yield base, settings, factory
+    finally:
+        api.stop()
+
+
+def _upload(c, headers, data: bytes, name: str = "d.npz"):
+    return c.post("/datasets", files={"file": (name, data, "x")}, headers=headers)
+
+
+def test_uploads_and_job_submissions_are_rate_limited_per_key(limited):
+    from tests.service.datafiles import npz_bytes
+    from tests.service.test_api import assert_problem
+
+    base, _, factory = limited
+    one, two = new_key(factory, "rl-one"), new_key(factory, "rl-two")
+    with httpx.Client(base_url=base + API, timeout=60) as c:
+        codes = [_upload(c, one, npz_bytes()).status_code for _ in range(3)]
+        assert codes == [201, 201, 201]
+        resp = _upload(c, one, npz_bytes())
+        assert_problem(resp, 429, "ZOOPICK_RATE_UPLOADS")
+        assert 1 <= int(resp.headers["retry-after"]) <= 60
+        assert _upload(c, two, npz_bytes()).status_code == 201  # per key
+
+        ds = ready_dataset_and_model(factory, "rl-one")
+        body = {"dataset_id": ds, "models": ["quota-net"], "metrics": ["sms"], "select_by": "sms"}
+        assert [c.post("/jobs", json=body, headers=one).status_code for _ in range(2)] == [
+            202,
+            202,
+        ]
+        resp = c.post("/jobs", json=body, headers=one)
+        assert_problem(resp, 429, "ZOOPICK_RATE_JOBS")
+        assert "retry-after" in resp.headers
+
+
+def test_failed_authentication_is_rate_limited(limited):
+    from tests.service.test_api import assert_problem
+
+    base, _, factory = limited
+    good = new_key(factory, "rl-auth")
+    with httpx.Client(base_url=base + API, timeout=60) as c:
+        for _ in range(4):
+            assert c.get("/jobs", headers={"Authorization": "Bearer zp_guess"}).status_code == 401
+        resp = c.get("/jobs", headers={"Authorization": "Bearer zp_guess"})
+        assert_problem(resp, 429, "ZOOPICK_RATE_AUTH_FAILURES")
+        assert int(resp.headers["retry-after"]) >= 1
+        # guessing from this address is blocked, whatever the key
+        assert c.get("/jobs", headers=good).status_code == 429
+
+
+def test_storage_quota_names_the_quota_and_invalid_uploads_are_not_kept(
+    new_pg_database, redis_url, tmp_path_factory
+):
+    from tests.service.datafiles import not_a_dataset_zip_bytes, npz_bytes
+    from tests.service.test_api import assert_problem
+
+    extra = {"ZOOPICK_QUOTA_DATASETS": "2", "ZOOPICK_QUOTA_BYTES": "20000"}
+    api, base, settings, factory = start_service(
+        new_pg_database, redis_url, tmp_path_factory, "quota", extra
+    )
+    try:
+        q = new_key(factory, "quota-t")
+        with httpx.Client(base_url=base + API, timeout=60) as c:
+            small = npz_bytes(n_per_class=2, classes=2, size=8)
+            assert _upload(c, q, small).status_code == 201
+            big = npz_bytes(n_per_class=30, classes=3, size=16)  # over the bytes left
+            assert len(big) > 20000
+            assert_problem(_upload(c, q, big), 413, "ZOOPICK_QUOTA_BYTES")
+            # an invalid upload is refused and its file deleted: it takes no room
+            assert _upload(c, q, not_a_dataset_zip_bytes(), "x.zip").status_code == 422
+            assert _upload(c, q, small).status_code == 201
+            assert_problem(_upload(c, q, small), 413, "ZOOPICK_QUOTA_DATASETS")
+        files = [p for p in (settings.storage_dir / "datasets").rglob("*") if p.is_file()]
+        assert len(files) == 2
+    finally:
+        api.stop()
