@@ -98,6 +98,14 @@ def serve(
         bool, typer.Option("--worker/--no-worker", help="Also run a local worker process.")
     ] = True,
     concurrency: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="API server processes (uvicorn workers); about one per core in production.",
+        ),
+    ] = 1,
     demo: Annotated[
         bool, typer.Option("--demo/--no-demo", help="Build the demo zoo if the zoo is empty.")
     ] = True,
@@ -142,7 +150,20 @@ def serve(
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
             )
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        if workers == 1:
+            uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        else:
+            # several processes need the app by import path; they read the settings from the
+            # environment, exactly as a worker does
+            os.environ.update(settings.env())
+            uvicorn.run(
+                "zoopick.app.main:create_app",
+                factory=True,
+                workers=workers,
+                host=host,
+                port=port,
+                log_level="info",
+            )
     except ServerStopped:
         pass
     finally:

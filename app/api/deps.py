@@ -66,9 +66,11 @@ def get_caller(
     if key is None:
         rate.count("auth_failures", client)
         raise _unauthorized("invalid or revoked API key")
+    caller = Caller(tenant_id=key.tenant_id, key_id=key.id, admin=key.is_admin)
     touch(session, key)
-    session.commit()
-    return Caller(tenant_id=key.tenant_id, key_id=key.id, admin=key.is_admin)
+    if session.dirty:  # last use is recorded at most once a minute: no write, no commit else
+        session.commit()
+    return caller
 
 
 def get_admin(caller: Annotated[Caller, Depends(get_caller)]) -> Caller:
