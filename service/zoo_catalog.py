@@ -72,15 +72,18 @@ def write_manifest(rows: list[ZooModel], path: Path) -> Path:
 
 
 def check_fields(values: dict[str, Any]) -> None:
-    """Validate one manifest entry with the engine's own rules (checkpoint files are not
-    opened: they live on the workers); raises ``zoopick.selection.zoo.ZooError`` naming the
-    field."""
+    """Validate one manifest entry with the engine's own rules, the checkpoint included: it
+    must exist on this machine's file system (the service's machines share their storage) and
+    fit the architecture and ``num_classes`` (its tensor shapes are read, not its weights).
+    A checkpoint that does not fit would otherwise fail every job that scores "all" models.
+    Raises ``zoopick.selection.zoo.ZooError`` naming the problem."""
     import tempfile
 
-    from zoopick.selection.zoo import write_zoo
+    from zoopick.selection.zoo import load_zoo, write_zoo
 
     with tempfile.TemporaryDirectory() as tmp:
-        write_zoo([values], Path(tmp) / "zoo.json")
+        manifest = write_zoo([values], Path(tmp) / "zoo.json")
+        load_zoo(manifest)  # opens the checkpoint and compares its shapes
 
 
 def all_ids(session: Session) -> list[str]:

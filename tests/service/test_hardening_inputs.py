@@ -229,3 +229,25 @@ def test_checkpoint_paths_are_shown_to_admins_only(http, carol, root, tmp_path_f
     listed = http.get("/zoo", params={"page_size": 100}, headers=carol).json()["items"]
     assert all(str(path.parent) not in m["weights"] for m in listed)
     assert all(m["weights"] in ("hub", "none", "checkpoint") for m in listed)
+
+
+# -- 11: a checkpoint that does not fit its architecture -------------------------------------
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_at_registration(http, root, tmp_path_factory):
+    from tests.service.checkpoints import write_checkpoint
+
+    folder = tmp_path_factory.mktemp("ckpt-bad")
+    ten = write_checkpoint(folder / "ten.safetensors", 10)
+    vit = write_checkpoint(folder / "vit.safetensors", 10, arch="test_vit")
+    base = {"arch": "test_resnet", "num_classes": 10}
+    cases = [
+        ({**base, "id": "wrong-head", "weights": str(ten), "num_classes": 7}, "7"),
+        ({**base, "id": "wrong-arch", "weights": str(vit)}, "does not match"),
+        ({**base, "id": "missing", "weights": str(folder / "nope.safetensors")}, "not found"),
+    ]
+    for body, needle in cases:
+        assert_problem(http.post("/zoo", json=body, headers=root), 422, needle)
+        assert http.get(f"/zoo/{body['id']}", headers=root).status_code == 404
+    resp = http.post("/zoo", json={**base, "id": "fits", "weights": str(ten)}, headers=root)
+    assert resp.status_code == 201, resp.text
