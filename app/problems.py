@@ -130,6 +130,19 @@ def install(app: FastAPI) -> None:
             errors=errors,
         )
 
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    @app.exception_handler(PoolTimeout)
+    async def _busy(request: Request, exc: PoolTimeout) -> JSONResponse:
+        # every database connection of this process is busy: overload, not a bug; shed it
+        return problem_response(
+            request,
+            503,
+            "the server is busy (no database connection free); retry shortly",
+            kind="busy",
+            headers={"Retry-After": "1"},
+        )
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)

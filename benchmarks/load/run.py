@@ -105,12 +105,27 @@ def prepare(pg_admin: str, redis_url: str, data_dir: Path) -> tuple[dict[str, st
     return env, token, job_id
 
 
-async def _one(pool: asyncio.Queue, host: str, port: int, request: bytes) -> int:
-    """Send ``request`` on a pooled keep-alive connection; returns the status code."""
-    try:
-        reader, writer = pool.get_nowait()
-    except asyncio.QueueEmpty:
-        reader, writer = await asyncio.open_connection(host, port)
+MAX_CONNECTIONS = 64
+
+
+async def _one(pool: asyncio.Queue, slots: asyncio.Semaphore, host: str, port: int,
+               request: bytes) -> int:  # fmt: skip
+    """Send ``request`` on a pooled keep-alive connection (at most ``MAX_CONNECTIONS`` open:
+    a request waits for a free one, and that wait counts in its latency); returns the status
+    code."""
+    async with slots:
+        try:
+            reader, writer = pool.get_nowait()
+        except asyncio.QueueEmpty:
+            reader, writer = await asyncio.open_connection(host, port)
+        try:
+            return await _exchange(pool, reader, writer, request)
+        except BaseException:
+            writer.close()
+            raise
+
+
+async def _exchange(pool: asyncio.Queue, reader, writer, request: bytes) -> int:
     writer.write(request)
     status_line = await reader.readline()
     length = 0
@@ -132,6 +147,7 @@ async def open_loop(host: str, port: int, path: str, token: str, rate: float, se
         "Connection: keep-alive\r\n\r\n"
     ).encode()
     pool: asyncio.Queue = asyncio.Queue()
+    slots = asyncio.Semaphore(MAX_CONNECTIONS)
     n = int(rate * seconds)
     latencies = np.full(n, np.nan)
     statuses = np.zeros(n, dtype=int)
@@ -140,7 +156,7 @@ async def open_loop(host: str, port: int, path: str, token: str, rate: float, se
 
     async def fire(i: int, due: float) -> None:
         try:
-            statuses[i] = await _one(pool, host, port, request)
+            statuses[i] = await _one(pool, slots, host, port, request)
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             statuses[i] = -1
         latencies[i] = loop.time() - due
@@ -153,7 +169,9 @@ async def open_loop(host: str, port: int, path: str, token: str, rate: float, se
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(fire(i, due)))
     done_by = start + seconds
-    await asyncio.wait(tasks, timeout=max(10.0, seconds))
+    _, pending = await asyncio.wait(tasks, timeout=max(10.0, seconds))
+    for task in pending:  # not answered in time: counted as errors
+        task.cancel()
     achieved = np.isfinite(latencies).sum() / max(loop.time() - start, seconds)
     while not pool.empty():
         _, writer = pool.get_nowait()
