@@ -157,3 +157,63 @@ def worker_status(
     stale = [name for name, seen in rows if seen < fresh]
     last = max((seen for _, seen in rows), default=None)
     return WorkerStatus(live, stale, last)
+
+
+class LocalWorkerWatch:
+    """``zoopick serve``'s watch over its own local worker: when no pool process on this host
+    has beaten for ``heartbeat_timeout_seconds`` (after a start-up grace of twice that), the
+    worker is stalled (its pool died while its main process keeps reserving tasks, or it
+    hangs): ``restart`` is called. Its reserved work is recovered by the sweepers (lost jobs
+    and lost dataset validations)."""
+
+    def __init__(self, settings: Settings, restart) -> None:
+        from zoopick.service.db.session import make_engine, make_sessionmaker
+
+        self.settings = settings
+        self.restart = restart
+        self.engine = make_engine(settings.database_url)
+        self.factory = make_sessionmaker(self.engine)
+        self.started = utcnow()
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="zoopick-worker-watch", daemon=True)
+
+    def start(self) -> LocalWorkerWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.engine.dispose()
+
+    def stalled(self, now: datetime | None = None) -> bool:
+        import socket
+
+        now = now or utcnow()
+        timeout = timedelta(seconds=self.settings.heartbeat_timeout_seconds)
+        if now - self.started < 2 * timeout:
+            return False
+        with self.factory() as session:
+            seen = session.scalar(
+                select(WorkerHeartbeat.seen_at)
+                .where(WorkerHeartbeat.hostname == socket.gethostname())
+                .order_by(WorkerHeartbeat.seen_at.desc())
+                .limit(1)
+            )
+        return seen is None or seen < now - timeout
+
+    def _loop(self) -> None:
+        interval = max(1.0, self.settings.heartbeat_timeout_seconds / 3)
+        while not self._stop.wait(interval):
+            try:
+                if self.stalled():
+                    log.warning(
+                        "the local worker has not beaten for %s s: restarting it",
+                        self.settings.heartbeat_timeout_seconds,
+                    )
+                    self.restart()
+                    self.restarts += 1
+                    self.started = utcnow()
+            except Exception:  # noqa: BLE001 - the watch must outlive a database hiccup
+                log.warning("watching the local worker failed", exc_info=True)

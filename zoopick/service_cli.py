@@ -139,17 +139,32 @@ def serve(
     # runs and stops the worker (with the default handler the process would die on the spot
     # and leave the worker and its pool running)
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in STOP_SIGNALS}
+    from zoopick.service.liveness import LocalWorkerWatch
+
     proc = None
+    watch = None
+
+    def start_worker() -> subprocess.Popen:
+        # its own process group (one signal reaches its pool and their trainers), and it
+        # dies with us even if we are killed outright
+        return subprocess.Popen(
+            worker_argv("cpu,gpu", concurrency, loglevel="warning"),
+            env=settings.env(),
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
+
+    def restart_worker() -> None:
+        nonlocal proc
+        if proc is not None:
+            stop_group(proc, grace=5)
+        proc = start_worker()
+
     try:
         if worker:
-            # its own process group (one signal reaches its pool and their trainers), and it
-            # dies with us even if we are killed outright
-            proc = subprocess.Popen(
-                worker_argv("cpu,gpu", concurrency, loglevel="warning"),
-                env=settings.env(),
-                start_new_session=True,
-                preexec_fn=die_with_parent(),
-            )
+            proc = start_worker()
+            # a worker whose pool stopped running tasks stops beating: restart it
+            watch = LocalWorkerWatch(settings, restart_worker).start()
         if workers == 1:
             uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
         else:
@@ -167,6 +182,8 @@ def serve(
     except ServerStopped:
         pass
     finally:
+        if watch is not None:
+            watch.stop()
         if proc is not None:
             stop_group(proc, grace=WORKER_STOP_GRACE_SECONDS)
         for sig, handler in previous.items():

@@ -1,0 +1,71 @@
+"""``zoopick serve`` restarts its local worker when the worker stops beating (issue 10, item 4),
+on the embedded setup (SQLite, file broker): real serve, worker and pool processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+import httpx
+
+from tests.service import procs
+from tests.service.datafiles import npz_bytes
+from tests.service.test_api import API
+from tests.service.test_hardening_workers import EXTRA
+
+
+def test_serve_restarts_a_stalled_embedded_worker_and_recovers_its_work(tmp_path):
+    """Embedded mode (SQLite, file broker): the local worker of ``zoopick serve`` stops
+    (SIGSTOP on its process group, as a hung pool looks from outside); /readyz reports it,
+    serve restarts it, and a dataset uploaded meanwhile (its message taken by the stalled
+    worker, or still queued) ends ready."""
+    from tests.service.test_serve_signals import SERVE, descendants
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
+    env.update(EXTRA, ZOOPICK_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1")
+    # re-sending a lost validation every 12 s, up to 5 times, covers the stall and restart
+    env.update(
+        ZOOPICK_MAX_DELIVERIES="5",
+        ZOOPICK_LIGHT_SOFT_TIME_LIMIT="5",
+        ZOOPICK_LIGHT_HARD_TIME_LIMIT="6",
+    )
+    port = procs.free_port()
+    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
+    serve = procs.Proc("serve", cmd + ["--concurrency", "1"], env, tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    started: set[int] = set()
+    try:
+        procs.wait_http(serve, f"{base}/healthz", timeout=90)
+        key = (tmp_path / "data" / "api-key").read_text().strip()
+        http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        procs.poll(
+            lambda: http.get("/readyz").json().get("checks", {}).get("workers", ""),
+            lambda w: w.startswith("ok"),
+            60,
+            what="the local worker's heartbeat",
+        )
+        started = descendants(serve.proc.pid)
+        leader = min(started)  # the worker's main process leads its own group
+        os.killpg(os.getpgid(leader), signal.SIGSTOP)
+        resp = http.post(f"{API}/datasets", files={"file": ("late.npz", npz_bytes(), "x")})
+        assert resp.status_code == 202, resp.text
+        ds = resp.json()["id"]
+        procs.poll(lambda: http.get("/readyz").status_code, lambda s: s == 503, 30, what="503")
+        procs.poll(lambda: http.get("/readyz").status_code, lambda s: s == 200, 60, what="back")
+        assert not (descendants(serve.proc.pid) & {leader})  # a new worker, not the old one
+        final = procs.poll(
+            lambda: http.get(f"{API}/datasets/{ds}").json(),
+            lambda d: d["status"] in ("ready", "invalid"),
+            90,
+            what="the dataset uploaded during the stall",
+        )
+        assert final["status"] == "ready", final
+        http.close()
+    finally:
+        started |= descendants(serve.proc.pid)
+        serve.stop()
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
