@@ -166,8 +166,18 @@ def scored_models(session: Session, job: Job) -> set[str]:
     return {r[0] for r in rows}
 
 
+def record_model_error(session: Session, job_id: uuid.UUID, model_id: str, error: str) -> None:
+    """Remember that ``model_id`` could not be scored for the job (the others go on)."""
+    job = session.get(Job, job_id, with_for_update=True)
+    if job is None:
+        return
+    job.model_errors = {**(job.model_errors or {}), model_id: error[:2000]}
+    session.flush()
+
+
 def update_scoring_progress(session: Session, job: Job) -> float:
-    done = len(scored_models(session, job) & set(job.models))
+    settled = scored_models(session, job) | set(job.model_errors or {})
+    done = len(settled & set(job.models))
     share = SCORING_SHARE_WITH_TRAINING if job.finetune else 1.0
     progress = min(1.0, share * done / max(1, len(job.models)))
     session.execute(

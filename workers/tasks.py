@@ -204,10 +204,14 @@ def score_model(self, job_id: str, model_id: str) -> str:
                 f"{cfg.score_soft_time_limit} s",
             )
         raise
-    except Exception as exc:
+    except Exception as exc:  # a broken zoo entry: skip this model, score the others
+        log.warning("job %s: scoring model %s failed", jid, model_id, exc_info=True)
         with session_scope(factory()) as session:
-            pipeline.fail(session, jid, f"scoring model {model_id!r} failed: {exc}")
-        raise
+            pipeline.record_model_error(session, jid, model_id, f"scoring failed: {exc}")
+            job = session.get(Job, jid)
+            if job is not None:
+                pipeline.update_scoring_progress(session, job)
+        return "model failed"
 
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
@@ -231,13 +235,17 @@ def select_model(self, job_id: str) -> str:
         job = _open_job(session, jid)
         if job is None:
             return "skipped"
-        missing = [m for m in job.models if m not in pipeline.scored_models(session, job)]
+        errors = dict(job.model_errors or {})
+        scored = pipeline.scored_models(session, job)
+        missing = [m for m in job.models if m not in scored and m not in errors]
         if missing:
             pipeline.fail(session, jid, f"models left unscored: {', '.join(missing)}")
             return "failed"
         chosen = pipeline.choose(session, job)
         if chosen is None:
-            pipeline.fail(session, jid, "no model could be scored")
+            why = "; ".join(f"{m}: {e}" for m, e in errors.items())
+            pipeline.fail(session, jid, f"no model could be scored ({why})" if why else
+                          "no model could be scored")  # fmt: skip
             return "failed"
         if job.finetune:
             moved = pipeline.transition(

@@ -53,6 +53,7 @@ def summary(job: Job) -> dict:
         chosen_model=job.chosen_model,
         cancel_requested=job.cancel_requested,
         recoveries=job.recoveries or 0,
+        model_errors=job.model_errors or {},
         created_at=job.created_at,
         updated_at=job.updated_at,
         started_at=job.started_at,

@@ -203,6 +203,10 @@ class JobSummary(BaseModel):
     recoveries: int = Field(
         0, description="Times the job was re-queued after its worker or messages were lost."
     )
+    model_errors: dict[str, str] = Field(
+        default_factory=dict,
+        description="Models that could not be scored, with why (skipped; the others rank).",
+    )
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None

@@ -1,4 +1,5 @@
-"""Task delivery counts (a task that kills its worker is failed after a bounded number of
+"""Per-model scoring errors of a job (a broken zoo entry is skipped, not fatal), task delivery
+counts (a task that kills its worker is failed after a bounded number of
 deliveries) and worker heartbeats (``/readyz`` sees a worker that stopped running tasks).
 
 Revision ID: 0003
@@ -18,6 +19,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.add_column("jobs", sa.Column("model_errors", sa.JSON(), server_default="{}", nullable=False))
     op.create_table(
         "task_deliveries",
         sa.Column("key", sa.String(length=300), nullable=False),
@@ -44,3 +46,7 @@ def downgrade() -> None:
     op.drop_index(op.f("ix_worker_heartbeats_hostname"), table_name="worker_heartbeats")
     op.drop_table("worker_heartbeats")
     op.drop_table("task_deliveries")
+    if op.get_bind().dialect.name == "sqlite":
+        op.execute("ALTER TABLE jobs DROP COLUMN model_errors")
+    else:
+        op.drop_column("jobs", "model_errors")

@@ -172,6 +172,8 @@ class Job(Base):
     task_ids: Mapped[list[Any]] = mapped_column(default=list)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None]
+    model_errors: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+    """Zoo models that could not be scored, with why: a broken entry is skipped, not fatal."""
     recoveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """Times the sweeper (``zoopick.service.recovery``) re-queued this job after it was lost."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,83 @@
+"""A job over "all" models skips a broken zoo entry with a per-model error instead of failing
+whole (issue 10, item 11): real worker (cpu and gpu queues), uvicorn, PostgreSQL and Redis.
+
+The broken entry is written straight into the database (registration through the API now
+refuses it): a ``test_resnet`` row whose checkpoint is a ``test_vit``'s, as an entry from an
+older manifest or a checkpoint replaced on disk would be.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.service import procs
+from tests.service.checkpoints import write_checkpoint
+from tests.service.datafiles import npz_bytes
+from tests.service.test_api import API
+
+
+@pytest.fixture(scope="module")
+def service(new_pg_database, redis_url, tmp_path_factory):
+    from zoopick.service.db import migrate
+    from zoopick.service.db.models import ZooModel
+    from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
+    from zoopick.service.security import create_api_key
+    from zoopick.service.settings import Settings
+
+    url, prefix = redis_url
+    db = new_pg_database()
+    migrate.upgrade(db)
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("broken-zoo"),
+        database_url=db,
+        broker_url=url,
+        redis_key_prefix=prefix + "broken:",
+    )
+    settings.ensure_dirs()
+    vit = write_checkpoint(settings.data_dir / "vit.safetensors", 10, arch="test_vit")
+    engine = make_engine(db)
+    with session_scope(make_sessionmaker(engine)) as session:
+        _, token = create_api_key(session, tenant="zed", name="z")
+        session.add(ZooModel(id="good", arch="test_resnet", weights="none", num_classes=10,
+                             overrides={"input_size": [3, 32, 32]}))  # fmt: skip
+        session.add(ZooModel(id="broken", arch="test_resnet", weights=str(vit), num_classes=10,
+                             overrides={"input_size": [3, 32, 32]}))  # fmt: skip
+    engine.dispose()
+    worker = procs.start_worker(settings, "cpu,gpu", settings.data_dir)
+    api, base = procs.start_api(settings, settings.data_dir)
+    try:
+        procs.wait_worker_ready(worker)
+        with httpx.Client(
+            base_url=base + API, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        ) as http:
+            yield http, worker
+    finally:
+        api.stop()
+        worker.stop()
+
+
+def test_a_broken_zoo_entry_is_skipped_with_its_error(service):
+    http, worker = service
+    resp = http.post("/datasets", files={"file": ("d.npz", npz_bytes(), "x")})
+    ds = resp.json()["id"]
+    procs.poll(lambda: http.get(f"/datasets/{ds}").json()["status"], lambda s: s == "ready", 60,
+               what="dataset")  # fmt: skip
+    body = {"dataset_id": ds, "models": "all", "metrics": ["sms"], "select_by": "sms"}
+    resp = http.post("/jobs", json=body)
+    assert resp.status_code == 202, resp.text
+    job = procs.poll(
+        lambda: http.get(f"/jobs/{resp.json()['id']}").json(),
+        lambda j: j["status"] in ("succeeded", "failed"),
+        120,
+        what="the job",
+    )
+    assert job["status"] == "succeeded", (job, worker.tail())
+    assert job["chosen_model"] == "good"
+    assert [r["model"] for r in job["ranking"]] == ["good"]
+    assert set(job["model_errors"]) == {"broken"}
+    assert (
+        "does not fit" in job["model_errors"]["broken"]
+        or "checkpoint" in (job["model_errors"]["broken"])
+    )
+    assert job["progress"] == 1.0
