@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from zoopick.app import dashboard
 from zoopick.app.api import datasets, health, jobs, zoo
 from zoopick.app.problems import install as install_problems
 from zoopick.service.db.session import make_engine, make_sessionmaker
@@ -65,4 +66,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     for module in (datasets, zoo, jobs):
         app.include_router(module.router, prefix=API_PREFIX)
+    dashboard.install(app)  # the web pages at /, over the same functions
     return app

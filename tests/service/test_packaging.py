@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {
     "zoopick": "zoopick",
     "app": "zoopick/app",
+    "client": "zoopick/client",
     "workers": "zoopick/workers",
     "service": "zoopick/service",
     "selection": "zoopick/selection",
