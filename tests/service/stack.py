@@ -32,6 +32,22 @@ class Stack:
             timeout=30,
         )
 
+    def tenant(self, name: str) -> Stack:
+        """The same server seen by a new tenant (its own key): tests sharing the server do not
+        see each other's datasets and jobs."""
+        from dataclasses import replace
+
+        from zoopick.service.db.session import make_engine, make_sessionmaker
+        from zoopick.service.security import create_api_key
+
+        engine = make_engine(self.settings.database_url)
+        try:
+            with make_sessionmaker(engine).begin() as session:
+                _, key = create_api_key(session, tenant=name, name=name)
+        finally:
+            engine.dispose()
+        return replace(self, key=key)
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.tail(30)}" for p in self.procs)
 

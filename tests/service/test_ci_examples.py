@@ -14,17 +14,14 @@ import pytest
 import yaml
 
 from tests.service.datafiles import npz_bytes
-from tests.service.stack import live_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 CI = ROOT / "docs" / "ci"
 
 
 @pytest.fixture(scope="module")
-def stack(new_pg_database, redis_url, tmp_path_factory):
-    pytest.importorskip("zoopick.selection.extract", reason="selection engine")
-    with live_stack(new_pg_database, redis_url, tmp_path_factory.mktemp("ci"), "ci") as s:
-        yield s
+def stack(live_server):
+    return live_server.tenant("ci")
 
 
 def workdir(tmp_path: Path, stack) -> tuple[Path, dict[str, str]]:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.service.datafiles import npz_bytes
 from tests.service.procs import free_port
-from tests.service.stack import ZOO, live_stack
+from tests.service.stack import ZOO
 from zoopick.client import (
     BadRequest,
     Client,
@@ -36,10 +36,8 @@ MODELS = [m for m, _ in ZOO]
 
 
 @pytest.fixture(scope="module")
-def stack(new_pg_database, redis_url, tmp_path_factory):
-    pytest.importorskip("zoopick.selection.extract", reason="selection engine")
-    with live_stack(new_pg_database, redis_url, tmp_path_factory.mktemp("cl"), "client") as s:
-        yield s
+def stack(live_server):
+    return live_server.tenant("client")
 
 
 @pytest.fixture(scope="module")

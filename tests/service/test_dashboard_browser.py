@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.datafiles import imagefolder_zip_bytes
-from tests.service.stack import ZOO, live_stack
+from tests.service.stack import ZOO
 
 CHROMIUM = "/usr/bin/chromium"
 MODELS = [m for m, _ in ZOO]
@@ -27,10 +27,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def stack(new_pg_database, redis_url, tmp_path_factory):
-    pytest.importorskip("zoopick.selection.extract", reason="selection engine")
-    with live_stack(new_pg_database, redis_url, tmp_path_factory.mktemp("web"), "web") as s:
-        yield s
+def stack(live_server):
+    return live_server.tenant("web")
 
 
 @pytest.fixture(scope="module")
