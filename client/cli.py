@@ -353,17 +353,12 @@ def jobs_list(
     with _errors(), _client(url, api_key) as client:
         items = client.list_jobs(status=status, limit=limit)
     if as_json:
-        _emit(items)
+        _emit([j.raw for j in items])
         return
     table = Table("id", "status", "progress", "chosen", "select by", "created")
     for j in items:
         table.add_row(
-            j["id"],
-            j["status"],
-            f"{j['progress']:.0%}",
-            j.get("chosen_model") or "",
-            j["select_by"],
-            j["created_at"],
+            j.id, j.status, f"{j.progress:.0%}", j.chosen_model or "", j.select_by, j.created_at
         )
     out.print(table)
 

@@ -225,9 +225,10 @@ class Client:
     results = get_job
     """A job's results: its ranking, chosen model and training curve are part of it."""
 
-    def list_jobs(self, *, status: str | None = None, limit: int | None = None) -> list[dict]:
-        """Job summaries, newest first (no ranking: :meth:`get_job` for one job's results)."""
-        return list(self._pages("/jobs", {"status": status}, limit))
+    def list_jobs(self, *, status: str | None = None, limit: int | None = None) -> list[Job]:
+        """Jobs newest first, as summaries: their ``ranking`` is empty and ``training`` None
+        (:meth:`get_job` for one job's results)."""
+        return [Job.from_json(d) for d in self._pages("/jobs", {"status": status}, limit)]
 
     def cancel_job(self, job_id: str) -> Job:
         return Job.from_json(self._send("POST", f"/jobs/{job_id}/cancel").json())

@@ -85,7 +85,8 @@ def test_client_scores_a_dataset_and_ranks_every_model(client, dataset):
     assert done.chosen_model == done.ranking[0].model
     assert done.chosen_score == done.ranking[0].scores["logme"]
     assert client.results(job.id).ranking == done.ranking
-    assert job.id in [j["id"] for j in client.list_jobs(status="succeeded")]
+    listed = {j.id: j for j in client.list_jobs(status="succeeded")}
+    assert listed[job.id].chosen_model == done.chosen_model and listed[job.id].ranking == []
     assert dataset in [d.id for d in client.list_datasets()]
     zoo = {m.id: m for m in client.list_zoo()}
     assert set(zoo) >= set(MODELS) and zoo["tiny-vit"].arch == "test_vit"
@@ -106,7 +107,7 @@ def test_client_raises_one_exception_per_problem(stack, client, dataset):
         other.get_dataset(dataset)
     done = client.list_jobs(status="succeeded", limit=1)[0]
     with pytest.raises(Conflict, match="already succeeded"):
-        client.cancel_job(done["id"])
+        client.cancel_job(done.id)
 
 
 def test_connection_refused_is_retried_then_unreachable():
@@ -203,7 +204,7 @@ def test_a_retried_submit_never_makes_two_jobs(stack, client, dataset):
     assert elapsed >= 1.0  # the 429's Retry-After was honoured
     jobs = client.list_jobs()
     assert len(jobs) == before + 1  # the lost first try made the only job
-    assert jobs[0]["id"] == job.id
+    assert jobs[0].id == job.id
     client.wait_job(job.id, timeout=90, interval=0.3)
 
 

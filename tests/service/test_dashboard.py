@@ -197,6 +197,9 @@ def test_jobs_list_filters_pages_and_hides_other_tenants(service_app, make_key, 
     assert [j for j, _ in rows(b.get(next_url).text)] == [ids[0]]
     assert rows(b.get("/jobs/rows").text) == listed  # the live fragment: the same rows
     assert b.get("/jobs?status=bogus").status_code == 400
+    garbled = b.get("/jobs?page_token=garbage")
+    assert garbled.status_code == 400 and "invalid page_token" in garbled.text
+    assert b.get("/jobs/not-a-job").status_code == 404
 
     # another tenant sees none of it
     a = sign_in(service_app, alice.token)

@@ -4,8 +4,9 @@ against a live server (uvicorn, a Celery worker, PostgreSQL, Redis).
 Signs in with the keyboard, uploads through the form, submits a job and watches it reach
 ``succeeded`` without a reload, checks every model is in every chart, downloads the model,
 cancels a second job, checks the phone-width layout and signs out. A screenshot of each page
-goes to ``$ZOOPICK_SCREENSHOTS`` (default: the test's temporary folder; the committed ones in
-docs/screenshots/ come from ``ZOOPICK_SCREENSHOTS=docs/screenshots``)."""
+goes to ``$ZOOPICK_SCREENSHOTS`` (default: ``.artifacts/screenshots``, git-ignored, for CI to
+keep as artefacts; the committed ones in docs/screenshots/ come from
+``ZOOPICK_SCREENSHOTS=docs/screenshots``)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.datafiles import imagefolder_zip_bytes
+from tests.service.datafiles import imagefolder_zip_bytes, not_a_dataset_zip_bytes
 from tests.service.stack import ZOO
 
 CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = [m for m, _ in ZOO]
 
 pytestmark = pytest.mark.skipif(
@@ -32,9 +34,8 @@ def stack(live_server):
 
 
 @pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> Path:
-    folder = os.environ.get("ZOOPICK_SCREENSHOTS")
-    path = Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
+def shots() -> Path:
+    path = Path(os.environ.get("ZOOPICK_SCREENSHOTS") or ROOT / ".artifacts" / "screenshots")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -98,6 +99,17 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
         "[...document.querySelectorAll('.thumbs img')].every(i => i.complete && i.naturalWidth > 0)"
     )
     page.screenshot(path=str(shots / "dataset.png"), full_page=True)
+
+    # an archive the worker cannot use: its page lists why
+    notes = tmp_path / "notes.zip"
+    notes.write_bytes(not_a_dataset_zip_bytes())
+    page.get_by_role("link", name="Datasets", exact=True).click()
+    page.get_by_label("Dataset file").set_input_files(str(notes))
+    page.get_by_role("button", name="Upload").click()
+    expect(page).to_have_url(re.compile(r"/datasets/[0-9a-f-]{36}$"))
+    expect(page.locator("#dataset-status")).to_have_text("invalid", timeout=60_000)
+    expect(page.locator("#validation-errors li").first).to_contain_text("class")
+    page.screenshot(path=str(shots / "dataset-invalid.png"), full_page=True)
     page.get_by_role("link", name="Datasets", exact=True).click()
     expect(page.get_by_role("link", name="pets")).to_be_visible()
     page.screenshot(path=str(shots / "datasets.png"), full_page=True)
