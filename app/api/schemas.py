@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasPath, BaseModel, ConfigDict, Field
 
 from zoopick.training.config import DEFAULT_WORKERS, default
 
@@ -127,7 +127,7 @@ class RankedModel(BaseModel):
 
 
 class EpochOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(from_attributes=True, populate_by_name=True)
 
     epoch: int
     loss: float | None
@@ -137,6 +137,17 @@ class EpochOut(BaseModel):
     compute_seconds: float | None
     select_seconds: float | None
     comm_seconds: float | None
+    iterations: int | None = Field(
+        None,
+        validation_alias=AliasPath("extra", "iterations"),
+        description="Training iterations in the epoch.",
+    )
+    dense_bytes: float | None = Field(
+        None,
+        validation_alias=AliasPath("extra", "dense_bytes"),
+        description="What a dense float32 all-reduce of the same gradients would have sent per "
+        "worker in the epoch: the baseline of bytes_sent.",
+    )
 
 
 class TrainingOut(BaseModel):

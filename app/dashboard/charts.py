@@ -14,6 +14,14 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
+def _short(v: float) -> str:
+    """An axis label that fits its margin: 1.49M rather than 1.492e+06."""
+    for size, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= size:
+            return f"{v / size:.3g}{unit}"
+    return _fmt(v)
+
+
 def bar_chart(
     title: str, bars: Sequence[tuple[str, float]], *, highlight: str | None = None
 ) -> Markup:
@@ -76,8 +84,8 @@ def line_chart(
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" class="axis"/>',
         f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}"'
         ' class="axis"/>',
-        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{_fmt(y_hi)}</text>',
-        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end">{_fmt(y_lo)}</text>',
+        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{_short(y_hi)}</text>',
+        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end">{_short(y_lo)}</text>',
         f'<text x="{left}" y="{height - 8}">{x_label} {_fmt(x_lo)}</text>',
         f'<text x="{left + plot_w}" y="{height - 8}" text-anchor="end">{_fmt(x_hi)}</text>',
     ]

@@ -218,9 +218,25 @@ def _job_context(request: Request, session, job_id: str) -> dict[str, Any]:
                 },
             )
         )
-        sent = [(f"epoch {e.epoch}", float(e.bytes_sent)) for e in epochs if e.bytes_sent]
-        if sent:
-            training_charts.append(charts.bar_chart("bytes sent per worker per epoch", sent))
+        per_iteration = [e for e in epochs if e.iterations and e.bytes_sent is not None]
+        if per_iteration:  # the trainer reports its dense all-reduce baseline
+            training_charts.append(
+                charts.line_chart(
+                    "bytes sent per iteration (per worker) vs dense all-reduce",
+                    {
+                        "sent": [(e.epoch, e.bytes_sent / e.iterations) for e in per_iteration],
+                        "dense all-reduce": [
+                            (e.epoch, e.dense_bytes / e.iterations)
+                            for e in per_iteration
+                            if e.dense_bytes is not None
+                        ],
+                    },
+                )
+            )
+        else:
+            sent = [(f"epoch {e.epoch}", float(e.bytes_sent)) for e in epochs if e.bytes_sent]
+            if sent:
+                training_charts.append(charts.bar_chart("bytes sent per worker per epoch", sent))
     dataset_name = None
     if job.dataset_id:
         dataset_name = _dataset_names(session, caller, {job.dataset_id})[str(job.dataset_id)]

@@ -248,7 +248,8 @@ def test_job_page_shows_ties_charts_and_the_training_curve(service_app, make_key
         job = session.get(Job, jid)
         run = pipeline.open_run(session, job, zoo[0], {}, 1, "/tmp/none")
         for e, loss, acc, sent in ((1, 2.0, 0.25, 1000), (2, 1.5, 0.5, 1200)):
-            pipeline.record_epoch(session, run.id, EpochRecord(e, loss, None, acc, sent))
+            record = EpochRecord(e, loss, None, acc, sent, iterations=10, dense_bytes=10_000.0)
+            pipeline.record_epoch(session, run.id, record)
     html = b.get(f"/jobs/{jid}").text
     # equal logme scores: both models share rank 1, shown as a tie
     assert html.count("(tie)") == 2
@@ -260,8 +261,9 @@ def test_job_page_shows_ties_charts_and_the_training_curve(service_app, make_key
         assert {m: float(v) for m, v in bars.items()} == dict(zip(zoo, values, strict=True))
     curve = re.search(r'aria-label="training loss and test accuracy".*?</svg>', html, re.S).group(0)
     assert "loss at epoch 2: 1.5" in curve and "test accuracy at epoch 1: 0.25" in curve
-    sent = re.search(r'aria-label="bytes sent per worker per epoch".*?</svg>', html, re.S).group(0)
-    assert 'data-value="1200.0"' in sent
+    sent = re.search(r'aria-label="bytes sent per iteration[^"]*".*?</svg>', html, re.S).group(0)
+    assert "sent at epoch 2: 120<" in sent and "dense all-reduce at epoch 2: 1000<" in sent
+    assert re.findall(r'<td class="share">([^<]*)</td>', html) == ["10.0%", "12.0%"]
     assert "0.40" in html  # forward seconds of the first model
     live = b.get(f"/jobs/{jid}/live").text
     assert 'data-done="false"' in live and "Download" not in live
