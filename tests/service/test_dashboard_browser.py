@@ -136,7 +136,7 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     page.get_by_label("Compressor").select_option("spardl")
     page.get_by_label("Density (fraction of gradients sent)").fill("0.1")
     page.get_by_label("Workers").fill("2")
-    page.get_by_label("Epochs").fill("2")
+    page.get_by_label("Epochs").fill("1")
     page.get_by_role("button", name="Submit job").click()
     expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f-]{36}$"))
     job_url = page.url
@@ -154,7 +154,7 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     expect(page.get_by_role("img", name="training loss and test accuracy")).to_be_visible()
     expect(page.get_by_role("img", name=re.compile("bytes sent per iteration"))).to_be_visible()
     shares = page.locator("td.share").all_inner_texts()  # sparse: a fraction of dense
-    assert len(shares) == 2 and all(0 < float(v.rstrip("%")) < 100 for v in shares), shares
+    assert len(shares) == 1 and 0 < float(shares[0].rstrip("%")) < 100, shares
     expect(page.locator("tr.chosen th")).to_contain_text(chosen)
     page.screenshot(path=str(shots / "job.png"), full_page=True)
     with page.expect_download() as dl:
