@@ -63,7 +63,9 @@ class Problem(Exception):
 
 def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses=`` entries declaring problem-details bodies for ``codes``."""
-    return {code: {"model": ProblemDetail, "content": {MEDIA_TYPE: {}}} for code in sorted(codes)}
+    return {
+        code: {"model": ProblemDetail, "content": {MEDIA_TYPE: {}}} for code in sorted(codes)
+    }
 
 
 def problem_response(
