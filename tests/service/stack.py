@@ -25,11 +25,11 @@ class Stack:
     dir: Path
     procs: list[Proc] = field(default_factory=list)
 
-    def api(self, key: str | None = None) -> httpx.Client:
+    def api(self, key: str | None = None, timeout: float = 30) -> httpx.Client:
         return httpx.Client(
             base_url=self.url + "/api/v1",
             headers={"Authorization": f"Bearer {key or self.key}"},
-            timeout=30,
+            timeout=timeout,
         )
 
     def tenant(self, name: str) -> Stack:
@@ -79,7 +79,8 @@ def live_stack(pg_url_factory, redis_url, data: Path, name: str) -> Iterator[Sta
         worker = start_worker(settings, "cpu,gpu", data)
         procs.append(worker)
         stack = Stack(base, user, admin, settings, data, procs)
-        with stack.api(admin) as client:
+        # the first registration imports timm in the API process: slow on a loaded machine
+        with stack.api(admin, timeout=180) as client:
             for mid, arch in ZOO:
                 body = {"id": mid, "arch": arch, "weights": "none", "num_classes": 10}
                 body.update(input_size=[3, 32, 32], source="timm test model")
