@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from zoopick.app import dashboard
 from zoopick.app.api import datasets, health, jobs, zoo
 from zoopick.app.problems import install as install_problems
 from zoopick.app.ratelimit import RateLimits
@@ -67,4 +68,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     for module in (datasets, zoo, jobs):
         app.include_router(module.router, prefix=API_PREFIX)
+    dashboard.install(app)  # the web pages at /, over the same functions
     return app

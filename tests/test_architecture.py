@@ -102,16 +102,22 @@ def test_the_import_contracts_hold_and_catch_a_wrong_way_import(tmp_path):
     tree = package_tree(tmp_path / "tree")
     kept = lint(tree)
     assert kept.returncode == 0, kept.stdout + kept.stderr
-    assert "3 kept, 0 broken" in kept.stdout
+    assert "5 kept, 0 broken" in kept.stdout
 
     settings = tree / "zoopick" / "service" / "settings.py"
     settings.write_text(settings.read_text() + "\nimport zoopick.workers.tasks  # noqa\n")
     extract = tree / "zoopick" / "selection" / "extract.py"
     extract.write_text(extract.read_text() + "\nimport fastapi  # noqa\n")
+    client = tree / "zoopick" / "client" / "http.py"  # the client speaks HTTP only
+    client.write_text(client.read_text() + "\nimport zoopick.service.settings  # noqa\n")
+    page = tree / "zoopick" / "app" / "dashboard" / "pages.py"  # pages use the API's functions
+    page.write_text(page.read_text() + "\nimport zoopick.selection.rank  # noqa\n")
     broken = lint(tree)
     assert broken.returncode != 0
     assert "zoopick.service.settings -> zoopick.workers.tasks" in broken.stdout
     assert "zoopick.selection.extract -> fastapi" in broken.stdout
+    assert "zoopick.client.http -> zoopick.service.settings" in broken.stdout
+    assert "zoopick.app.dashboard.pages -> zoopick.selection.rank" in broken.stdout
     assert "python -m tests.lint_imports" in (ROOT / "README.md").read_text()  # CI runs it
 
 

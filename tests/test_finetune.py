@@ -48,6 +48,10 @@ def test_every_hook_lowers_the_loss(tiny_zoo, tiny_npz, tmp_path):
     dense = json.loads((tmp_path / "dense" / METRICS).read_text().splitlines()[0])
     topk = json.loads((tmp_path / "topk" / METRICS).read_text().splitlines()[0])
     assert topk["bytes_sent"] < 0.5 * dense["bytes_sent"]
+    # the dense baseline each epoch reports is what the dense hook really sent
+    assert dense["dense_bytes"] == pytest.approx(dense["bytes_sent"], rel=1e-9)
+    assert topk["dense_bytes"] == pytest.approx(dense["dense_bytes"], rel=1e-9)
+    assert dense["iterations"] == topk["iterations"] > 0
 
 
 def test_resume_continues_the_same_run_and_model_loads(tiny_zoo, tiny_npz, tmp_path):

@@ -116,8 +116,11 @@ class EpochRecord:
 
     On the wire (stdout, ``metrics.jsonl``) it is one JSON object per line:
     ``{"epoch", "loss", "train_acc", "test_acc", "bytes_sent", "seconds": {"compute",
-    "select", "communicate"}, "workers", "compressor"}``; :meth:`to_json` and :func:`parse_line`
-    are the only writer and reader of that form."""
+    "select", "communicate"}, "workers", "compressor", "iterations", "dense_bytes"}``;
+    :meth:`to_json` and :func:`parse_line` are the only writer and reader of that form.
+    ``dense_bytes`` is what a dense float32 all-reduce of the same gradients would have sent
+    per worker over the epoch (``comm.stats.dense_allreduce_bytes``): the baseline of
+    ``bytes_sent``; per iteration, divide both by ``iterations``."""
 
     epoch: int
     loss: float | None = None
@@ -129,6 +132,8 @@ class EpochRecord:
     comm_seconds: float | None = None
     workers: int | None = None
     compressor: str | None = None
+    iterations: int | None = None
+    dense_bytes: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -144,6 +149,8 @@ class EpochRecord:
             },
             "workers": self.workers,
             "compressor": self.compressor,
+            "iterations": self.iterations,
+            "dense_bytes": self.dense_bytes,
         }
 
     def to_json(self) -> str:
@@ -168,6 +175,8 @@ class EpochRecord:
             comm_seconds=num(seconds.get("communicate")),
             workers=None if data.get("workers") is None else int(data["workers"]),
             compressor=None if data.get("compressor") is None else str(data["compressor"]),
+            iterations=None if data.get("iterations") is None else int(data["iterations"]),
+            dense_bytes=num(data.get("dense_bytes")),
         )
 
 

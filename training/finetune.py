@@ -102,6 +102,7 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     record (the same on every rank)."""
     from zoopick.selection.zoo import load_zoo, save_checkpoint
     from zoopick.training.comm import make_hook
+    from zoopick.training.comm.stats import dense_allreduce_bytes
 
     cfg.check()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -196,6 +197,8 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
             comm_seconds=comm["comm_s"],
             workers=world,
             compressor=cfg.compressor,
+            iterations=int(comm["iterations"]),
+            dense_bytes=dense_allreduce_bytes(comm["numel"], world),
         )
         if rank == 0:
             _log(record, out)

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from zoopick.client.cli import register as register_client
 from zoopick.service_cli import service_app
 from zoopick.training.config import FinetuneConfig, default
 
@@ -28,6 +29,8 @@ app = typer.Typer(
 
 # the service's commands: serve, worker, migrate, keys (light imports only)
 app.add_typer(service_app)
+# the HTTP client's commands: datasets, jobs, model, zoo (speak to a server, import no service)
+register_client(app)
 
 EXIT_BAD_INPUT = 2
 

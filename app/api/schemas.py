@@ -6,7 +6,15 @@ import uuid
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import (
+    AliasPath,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    model_validator,
+)
 
 from zoopick.training.config import DEFAULT_WORKERS, default
 
@@ -165,7 +173,7 @@ class RankedModel(BaseModel):
 
 
 class EpochOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(from_attributes=True, populate_by_name=True)
 
     epoch: int
     loss: float | None
@@ -175,6 +183,17 @@ class EpochOut(BaseModel):
     compute_seconds: float | None
     select_seconds: float | None
     comm_seconds: float | None
+    iterations: int | None = Field(
+        None,
+        validation_alias=AliasPath("extra", "iterations"),
+        description="Training iterations in the epoch.",
+    )
+    dense_bytes: float | None = Field(
+        None,
+        validation_alias=AliasPath("extra", "dense_bytes"),
+        description="What a dense float32 all-reduce of the same gradients would have sent per "
+        "worker in the epoch: the baseline of bytes_sent.",
+    )
 
 
 class TrainingOut(BaseModel):

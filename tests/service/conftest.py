@@ -161,3 +161,16 @@ def bob(make_key) -> Tenant:
 @pytest.fixture(scope="session")
 def admin(make_key) -> Tenant:
     return make_key("operators", admin=True)
+
+
+@pytest.fixture(scope="session")
+def live_server(new_pg_database, redis_url, tmp_path_factory):
+    """One live zoopick (uvicorn, a Celery worker, a tiny zoo: tests/service/stack.py) shared
+    by the client, CI-pipeline and browser tests; each takes its own tenant with
+    ``live_server.tenant(name)``."""
+    pytest.importorskip("zoopick.selection.extract", reason="selection engine")
+    from tests.service.stack import live_stack
+
+    data = tmp_path_factory.mktemp("live")
+    with live_stack(new_pg_database, redis_url, data, "live") as stack:
+        yield stack

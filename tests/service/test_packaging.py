@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {
     "zoopick": "zoopick",
     "app": "zoopick/app",
+    "client": "zoopick/client",
     "workers": "zoopick/workers",
     "service": "zoopick/service",
     "selection": "zoopick/selection",
@@ -70,10 +71,13 @@ def test_wheel_holds_one_package_with_every_module_and_the_migrations(wheel):
     expected = set()
     for folder, target in FOLDERS.items():
         for p in (ROOT / folder).rglob("*"):
-            if p.is_file() and p.suffix in (".py", ".mako") and "__pycache__" not in p.parts:
+            shipped = (".py", ".mako", ".html", ".css", ".js")  # the dashboard's files too
+            if p.is_file() and p.suffix in shipped and "__pycache__" not in p.parts:
                 expected.add(f"{target}/{p.relative_to(ROOT / folder).as_posix()}")
     assert "zoopick/service/migrations/env.py" in expected
     assert any(n.startswith("zoopick/service/migrations/versions/") for n in expected)
+    assert "zoopick/app/dashboard/templates/base.html" in expected
+    assert "zoopick/app/dashboard/static/app.js" in expected
     assert expected <= names, sorted(expected - names)
 
 
@@ -116,7 +120,8 @@ def test_installed_wheel_adds_only_zoopick_and_runs_away_from_the_checkout(wheel
     python = str(venv / "bin" / "python")
     where = run(python, "-c", "import zoopick; print(zoopick.__file__)").stdout.strip()
     assert Path(where).is_relative_to(site)  # the installed copy, not the checkout
-    assert "score" in run(str(venv / "bin" / "zoopick"), "--help").stdout
+    helptext = run(str(venv / "bin" / "zoopick"), "--help").stdout
+    assert "score" in helptext and "jobs" in helptext  # the client's commands too
     assert "--compressor" in run(python, "-m", "zoopick.training.launch", "--help").stdout
 
     db = tmp_path / "installed.db"

@@ -22,6 +22,17 @@ import torch
 FIELDS = ("bytes_sent", "bytes_recv", "select_s", "comm_s", "numel", "nnz", "buckets")
 
 
+DENSE_ELEMENT_BYTES = 4
+"""A gradient element as DDP's default all-reduce sends it (float32)."""
+
+
+def dense_allreduce_bytes(numel: float, world: int) -> float:
+    """What this worker would put on the wire to all-reduce ``numel`` float32 gradient
+    elements densely (a ring: ``2 (P - 1) / P`` of the payload, as the dense hook counts it):
+    the baseline a sparse hook's ``bytes_sent`` is measured against."""
+    return DENSE_ELEMENT_BYTES * numel * 2 * (world - 1) / world if world > 1 else 0.0
+
+
 def empty_record(iteration: int) -> dict[str, float]:
     rec: dict[str, float] = {"iteration": iteration}
     rec.update(dict.fromkeys(FIELDS, 0))

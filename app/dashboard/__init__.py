@@ -1,0 +1,35 @@
+"""The web dashboard, served by the API at ``/``: server-rendered pages (Jinja2) over the
+API's own functions, signed in with an API key (see :mod:`.auth`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from zoopick.app.dashboard.auth import CsrfFailed, LoginRequired
+
+STATIC = Path(__file__).parent / "static"
+
+
+def install(app: FastAPI) -> None:
+    """Add the pages, their static files and the sign-in redirect to ``app``."""
+    from zoopick.app.dashboard.pages import router
+
+    app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.exception_handler(LoginRequired)
+    async def _login(request: Request, exc: LoginRequired) -> RedirectResponse:
+        return RedirectResponse(f"/login?next={exc.next_url}", status_code=303)
+
+    @app.exception_handler(CsrfFailed)
+    async def _csrf(request: Request, exc: CsrfFailed) -> HTMLResponse:
+        return HTMLResponse(
+            "<!doctype html><title>Form expired</title><h1>Form expired</h1>"
+            '<p>This form was not sent from this browser\'s page. <a href="/">Reload</a> and '
+            "try again.</p>",
+            status_code=403,
+        )

@@ -1,0 +1,530 @@
+"""The dashboard's pages: server-rendered HTML over the API's own functions.
+
+Every page calls the same functions the REST routes are made of (``app.api.jobs``,
+``app.api.datasets``, ``app.api.zoo``, ``deps.get_owned``) with the caller of the session
+cookie, so tenants, validation and errors are exactly the API's; a :class:`Problem` becomes
+an HTML page or a message beside the form field it names. Scripts only enhance: live
+updates poll an HTML fragment of the same template, uploads report their progress.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
+
+from zoopick.app.api import datasets as datasets_api
+from zoopick.app.api import jobs as jobs_api
+from zoopick.app.api import zoo as zoo_api
+from zoopick.app.api.deps import Caller, SessionDep, get_owned
+from zoopick.app.api.schemas import DEFAULT_METRICS, FinetuneSpec, JobCreate, JobOut
+from zoopick.app.dashboard import auth, charts
+from zoopick.app.problems import Problem, problem_response
+from zoopick.service.db.models import Dataset, Job
+from zoopick.service.thumbnails import thumbnail_path, thumbnails
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+
+STATUSES = ("queued", "scoring", "training", "succeeded", "failed", "cancelled")
+TERMINAL = ("succeeded", "failed", "cancelled")
+COMPRESSORS = ("dense", "topk", "gaussiank", "spardl", "exdyna", "dfs")
+PAGE_SIZE = 20
+
+
+def age(when: datetime | None, now: datetime | None = None) -> str:
+    """``when`` as a short age: "12 s", "5 min", "3 h", "2 d"."""
+    if when is None:
+        return ""
+    now = now or datetime.now(UTC)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    s = max(0, int((now - when).total_seconds()))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h"
+    return f"{s // 86400} d"
+
+
+templates.env.filters["age"] = age
+
+
+def render(request: Request, name: str, code: int = 200, **context: Any) -> Response:
+    context.setdefault("signed_in", False)
+    context["csrf"] = auth.csrf_token(request)
+    context["path"] = request.url.path
+    response = templates.TemplateResponse(request, name, context, status_code=code)
+    return auth.keep_csrf(request, response)
+
+
+def error_page(request: Request, problem: Problem) -> Response:
+    return render(request, "error.html", code=problem.status, problem=problem, signed_in=True)
+
+
+def _session_caller(request: Request, session) -> Caller:
+    return auth.require_caller(request, session)
+
+
+# -- sign in / out -------------------------------------------------------------------------
+
+
+@router.get("/")
+def home(request: Request, session: SessionDep) -> Response:
+    signed_in = auth.caller_or_none(request, session) is not None
+    return RedirectResponse("/jobs" if signed_in else "/login", status_code=303)
+
+
+def _safe_next(target: str | None) -> str:
+    """Only local paths: a sign-in link must not send the user to another site."""
+    if not target or not target.startswith("/") or target.startswith("//"):
+        return "/jobs"
+    return target
+
+
+@router.get("/login")
+def login_form(request: Request, next: str | None = None) -> Response:
+    return render(request, "login.html", next=_safe_next(next), error=None)
+
+
+@router.post("/login")
+async def login(request: Request, session: SessionDep) -> Response:
+    form = await request.form()
+    auth.check_csrf(request, form.get(auth.CSRF_FIELD))
+    token = str(form.get("api_key") or "").strip()
+    target = _safe_next(str(form.get("next") or ""))
+    key = await run_in_threadpool(auth.authenticate, session, token) if token else None
+    if key is None:
+        error = "Enter your API key." if not token else "That API key is not valid (or revoked)."
+        return render(request, "login.html", code=401, next=target, error=error)
+    response = RedirectResponse(target, status_code=303)
+    auth.sign_in(response, request, token)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    form = await request.form()
+    auth.check_csrf(request, form.get(auth.CSRF_FIELD))
+    response = RedirectResponse("/login", status_code=303)
+    auth.sign_out(response)
+    return response
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+
+def _dataset_names(session, caller: Caller, ids: set) -> dict[str, str]:
+    names = {}
+    for ds_id in ids:
+        try:
+            names[str(ds_id)] = get_owned(session, caller, Dataset, str(ds_id), "dataset").name
+        except Problem:
+            names[str(ds_id)] = "(deleted)"
+    return names
+
+
+def _jobs_page(request: Request, session) -> dict[str, Any]:
+    caller = _session_caller(request, session)
+    status = request.query_params.get("status") or None
+    if status not in (None, *STATUSES):
+        raise Problem(400, f"unknown status {status!r}; one of {', '.join(STATUSES)}")
+    token = request.query_params.get("page_token") or None
+    size = request.query_params.get("page_size", "")
+    page_size = int(size) if size.isdigit() and int(size) > 0 else PAGE_SIZE
+    page = jobs_api.list_jobs(
+        caller=caller,
+        session=session,
+        settings=request.app.state.settings,
+        status=status,
+        page_size=page_size,
+        page_token=token,
+    )
+    ids = {j["dataset_id"] for j in page["items"] if j["dataset_id"]}
+    next_url = None
+    if page["next_page_token"]:
+        query = {"page_token": page["next_page_token"], **({"status": status} if status else {})}
+        if page_size != PAGE_SIZE:
+            query["page_size"] = str(page_size)
+        next_url = "/jobs?" + urlencode(query)
+    return {
+        "jobs": page["items"],
+        "names": _dataset_names(session, caller, ids),
+        "status": status,
+        "statuses": STATUSES,
+        "next_url": next_url,
+        "first_page": token is None,
+        "rows_url": "/jobs/rows" + (f"?{request.url.query}" if request.url.query else ""),
+    }
+
+
+@router.get("/jobs")
+def jobs_list(request: Request, session: SessionDep) -> Response:
+    try:
+        context = _jobs_page(request, session)
+    except Problem as p:
+        return error_page(request, p)
+    return render(request, "jobs.html", signed_in=True, **context)
+
+
+@router.get("/jobs/rows")
+def jobs_rows(request: Request, session: SessionDep) -> Response:
+    """The jobs table's rows alone: what the list page polls to stay live."""
+    try:
+        context = _jobs_page(request, session)
+    except Problem as p:
+        return HTMLResponse(str(p.detail), status_code=p.status)
+    return render(request, "_job_rows.html", **context)
+
+
+def _job_context(request: Request, session, job_id: str) -> dict[str, Any]:
+    caller = _session_caller(request, session)
+    row = get_owned(session, caller, Job, job_id, "job")
+    job: JobOut = jobs_api.detail(session, row, "/api/v1/jobs")
+    ranking = job.ranking
+    ranks = [r.rank for r in ranking]
+    tied = {r for r in ranks if ranks.count(r) > 1}
+    metric_charts = [
+        charts.bar_chart(
+            f"{metric} score per model",
+            [(r.model, r.scores[metric]) for r in ranking if metric in r.scores],
+            highlight=job.chosen_model,
+        )
+        for metric in job.metrics
+        if any(metric in r.scores for r in ranking)
+    ]
+    training_charts = []
+    epochs = job.training.epochs if job.training else []
+    if epochs:
+        training_charts.append(
+            charts.line_chart(
+                "training loss and test accuracy",
+                {
+                    "loss": [(e.epoch, e.loss) for e in epochs if e.loss is not None],
+                    "test accuracy": [
+                        (e.epoch, e.test_accuracy) for e in epochs if e.test_accuracy is not None
+                    ],
+                },
+            )
+        )
+        per_iteration = [e for e in epochs if e.iterations and e.bytes_sent is not None]
+        if per_iteration:  # the trainer reports its dense all-reduce baseline
+            training_charts.append(
+                charts.line_chart(
+                    "bytes sent per iteration (per worker) vs dense all-reduce",
+                    {
+                        "sent": [(e.epoch, e.bytes_sent / e.iterations) for e in per_iteration],
+                        "dense all-reduce": [
+                            (e.epoch, e.dense_bytes / e.iterations)
+                            for e in per_iteration
+                            if e.dense_bytes is not None
+                        ],
+                    },
+                )
+            )
+        else:
+            sent = [(f"epoch {e.epoch}", float(e.bytes_sent)) for e in epochs if e.bytes_sent]
+            if sent:
+                training_charts.append(charts.bar_chart("bytes sent per worker per epoch", sent))
+    dataset_name = None
+    if job.dataset_id:
+        dataset_name = _dataset_names(session, caller, {job.dataset_id})[str(job.dataset_id)]
+    return {
+        "job": job,
+        "tied": tied,
+        "metric_charts": metric_charts,
+        "training_charts": training_charts,
+        "dataset_name": dataset_name,
+        "done": job.status in TERMINAL,
+        "has_model": bool(job.finetune) and job.status == "succeeded",
+    }
+
+
+@router.get("/jobs/{job_id}")
+def job_page(request: Request, job_id: str, session: SessionDep) -> Response:
+    try:
+        context = _job_context(request, session, job_id)
+    except Problem as p:
+        return error_page(request, p)
+    message = request.query_params.get("message")
+    return render(request, "job.html", signed_in=True, message=message, **context)
+
+
+@router.get("/jobs/{job_id}/live")
+def job_live(request: Request, job_id: str, session: SessionDep) -> Response:
+    """The job page's changing part alone: polled while the job runs."""
+    try:
+        context = _job_context(request, session, job_id)
+    except Problem as p:
+        return HTMLResponse(str(p.detail), status_code=p.status)
+    return render(request, "_job_live.html", **context)
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def job_cancel(request: Request, job_id: str, session: SessionDep) -> Response:
+    form = await request.form()
+    auth.check_csrf(request, form.get(auth.CSRF_FIELD))
+
+    def cancel() -> str:
+        caller = _session_caller(request, session)
+        row = get_owned(session, caller, Job, job_id, "job")
+        jobs_api.cancel_job(
+            job=row,
+            request=request,
+            session=session,
+            settings=request.app.state.settings,
+            dispatcher=request.app.state.dispatcher,
+        )
+        return "Cancel requested."
+
+    try:
+        message = await run_in_threadpool(cancel)
+    except Problem as p:
+        if p.status == 404:
+            return error_page(request, p)
+        message = p.detail
+    return RedirectResponse(f"/jobs/{job_id}?" + urlencode({"message": message}), 303)
+
+
+@router.get("/jobs/{job_id}/model")
+def job_model(request: Request, job_id: str, session: SessionDep) -> Response:
+    try:
+        caller = _session_caller(request, session)
+        row = get_owned(session, caller, Job, job_id, "job")
+        return jobs_api.download_model(row, session)
+    except Problem as p:
+        return error_page(request, p)
+
+
+# -- submit --------------------------------------------------------------------------------
+
+
+def _submit_choices(request: Request, session, caller: Caller) -> dict[str, Any]:
+    settings = request.app.state.settings
+    ready = datasets_api.list_datasets(
+        caller=caller, session=session, settings=settings, page_size=100, page_token=None,
+        status="ready",
+    )  # fmt: skip
+    zoo = zoo_api.list_zoo(
+        caller=caller, session=session, settings=settings, page_size=100, page_token=None
+    )
+    return {"datasets": ready["items"], "zoo": zoo["items"], "compressors": COMPRESSORS}
+
+
+DEFAULT_FORM = {
+    "metrics": ", ".join(DEFAULT_METRICS),
+    "select_by": "isms",
+    "finetune": False,
+    "epochs": FinetuneSpec().epochs,
+    "compressor": FinetuneSpec().compressor,
+    "density": FinetuneSpec().density,
+    "workers": FinetuneSpec().workers,
+    "models": [],
+}
+
+FIELD_OF_KIND = {
+    "unknown-dataset": "dataset_id",
+    "dataset-not-ready": "dataset_id",
+    "unknown-metric": "metrics",
+    "invalid-select-by": "select_by",
+    "unknown-model": "models",
+    "too-many-models": "models",
+    "no-models": "models",
+    "empty-zoo": "models",
+    "invalid-finetune": "compressor",
+}
+
+
+@router.get("/submit")
+def submit_form(request: Request, session: SessionDep) -> Response:
+    caller = _session_caller(request, session)
+    form = dict(DEFAULT_FORM, dataset_id=request.query_params.get("dataset", ""))
+    return render(
+        request, "submit.html", signed_in=True, form=form, errors={},
+        idem=str(uuid.uuid4()), **_submit_choices(request, session, caller),
+    )  # fmt: skip
+
+
+def _split(text: str) -> list[str]:
+    return [m.strip() for m in text.replace(";", ",").split(",") if m.strip()]
+
+
+def _field_of(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    if parts[:1] == ["finetune"] and len(parts) > 1:
+        return parts[1]
+    return parts[0] if parts else "__all__"
+
+
+@router.post("/submit")
+async def submit(request: Request, session: SessionDep) -> Response:
+    raw = await request.form()
+    auth.check_csrf(request, raw.get(auth.CSRF_FIELD))
+    form = {
+        "dataset_id": str(raw.get("dataset_id") or ""),
+        "models": [str(m) for m in raw.getlist("models")],
+        "metrics": str(raw.get("metrics") or ""),
+        "select_by": str(raw.get("select_by") or "").strip(),
+        "finetune": raw.get("finetune") == "on",
+        "epochs": str(raw.get("epochs") or ""),
+        "compressor": str(raw.get("compressor") or "").strip(),
+        "density": str(raw.get("density") or ""),
+        "workers": str(raw.get("workers") or ""),
+    }
+    idem = str(raw.get("idempotency_key") or uuid.uuid4())
+
+    def create() -> tuple[str | None, dict[str, str]]:
+        caller = _session_caller(request, session)
+        body: dict[str, Any] = {
+            "dataset_id": form["dataset_id"] or None,
+            "models": form["models"] or "all",
+            "metrics": _split(form["metrics"]),
+            "select_by": form["select_by"],
+        }
+        if form["finetune"]:
+            body["finetune"] = {
+                "epochs": form["epochs"] or None,
+                "compressor": form["compressor"] or None,
+                "density": form["density"] or None,
+                "workers": form["workers"] or None,
+            }
+        try:
+            job_in = JobCreate.model_validate(body)
+        except ValidationError as exc:
+            errors: dict[str, str] = {}
+            for e in exc.errors():
+                errors.setdefault(_field_of(tuple(e["loc"])), e["msg"])
+            return None, errors
+        try:
+            response = jobs_api.create_job(
+                body=job_in,
+                request=request,
+                caller=caller,
+                session=session,
+                settings=request.app.state.settings,
+                dispatcher=request.app.state.dispatcher,
+                idempotency_key=idem,
+            )
+        except Problem as p:
+            field = FIELD_OF_KIND.get(p.kind, "__all__")
+            if p.kind == "limit":
+                field = "epochs" if "epochs" in p.detail else "workers"
+            return None, {field: p.detail}
+        return json.loads(response.body)["id"], {}
+
+    job_id, errors = await run_in_threadpool(create)
+    if job_id:
+        return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+    caller = _session_caller(request, session)
+    return render(
+        request, "submit.html", code=422, signed_in=True, form=form, errors=errors,
+        idem=str(uuid.uuid4()), **_submit_choices(request, session, caller),
+    )  # fmt: skip
+
+
+# -- datasets and zoo ----------------------------------------------------------------------
+
+
+@router.get("/datasets")
+def datasets_page(request: Request, session: SessionDep) -> Response:
+    caller = _session_caller(request, session)
+    try:
+        page = datasets_api.list_datasets(
+            caller=caller, session=session, settings=request.app.state.settings,
+            page_size=PAGE_SIZE, page_token=request.query_params.get("page_token") or None,
+            status=None,
+        )  # fmt: skip
+    except Problem as p:
+        return error_page(request, p)
+    next_url = None
+    if page["next_page_token"]:
+        next_url = "/datasets?" + urlencode({"page_token": page["next_page_token"]})
+    return render(
+        request, "datasets.html", signed_in=True, datasets=page["items"], next_url=next_url,
+        error=request.query_params.get("error"),
+    )  # fmt: skip
+
+
+def _wants_json(request: Request) -> bool:
+    return "application/json" in request.headers.get("accept", "")
+
+
+@router.post("/datasets/upload")
+async def datasets_upload(request: Request, session: SessionDep) -> Response:
+    """The upload form posts here (the page's script with progress, or a plain form post):
+    the API's own streaming upload handler does the work."""
+    caller = await run_in_threadpool(_session_caller, request, session)
+    auth.check_csrf(request, request.query_params.get(auth.CSRF_FIELD))
+    try:
+        response = await datasets_api.upload_dataset(
+            request=request,
+            caller=caller,
+            session=session,
+            settings=request.app.state.settings,
+            dispatcher=request.app.state.dispatcher,
+        )
+    except Problem as p:
+        if _wants_json(request):
+            return problem_response(request, p.status, p.detail, kind=p.kind, title=p.title)
+        return RedirectResponse("/datasets?" + urlencode({"error": p.detail}), status_code=303)
+    ds_id = json.loads(response.body)["id"]
+    if _wants_json(request):
+        return JSONResponse({"id": ds_id, "url": f"/datasets/{ds_id}"}, status_code=201)
+    return RedirectResponse(f"/datasets/{ds_id}", status_code=303)
+
+
+@router.get("/datasets/{dataset_id}")
+async def dataset_page(request: Request, dataset_id: str, session: SessionDep) -> Response:
+    def load() -> tuple[Any, Any]:
+        caller = _session_caller(request, session)
+        row = get_owned(session, caller, Dataset, dataset_id, "dataset")
+        return row, datasets_api.get_dataset(row)
+
+    try:
+        row, ds = await run_in_threadpool(load)
+    except Problem as p:
+        return error_page(request, p)
+    thumbs, thumb_error = {}, None
+    if ds.status == "ready":
+        try:
+            thumbs = await run_in_threadpool(thumbnails, row.storage_path)
+        except Exception as exc:  # noqa: BLE001 - a page without thumbnails still helps
+            thumb_error = f"thumbnails could not be made: {exc}"
+    return render(
+        request, "dataset.html", signed_in=True, ds=ds, thumbs=thumbs, thumb_error=thumb_error,
+        done=ds.status in ("ready", "invalid"),
+    )  # fmt: skip
+
+
+@router.get("/datasets/{dataset_id}/thumbs/{file}")
+def dataset_thumb(request: Request, dataset_id: str, file: str, session: SessionDep) -> Response:
+    try:
+        caller = _session_caller(request, session)
+        row = get_owned(session, caller, Dataset, dataset_id, "dataset")
+    except Problem as p:
+        return error_page(request, p)
+    path = thumbnail_path(row.storage_path, file)
+    if path is None or not path.is_file():
+        return error_page(request, Problem(404, f"no thumbnail {file!r}"))
+    return FileResponse(path, media_type="image/png", headers={"Cache-Control": "private"})
+
+
+@router.get("/zoo")
+def zoo_page(request: Request, session: SessionDep) -> Response:
+    caller = _session_caller(request, session)
+    page = zoo_api.list_zoo(
+        caller=caller, session=session, settings=request.app.state.settings,
+        page_size=100, page_token=request.query_params.get("page_token") or None,
+    )  # fmt: skip
+    return render(request, "zoo.html", signed_in=True, models=page["items"])

@@ -1,0 +1,38 @@
+"""zoopick's Python client: the REST API over HTTP (httpx), for pipelines and scripts.
+
+It imports nothing of the service: it speaks HTTP only, so it works against any zoopick
+server, local or remote (an import-linter contract keeps it so).
+"""
+
+from zoopick.client.errors import (
+    BadRequest,
+    Conflict,
+    JobFailed,
+    NotFound,
+    ServerError,
+    Unauthorized,
+    Unreachable,
+    WaitTimeout,
+    ZoopickError,
+)
+from zoopick.client.http import Client
+from zoopick.client.models import Dataset, Epoch, Job, RankedModel, Training, ZooModel
+
+__all__ = [
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "Dataset",
+    "Epoch",
+    "Job",
+    "JobFailed",
+    "NotFound",
+    "RankedModel",
+    "ServerError",
+    "Training",
+    "Unauthorized",
+    "Unreachable",
+    "WaitTimeout",
+    "ZooModel",
+    "ZoopickError",
+]

@@ -1,0 +1,450 @@
+"""``zoopick datasets|jobs|model|zoo``: the client's command line, for people and pipelines.
+
+Settings: ``--url`` / ``--api-key``, else ``ZOOPICK_URL`` / ``ZOOPICK_API_KEY``. With
+``--json`` only the machine-readable result goes to stdout; progress bars and messages go to
+stderr either way.
+
+Exit codes (a pipeline can branch on them):
+
+- 0: done (a waited-for job succeeded)
+- 1: the job failed or was cancelled
+- 2: usage error or bad input (unknown dataset, metric or option; invalid file; 404/409/422)
+- 3: timed out waiting (``--timeout``); the job keeps running
+- 4: server unreachable (after retries), unauthorised, or a persisting server error
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from zoopick.client.errors import EXIT_BAD_INPUT, JobFailed, ZoopickError
+from zoopick.client.http import Client
+from zoopick.client.models import Job
+from zoopick.client.retry import RetryPolicy
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 done/succeeded, 1 job failed or cancelled, 2 usage or bad input, "
+    "3 timed out waiting, 4 server unreachable or unauthorised."
+)
+
+err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+datasets_app = typer.Typer(
+    help="Upload and manage datasets. " + EXIT_CODES_HELP, no_args_is_help=True
+)
+jobs_app = typer.Typer(help="Submit and follow jobs. " + EXIT_CODES_HELP, no_args_is_help=True)
+model_app = typer.Typer(help="Download fine-tuned models. " + EXIT_CODES_HELP, no_args_is_help=True)
+zoo_app = typer.Typer(help="The candidate models. " + EXIT_CODES_HELP, no_args_is_help=True)
+
+Url = Annotated[
+    str | None,
+    typer.Option("--url", envvar="ZOOPICK_URL", help="Server URL (default http://127.0.0.1:8000)."),
+]
+Key = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="ZOOPICK_API_KEY", help="API key.", show_default=False),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout only.")]
+Timeout = Annotated[
+    float | None, typer.Option("--timeout", min=0, help="Give up waiting after S seconds (exit 3).")
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Mount the client's command groups on the ``zoopick`` command."""
+    app.add_typer(datasets_app, name="datasets")
+    app.add_typer(jobs_app, name="jobs")
+    app.add_typer(model_app, name="model")
+    app.add_typer(zoo_app, name="zoo")
+
+
+def _client(url: str | None, key: str | None) -> Client:
+    attempts = os.environ.get("ZOOPICK_RETRIES", "")
+    policy = RetryPolicy(attempts=max(1, int(attempts))) if attempts.isdigit() else None
+    return Client(url, key, retry=policy)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """A client error: one line on stderr and its exit code."""
+    try:
+        yield
+    except ZoopickError as exc:
+        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _emit(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def _split(values: list[str] | None) -> list[str] | None:
+    """Repeatable options that also take commas: ``--models a,b --models c``."""
+    if not values:
+        return None
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def _bytes_progress(label: str) -> Progress:
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+        transient=True,
+    )
+
+
+# -- datasets ------------------------------------------------------------------------------
+
+
+def _print_dataset(ds) -> None:
+    out.print(f"{ds.id}  {ds.name}  {ds.status}  {ds.format}  {ds.size_bytes} bytes")
+    if ds.error:
+        out.print(f"  error: {ds.error}", markup=False)
+    if ds.counts:
+        out.print("  classes: " + ", ".join(f"{k} ({v})" for k, v in ds.counts.items()))
+
+
+@datasets_app.command("upload")
+def datasets_upload(
+    path: Annotated[Path, typer.Argument(help=".npz or an ImageFolder .zip/.tar/.tar.gz.")],
+    name: Annotated[str | None, typer.Option(help="Dataset name (default: file name).")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until it is validated.")] = False,
+    timeout: Timeout = None,
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """Upload a dataset; prints its id (with --json, the dataset)."""
+    with _errors(), _client(url, api_key) as client:
+        with _bytes_progress(f"uploading {path.name}") as bar:
+            task = bar.add_task("upload", total=None)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            ds = client.upload_dataset(path, name=name, progress=progress)
+        err.print(f"uploaded {path.name} as dataset {ds.id} ({ds.status})", highlight=False)
+        if wait and ds.status != "ready":
+            with err.status("validating..."):
+                ds = client.wait_dataset(ds.id, timeout=600 if timeout is None else timeout)
+            err.print(f"dataset {ds.id} is ready: {ds.num_samples} images", highlight=False)
+    if as_json:
+        _emit(ds.raw)
+    else:
+        out.print(ds.id)
+
+
+@datasets_app.command("list")
+def datasets_list(
+    status: Annotated[str | None, typer.Option(help="Only this status.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1)] = None,
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """Your datasets, newest first."""
+    with _errors(), _client(url, api_key) as client:
+        items = client.list_datasets(status=status, limit=limit)
+    if as_json:
+        _emit([d.raw for d in items])
+        return
+    table = Table("id", "name", "status", "classes", "images", "created")
+    for d in items:
+        table.add_row(
+            d.id,
+            d.name,
+            d.status,
+            str(len(d.classes or [])),
+            str(d.num_samples or ""),
+            d.created_at,
+        )
+    out.print(table)
+
+
+@datasets_app.command("get")
+def datasets_get(
+    dataset_id: Annotated[str, typer.Argument(metavar="ID")],
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """One dataset: status, classes and counts, or why it is invalid."""
+    with _errors(), _client(url, api_key) as client:
+        ds = client.get_dataset(dataset_id)
+    _emit(ds.raw) if as_json else _print_dataset(ds)
+
+
+@datasets_app.command("delete")
+def datasets_delete(
+    dataset_id: Annotated[str, typer.Argument(metavar="ID")],
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """Delete a dataset and its files (refused while an unfinished job uses it)."""
+    with _errors(), _client(url, api_key) as client:
+        client.delete_dataset(dataset_id)
+    err.print(f"deleted dataset {dataset_id}", highlight=False)
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+
+def _wait(client: Client, job: Job, timeout: float | None) -> Job:
+    """Follow a job with a progress bar on stderr; JobFailed unless it succeeded."""
+    with Progress(
+        TextColumn("job {task.fields[jid]}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%  {task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("job", total=1.0, jid=job.id[:8], status=job.status)
+
+        def update(j: Job) -> None:
+            bar.update(task, completed=j.progress, status=j.status)
+
+        return client.wait_job(job.id, timeout=timeout, on_update=update, check=True)
+
+
+def _summary_line(job: Job) -> str:
+    line = f"job {job.id} {job.status}"
+    if job.chosen_model:
+        score = job.chosen_score
+        line += f"; chosen model {job.chosen_model}"
+        if score is not None:
+            line += f" ({job.select_by} {score:.4g})"
+    if job.error:
+        line += f": {job.error}"
+    return line
+
+
+def _finish(job: Job, exc: JobFailed | None, as_json: bool) -> None:
+    """Print the job (stdout), the one-line summary (stderr) and exit 1 if it failed."""
+    if as_json:
+        _emit(job.raw)
+    else:
+        _print_results(job)
+    err.print(_summary_line(job), markup=False, highlight=False)
+    if exc is not None:
+        raise typer.Exit(exc.exit_code)
+
+
+@jobs_app.command("submit")
+def jobs_submit(
+    dataset: Annotated[str, typer.Option("--dataset", help="Dataset id.")],
+    models: Annotated[
+        list[str] | None, typer.Option("--models", help="Zoo ids (repeat or comma-separate).")
+    ] = None,
+    metric: Annotated[
+        list[str] | None, typer.Option("--metric", help="Metric (repeat or comma-separate).")
+    ] = None,
+    select_by: Annotated[str | None, typer.Option("--select-by", help="Metric that picks.")] = None,
+    finetune_epochs: Annotated[
+        int | None, typer.Option("--finetune-epochs", min=1, help="Fine-tune the chosen model.")
+    ] = None,
+    compressor: Annotated[str | None, typer.Option(help="Comm hook (dense, spardl...).")] = None,
+    density: Annotated[float | None, typer.Option(help="Fraction of gradients sent.")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="Data-parallel workers.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Fine-tune learning rate.")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(help="Retrying with the same key returns the same job (default: fresh)."),
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the job to finish.")] = False,
+    timeout: Timeout = None,
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """Submit a job: score the models, pick one, and (with any fine-tune option) fine-tune it.
+
+    Without --wait prints the job id (with --json, the job). With --wait, exits 0 if the job
+    succeeded, 1 if it failed or was cancelled, 3 on --timeout."""
+    given = {"epochs": finetune_epochs, "compressor": compressor, "density": density}
+    given.update(workers=workers, lr=lr)
+    finetune = {k: v for k, v in given.items() if v is not None} or None
+    with _errors(), _client(url, api_key) as client:
+        job = client.submit_job(
+            dataset,
+            models=_split(models),
+            metrics=_split(metric),
+            select_by=select_by,
+            finetune=finetune,
+            idempotency_key=idempotency_key,
+        )
+        err.print(f"submitted job {job.id} ({job.status})", highlight=False)
+        if not wait:
+            _emit(job.raw) if as_json else out.print(job.id)
+            return
+        try:
+            job, failed = _wait(client, job, timeout), None
+        except JobFailed as exc:
+            job, failed = exc.job, exc
+    _finish(job, failed, as_json)
+
+
+@jobs_app.command("status")
+def jobs_status(
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """A job's status, progress and chosen model."""
+    with _errors(), _client(url, api_key) as client:
+        job = client.get_job(job_id)
+    if as_json:
+        _emit(job.raw)
+    else:
+        out.print(f"{job.status} {job.progress:.0%}", highlight=False)
+        err.print(_summary_line(job), markup=False, highlight=False)
+
+
+@jobs_app.command("wait")
+def jobs_wait(
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    timeout: Timeout = None,
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """Wait for a job: exit 0 if it succeeded, 1 if it failed or was cancelled, 3 on timeout."""
+    with _errors(), _client(url, api_key) as client:
+        try:
+            job, failed = _wait(client, client.get_job(job_id), timeout), None
+        except JobFailed as exc:
+            job, failed = exc.job, exc
+    _finish(job, failed, as_json)
+
+
+@jobs_app.command("list")
+def jobs_list(
+    status: Annotated[str | None, typer.Option(help="Only this status.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1)] = 20,
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """Your jobs, newest first."""
+    with _errors(), _client(url, api_key) as client:
+        items = client.list_jobs(status=status, limit=limit)
+    if as_json:
+        _emit([j.raw for j in items])
+        return
+    table = Table("id", "status", "progress", "chosen", "select by", "created")
+    for j in items:
+        table.add_row(
+            j.id, j.status, f"{j.progress:.0%}", j.chosen_model or "", j.select_by, j.created_at
+        )
+    out.print(table)
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """Cancel a job (a running one stops at its next model or epoch)."""
+    with _errors(), _client(url, api_key) as client:
+        job = client.cancel_job(job_id)
+    if as_json:
+        _emit(job.raw)
+    err.print(
+        f"job {job.id} {job.status}" + (" (cancel requested)" if not job.done else ""),
+        highlight=False,
+    )
+
+
+def _print_results(job: Job) -> None:
+    table = Table("rank", "model", *job.metrics, "seconds", title=f"job {job.id} ({job.status})")
+    for r in job.ranking:
+        mark = " *" if r.model == job.chosen_model else ""
+        table.add_row(
+            str(r.rank),
+            r.model + mark,
+            *[f"{r.scores[m]:.4g}" if m in r.scores else "" for m in job.metrics],
+            f"{sum(r.seconds.values()):.2f}",
+        )
+    out.print(table)
+    if job.training and job.training.epochs:
+        last = job.training.epochs[-1]
+        out.print(
+            f"fine-tuned {job.training.model}: {len(job.training.epochs)} epoch(s), "
+            f"loss {last.loss}, test accuracy {last.test_accuracy}",
+            highlight=False,
+        )
+
+
+@jobs_app.command("results")
+def jobs_results(
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """The ranking (best first by the job's select-by metric; * marks the chosen model)."""
+    with _errors(), _client(url, api_key) as client:
+        job = client.results(job_id)
+    _emit(job.raw) if as_json else _print_results(job)
+
+
+# -- model and zoo -------------------------------------------------------------------------
+
+
+@model_app.command("download")
+def model_download(
+    job_id: Annotated[str, typer.Argument(metavar="JOB")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="File or folder to write.")],
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """Download a succeeded job's fine-tuned model (safetensors), checked by its SHA-256."""
+    if output.parent and not output.parent.exists():
+        err.print(f"error: folder {output.parent} does not exist", highlight=False)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    with _errors(), _client(url, api_key) as client, _bytes_progress("downloading") as bar:
+        task = bar.add_task("download", total=None)
+        path = client.download_model(
+            job_id, output, progress=lambda d, t: bar.update(task, completed=d, total=t or None)
+        )
+    err.print(f"model written to {path}", highlight=False)
+
+
+@zoo_app.command("list")
+def zoo_list(url: Url = None, api_key: Key = None, as_json: AsJson = False) -> None:
+    """The zoo's candidate models."""
+    with _errors(), _client(url, api_key) as client:
+        models = client.list_zoo()
+    if as_json:
+        _emit([m.raw for m in models])
+        return
+    table = Table("id", "architecture", "classes", "source", "tags")
+    for m in models:
+        table.add_row(m.id, m.arch, str(m.num_classes), m.source or "", ", ".join(m.tags))
+    out.print(table)

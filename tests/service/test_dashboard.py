@@ -1,0 +1,289 @@
+"""The dashboard's pages over HTTP (the API app, PostgreSQL, Redis as broker; no worker, so
+submitted jobs stay queued): sign-in cookie and CSRF, tenant isolation, the upload form and
+its thumbnails, the submit form's errors beside their fields, the jobs list's filter and
+pages, a job page's ranking with ties, charts and training curve, cancel, sign out."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.service.datafiles import imagefolder_zip_bytes, not_a_dataset_zip_bytes, npz_bytes
+
+API = "/api/v1"
+ZOO = ["dash-resnet", "dash-vit"]
+
+
+@pytest.fixture(scope="module")
+def zoo(client, admin):
+    for mid, arch in zip(ZOO, ("test_resnet", "test_vit"), strict=True):
+        body = {"id": mid, "arch": arch, "weights": "none", "num_classes": 7}
+        body.update(input_size=[3, 32, 32], source="unit test", tags=["dash"])
+        resp = client.post(f"{API}/zoo", json=body, headers=admin.headers)
+        assert resp.status_code in (201, 409), resp.text
+    return ZOO
+
+
+def browser(app, base_url: str = "http://testserver") -> TestClient:
+    return TestClient(app, base_url=base_url, follow_redirects=False)
+
+
+def csrf_of(html: str) -> str:
+    return re.search(r'name="csrf" value="([^"]+)"', html).group(1)
+
+
+def sign_in(app, token: str) -> TestClient:
+    b = browser(app)
+    page = b.get("/login")
+    resp = b.post("/login", data={"api_key": token, "csrf": csrf_of(page.text), "next": "/jobs"})
+    assert resp.status_code == 303 and resp.headers["location"] == "/jobs", resp.text
+    return b
+
+
+def test_sign_in_sets_a_safe_session_cookie(service_app, alice):
+    b = browser(service_app)
+    assert b.get("/jobs").headers["location"] == "/login?next=/jobs"
+    assert b.get("/").headers["location"] == "/login"
+    page = b.get("/login")
+    assert page.status_code == 200 and 'for="api_key"' in page.text
+    token = csrf_of(page.text)
+    # no CSRF token: refused; a wrong key: 401 with the reason on the page
+    assert b.post("/login", data={"api_key": alice.token}).status_code == 403
+    wrong = b.post("/login", data={"api_key": "zp_nope", "csrf": token})
+    assert wrong.status_code == 401 and "not valid" in wrong.text
+    ok = b.post("/login", data={"api_key": alice.token, "csrf": token, "next": "//evil.test"})
+    assert ok.status_code == 303 and ok.headers["location"] == "/jobs"  # no off-site redirect
+    cookie = ok.headers["set-cookie"]
+    assert "zoopick_session=" in cookie and "HttpOnly" in cookie and "SameSite=lax" in cookie
+    assert "Secure" not in cookie  # plain http (a test server)
+    assert b.get("/jobs").status_code == 200
+
+    https = browser(service_app, "https://testserver")
+    page = https.get("/login")
+    ok = https.post("/login", data={"api_key": alice.token, "csrf": csrf_of(page.text)})
+    assert "Secure" in ok.headers["set-cookie"]
+
+    # sign out needs the form's token, then the cookie is gone
+    jobs = b.get("/jobs")
+    assert b.post("/logout", data={}).status_code == 403
+    out = b.post("/logout", data={"csrf": csrf_of(jobs.text)})
+    assert out.status_code == 303 and 'zoopick_session=""' in out.headers["set-cookie"]
+    assert b.get("/jobs").status_code == 303
+
+
+def test_upload_form_validates_and_shows_classes_and_thumbnails(service_app, bob):
+    b = sign_in(service_app, bob.token)
+    page = b.get("/datasets")
+    assert 'for="file"' in page.text
+    token = csrf_of(page.text)
+    files = {"file": ("pets.zip", imagefolder_zip_bytes(n_per_class=5), "application/zip")}
+    assert b.post("/datasets/upload", files=files).status_code == 403  # no token
+    resp = b.post(f"/datasets/upload?csrf={token}", files=files, data={"name": "pets"})
+    assert resp.status_code == 303, resp.text
+    ds_page = b.get(resp.headers["location"])
+    assert ds_page.status_code == 200 and "pets" in ds_page.text
+    assert re.search(r"<th scope=\"row\">cat</th><td>5</td>", ds_page.text)
+    assert re.search(r"<th scope=\"row\">dog</th><td>5</td>", ds_page.text)
+    thumbs = re.findall(
+        r'<img src="(/datasets/[^"]+/thumbs/[^"]+)" alt="example of class (\w+)"', ds_page.text
+    )
+    assert sorted({c for _, c in thumbs}) == ["cat", "dog"] and len(thumbs) == 8  # 4 per class
+    img = b.get(thumbs[0][0])
+    assert img.status_code == 200 and img.content[:8] == b"\x89PNG\r\n\x1a\n"
+    ds_id = resp.headers["location"].rsplit("/", 1)[1]
+    assert b.get(f"/datasets/{ds_id}/thumbs/..%2F..%2Fupload.part").status_code == 404
+
+    # an unusable archive: the API's reason, listed on the datasets page
+    bad = {"file": ("notes.zip", not_a_dataset_zip_bytes(), "application/zip")}
+    resp = b.post(f"/datasets/upload?csrf={token}", files=bad)
+    assert resp.status_code == 303
+    listing = b.get(resp.headers["location"])
+    assert "not a usable dataset" in listing.text and 'id="upload-error"' in listing.text
+    # the script's path: JSON in, JSON out
+    resp = b.post(
+        f"/datasets/upload?csrf={token}",
+        files={"file": ("x.txt", b"hello", "text/plain")},
+        headers={"Accept": "application/json"},
+    )
+    assert resp.status_code == 415 and "unsupported file" in resp.json()["detail"]
+
+
+def _ready_dataset(b: TestClient) -> str:
+    token = csrf_of(b.get("/datasets").text)
+    files = {"file": ("shapes.npz", npz_bytes(seed=9), "application/octet-stream")}
+    resp = b.post(f"/datasets/upload?csrf={token}", files=files)
+    assert resp.status_code == 303
+    return resp.headers["location"].rsplit("/", 1)[1]
+
+
+def _submit(b: TestClient, **fields) -> tuple[int, str, str]:
+    page = b.get("/submit")
+    idem = re.search(r'name="idempotency_key" value="([^"]+)"', page.text).group(1)
+    data = {"csrf": csrf_of(page.text), "idempotency_key": idem, **fields}
+    resp = b.post("/submit", data=data)
+    return resp.status_code, resp.headers.get("location", ""), resp.text
+
+
+def field_error(html: str, name: str) -> str | None:
+    m = re.search(rf'<p class="field-error" id="{name}-error">([^<]*)</p>', html)
+    return m.group(1) if m else None
+
+
+def test_submit_form_shows_the_apis_errors_beside_the_fields(service_app, make_key, zoo):
+    b = sign_in(service_app, make_key(f"sub-{uuid.uuid4().hex[:6]}").token)
+    ds = _ready_dataset(b)
+    form = b.get("/submit").text
+    assert all(f'value="{m}"' in form for m in zoo) and f'value="{ds}"' in form
+
+    status, _, html = _submit(b, dataset_id=ds, metrics="sms, nope", select_by="sms")
+    assert status == 422 and "unknown metric(s) &#39;nope&#39;" in field_error(html, "metrics")
+    assert 'aria-invalid="true" aria-describedby="metrics-error"' in html
+    _, _, html = _submit(b, dataset_id=ds, metrics="sms", select_by="logme")
+    assert "must be one of the requested metrics" in field_error(html, "select_by")
+    _, _, html = _submit(b, metrics="sms", select_by="sms")
+    assert field_error(html, "dataset_id")
+    _, _, html = _submit(
+        b, dataset_id=ds, metrics="sms", select_by="sms", models=zoo[0],
+        finetune="on", epochs="1", compressor="dense", density="5", workers="1",
+    )  # fmt: skip
+    assert "less than or equal to 1" in field_error(html, "density")
+    _, _, html = _submit(
+        b, dataset_id=ds, metrics="sms", select_by="sms", models=zoo[0],
+        finetune="on", epochs="1", compressor="nosuchhook", density="0.1", workers="1",
+    )  # fmt: skip
+    assert "nosuchhook" in field_error(html, "compressor")
+
+    # a good one: to the job page; the same form sent twice makes one job
+    page = b.get("/submit")
+    idem = re.search(r'name="idempotency_key" value="([^"]+)"', page.text).group(1)
+    data = {"csrf": csrf_of(page.text), "idempotency_key": idem, "dataset_id": ds}
+    data.update(models=zoo, metrics="sms, logme", select_by="logme")
+    first = b.post("/submit", data=data)
+    again = b.post("/submit", data=data)
+    assert first.status_code == 303 and first.headers["location"] == again.headers["location"]
+    job_page = b.get(first.headers["location"])
+    assert "queued" in job_page.text and "Cancel job" in job_page.text
+
+
+def test_jobs_list_filters_pages_and_hides_other_tenants(service_app, make_key, alice, zoo):
+    from zoopick.service.db.session import session_scope
+
+    name = f"list-{uuid.uuid4().hex[:6]}"
+    b = sign_in(service_app, make_key(name).token)
+    ds = _ready_dataset(b)
+    ids = []
+    for _ in range(3):
+        _, loc, _ = _submit(b, dataset_id=ds, models=zoo[0], metrics="sms", select_by="sms")
+        ids.append(loc.rsplit("/", 1)[1])
+    # cancel one through its page's button (a queued job is cancelled at once)
+    page = b.get(f"/jobs/{ids[0]}")
+    assert b.post(f"/jobs/{ids[0]}/cancel", data={}).status_code == 403  # CSRF
+    resp = b.post(f"/jobs/{ids[0]}/cancel", data={"csrf": csrf_of(page.text)})
+    assert resp.status_code == 303
+    assert "cancelled" in b.get(resp.headers["location"]).text
+
+    rows = lambda html: re.findall(r'<tr data-job="([^"]+)" data-status="(\w+)">', html)  # noqa: E731
+    listed = rows(b.get("/jobs").text)
+    assert [j for j, _ in listed] == ids[::-1]  # newest first, only this tenant's
+    assert dict(listed)[ids[0]] == "cancelled"
+    assert [j for j, _ in rows(b.get("/jobs?status=cancelled").text)] == [ids[0]]
+    assert [j for j, _ in rows(b.get("/jobs?status=queued").text)] == ids[:0:-1]
+    first = b.get("/jobs?page_size=2").text
+    assert [j for j, _ in rows(first)] == ids[:0:-1]
+    next_url = re.search(r'<a href="([^"]+)" rel="next">', first).group(1).replace("&amp;", "&")
+    assert [j for j, _ in rows(b.get(next_url).text)] == [ids[0]]
+    assert rows(b.get("/jobs/rows").text) == listed  # the live fragment: the same rows
+    assert b.get("/jobs?status=bogus").status_code == 400
+    garbled = b.get("/jobs?page_token=garbage")
+    assert garbled.status_code == 400 and "invalid page_token" in garbled.text
+    assert b.get("/jobs/not-a-job").status_code == 404
+
+    # another tenant sees none of it
+    a = sign_in(service_app, alice.token)
+    assert not set(ids) & {j for j, _ in rows(a.get("/jobs").text)}
+    other = a.get(f"/jobs/{ids[1]}")
+    assert other.status_code == 404 and "no job" in other.text
+    assert a.get(f"/datasets/{ds}").status_code == 404
+    assert a.post(f"/jobs/{ids[1]}/cancel", data={"csrf": csrf_of(other.text)}).status_code == 404
+    with session_scope(service_app.state.sessionmaker) as session:
+        from zoopick.service.db.models import Job
+
+        assert session.get(Job, uuid.UUID(ids[1])).status == "queued"
+
+
+def test_job_page_shows_ties_charts_and_the_training_curve(service_app, make_key, zoo):
+    from zoopick.service import pipeline
+    from zoopick.service.db.models import Job, JobStatus
+    from zoopick.service.db.session import session_scope
+    from zoopick.training.config import EpochRecord
+
+    b = sign_in(service_app, make_key(f"page-{uuid.uuid4().hex[:6]}").token)
+    ds = _ready_dataset(b)
+    _, loc, _ = _submit(
+        b, dataset_id=ds, models=zoo, metrics="sms, logme", select_by="logme", finetune="on",
+        epochs="2", compressor="dense", density="1", workers="1",
+    )  # fmt: skip
+    jid = uuid.UUID(loc.rsplit("/", 1)[1])
+    # what the workers would write, through the service core's own functions
+    with session_scope(service_app.state.sessionmaker) as session:
+        pipeline.transition(session, jid, JobStatus.scoring)
+        pipeline.upsert_scores(
+            session,
+            jid,
+            zoo[0],
+            {"sms": 0.5, "logme": 1.25},
+            {"forward": 0.4, "sms": 0.1, "logme": 0.2},
+        )
+        pipeline.upsert_scores(
+            session,
+            jid,
+            zoo[1],
+            {"sms": -0.75, "logme": 1.25},
+            {"forward": 0.3, "sms": 0.1, "logme": 0.1},
+        )
+        pipeline.transition(session, jid, JobStatus.training, chosen_model=zoo[0])
+        job = session.get(Job, jid)
+        run = pipeline.open_run(session, job, zoo[0], {}, 1, "/tmp/none")
+        for e, loss, acc, sent in ((1, 2.0, 0.25, 1000), (2, 1.5, 0.5, 1200)):
+            record = EpochRecord(e, loss, None, acc, sent, iterations=10, dense_bytes=10_000.0)
+            pipeline.record_epoch(session, run.id, record)
+    html = b.get(f"/jobs/{jid}").text
+    # equal logme scores: both models share rank 1, shown as a tie
+    assert html.count("(tie)") == 2
+    assert re.search(rf'data-model="{zoo[0]}" class="chosen"', html)
+    # one bar chart per metric, one bar per model, the values as scored
+    for metric, values in (("sms", (0.5, -0.75)), ("logme", (1.25, 1.25))):
+        chart = re.search(rf'aria-label="{metric} score per model".*?</svg>', html, re.S).group(0)
+        bars = dict(re.findall(r'data-model="([^"]+)" data-value="([^"]+)"', chart))
+        assert {m: float(v) for m, v in bars.items()} == dict(zip(zoo, values, strict=True))
+    curve = re.search(r'aria-label="training loss and test accuracy".*?</svg>', html, re.S).group(0)
+    assert "loss at epoch 2: 1.5" in curve and "test accuracy at epoch 1: 0.25" in curve
+    sent = re.search(r'aria-label="bytes sent per iteration[^"]*".*?</svg>', html, re.S).group(0)
+    assert "sent at epoch 2: 120<" in sent and "dense all-reduce at epoch 2: 1000<" in sent
+    assert re.findall(r'<td class="share">([^<]*)</td>', html) == ["10.0%", "12.0%"]
+    assert "0.40" in html  # forward seconds of the first model
+    live = b.get(f"/jobs/{jid}/live").text
+    assert 'data-done="false"' in live and "Download" not in live
+
+    with session_scope(service_app.state.sessionmaker) as session:
+        pipeline.transition(
+            session, jid, JobStatus.failed, error="training failed: rank 0: out of memory"
+        )
+    live = b.get(f"/jobs/{jid}/live").text
+    assert (
+        'data-done="true"' in live
+        and "This job failed:</strong> training failed: rank 0: out of memory" in live
+    )
+    assert "Cancel job" not in live
+    model = b.get(f"/jobs/{jid}/model")
+    assert model.status_code == 409 and "once it succeeded" in model.text
+
+
+def test_zoo_page_lists_the_candidates(service_app, alice, zoo):
+    html = sign_in(service_app, alice.token).get("/zoo").text
+    for mid, arch in zip(zoo, ("test_resnet", "test_vit"), strict=True):
+        row = re.search(rf'<tr data-model="{mid}">(.*?)</tr>', html, re.S).group(1)
+        assert arch in row and "<td>7</td>" in row and "unit test" in row

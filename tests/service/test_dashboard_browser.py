@@ -1,0 +1,217 @@
+"""The dashboard in a real browser: headless Chromium (Debian's, driven by Playwright)
+against a live server (uvicorn, a Celery worker, PostgreSQL, Redis).
+
+Signs in with the keyboard, uploads through the form, submits a job and watches it reach
+``succeeded`` without a reload, checks every model is in every chart, downloads the model,
+cancels a second job, checks the phone-width layout and signs out. A screenshot of each page
+goes to ``$ZOOPICK_SCREENSHOTS`` (default: ``.artifacts/screenshots``, git-ignored, for CI to
+keep as artefacts; the committed ones in docs/screenshots/ come from
+``ZOOPICK_SCREENSHOTS=docs/screenshots``)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.service.datafiles import imagefolder_zip_bytes, not_a_dataset_zip_bytes
+from tests.service.stack import ZOO
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = [m for m, _ in ZOO]
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing (apt-get install -y chromium)"
+)
+
+
+@pytest.fixture(scope="module")
+def stack(live_server):
+    return live_server.tenant("web")
+
+
+@pytest.fixture(scope="module")
+def shots() -> Path:
+    path = Path(os.environ.get("ZOOPICK_SCREENSHOTS") or ROOT / ".artifacts" / "screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def no_reload_marker(page) -> None:
+    """A value that lives only as long as this document: a reload would drop it."""
+    page.evaluate("window.__sameDocument = 'yes'")
+
+
+def still_same_document(page) -> bool:
+    return page.evaluate("window.__sameDocument") == "yes"
+
+
+def fits_width(page) -> bool:
+    return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+
+
+def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+
+    # sign in with the keyboard only: Tab to the key field, type, Enter
+    page.goto(stack.url + "/")
+    expect(page).to_have_url(re.compile(r"/login"))
+    page.screenshot(path=str(shots / "login.png"), full_page=True)
+    for _ in range(6):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.id") == "api_key":
+            break
+    assert page.evaluate("document.activeElement.id") == "api_key"
+    page.keyboard.type(stack.key)
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(stack.url + "/jobs")
+    expect(page.get_by_role("link", name="Datasets", exact=True)).to_be_visible()
+
+    # upload through the form: the page follows the validation and shows classes and images
+    archive = tmp_path / "pets.zip"
+    archive.write_bytes(imagefolder_zip_bytes(n_per_class=6, classes=("cat", "dog", "owl")))
+    page.get_by_role("link", name="Datasets", exact=True).click()
+    page.get_by_label("Dataset file").set_input_files(str(archive))
+    page.get_by_label("Name (optional)").fill("pets")
+    page.get_by_role("button", name="Upload").click()
+    expect(page).to_have_url(re.compile(r"/datasets/[0-9a-f-]{36}$"))
+    expect(page.locator("#dataset-status")).to_have_text("ready", timeout=60_000)
+    for name in ("cat", "dog", "owl"):
+        expect(page.get_by_role("row", name=f"{name} 6")).to_be_visible()
+        expect(page.get_by_role("img", name=f"example of class {name}")).to_have_count(4)
+    page.wait_for_function(  # every thumbnail loaded as an image (made on the server)
+        "[...document.querySelectorAll('.thumbs img')].every(i => i.complete && i.naturalWidth > 0)"
+    )
+    page.screenshot(path=str(shots / "dataset.png"), full_page=True)
+
+    # an archive the worker cannot use: its page lists why
+    notes = tmp_path / "notes.zip"
+    notes.write_bytes(not_a_dataset_zip_bytes())
+    page.get_by_role("link", name="Datasets", exact=True).click()
+    page.get_by_label("Dataset file").set_input_files(str(notes))
+    page.get_by_role("button", name="Upload").click()
+    expect(page).to_have_url(re.compile(r"/datasets/[0-9a-f-]{36}$"))
+    expect(page.locator("#dataset-status")).to_have_text("invalid", timeout=60_000)
+    expect(page.locator("#validation-errors li").first).to_contain_text("class")
+    page.screenshot(path=str(shots / "dataset-invalid.png"), full_page=True)
+    page.get_by_role("link", name="Datasets", exact=True).click()
+    expect(page.get_by_role("link", name="pets")).to_be_visible()
+    page.screenshot(path=str(shots / "datasets.png"), full_page=True)
+
+    page.get_by_role("link", name="Zoo", exact=True).click()
+    for mid in MODELS:
+        expect(page.locator(f'tr[data-model="{mid}"]')).to_be_visible()
+    page.screenshot(path=str(shots / "zoo.png"), full_page=True)
+
+    # the submit form: the API's error beside its field, then a good job
+    page.get_by_role("link", name="Submit", exact=True).click()
+    page.get_by_label("Dataset").select_option(label="pets (18 images)")
+    page.get_by_label("Metrics (comma-separated)").fill("sms, nope")
+    page.get_by_label("Select by (one of the metrics)").fill("sms")
+    page.get_by_role("button", name="Submit job").click()
+    expect(page.locator("#metrics-error")).to_contain_text("unknown metric(s) 'nope'")
+    expect(page.get_by_label("Metrics (comma-separated)")).to_have_attribute("aria-invalid", "true")
+    page.screenshot(path=str(shots / "submit.png"), full_page=True)
+    for mid in MODELS:
+        page.locator(f'input[name="models"][value="{mid}"]').check()
+    page.get_by_label("Metrics (comma-separated)").fill("sms, logme")
+    page.get_by_label("Select by (one of the metrics)").fill("logme")
+    page.get_by_label("Fine-tune the chosen model").check()
+    page.get_by_label("Compressor").select_option("spardl")
+    page.get_by_label("Density (fraction of gradients sent)").fill("0.1")
+    page.get_by_label("Workers").fill("2")
+    page.get_by_label("Epochs").fill("1")
+    page.get_by_role("button", name="Submit job").click()
+    expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f-]{36}$"))
+    job_url = page.url
+
+    # watch it finish without reloading
+    no_reload_marker(page)
+    expect(page.locator("#job-status")).to_have_text("succeeded", timeout=150_000)
+    assert still_same_document(page)
+    chosen = page.locator("#chosen-model").inner_text()
+    assert chosen in MODELS
+    for metric in ("sms", "logme"):
+        chart = page.get_by_role("img", name=f"{metric} score per model")
+        for mid in MODELS:
+            expect(chart.locator(f'g.bar[data-model="{mid}"]')).to_have_count(1)
+    expect(page.get_by_role("img", name="training loss and test accuracy")).to_be_visible()
+    expect(page.get_by_role("img", name=re.compile("bytes sent per iteration"))).to_be_visible()
+    shares = page.locator("td.share").all_inner_texts()  # sparse: a fraction of dense
+    assert len(shares) == 1 and 0 < float(shares[0].rstrip("%")) < 100, shares
+    expect(page.locator("tr.chosen th")).to_contain_text(chosen)
+    page.screenshot(path=str(shots / "job.png"), full_page=True)
+    with page.expect_download() as dl:
+        page.get_by_role("link", name="Download fine-tuned model").click()
+    saved = tmp_path / "model.safetensors"
+    dl.value.save_as(saved)
+    from safetensors.numpy import load_file
+
+    assert load_file(str(saved))
+
+    # a second, long job: the jobs list shows it move on its own; cancel it from its page
+    page.goto(stack.url + "/submit")
+    page.get_by_label("Dataset").select_option(label="pets (18 images)")
+    page.locator(f'input[name="models"][value="{MODELS[0]}"]').check()
+    page.get_by_label("Metrics (comma-separated)").fill("logme")
+    page.get_by_label("Select by (one of the metrics)").fill("logme")
+    page.get_by_label("Fine-tune the chosen model").check()
+    page.get_by_label("Compressor").select_option("dense")
+    page.get_by_label("Workers").fill("1")
+    page.get_by_label("Epochs").fill("60")
+    page.get_by_role("button", name="Submit job").click()
+    expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f-]{36}$"))
+    second = page.url.rsplit("/", 1)[1]
+    page.get_by_role("link", name="Jobs", exact=True).click()
+    no_reload_marker(page)
+    row = page.locator(f'tr[data-job="{second}"]')
+    expect(row).to_have_attribute("data-status", re.compile("scoring|training"), timeout=60_000)
+    assert still_same_document(page)
+    expect(page.locator(f'tr[data-job="{job_url.rsplit("/", 1)[1]}"]')).to_have_attribute(
+        "data-status", "succeeded"
+    )
+    page.screenshot(path=str(shots / "jobs.png"), full_page=True)
+    page.get_by_label("Status").select_option("succeeded")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("tr[data-job]")).to_have_count(1)
+
+    page.goto(f"{stack.url}/jobs/{second}")
+    no_reload_marker(page)
+    page.get_by_role("button", name="Cancel job").click()  # a form post: a new document
+    expect(page.locator("p.note")).to_have_text("Cancel requested.")
+    no_reload_marker(page)
+    expect(page.locator("#job-status")).to_have_text("cancelled", timeout=90_000)
+    assert still_same_document(page)
+    expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
+    page.screenshot(path=str(shots / "job-cancelled.png"), full_page=True)
+
+    # phone width: nothing wider than the screen (tables scroll inside their box)
+    page.set_viewport_size({"width": 390, "height": 844})
+    for url, name in ((job_url, "job-phone.png"), (stack.url + "/jobs", "jobs-phone.png")):
+        page.goto(url)
+        assert fits_width(page), url
+        page.screenshot(path=str(shots / name), full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+    # sign out: the pages need signing in again
+    page.get_by_role("button", name="Sign out").click()
+    expect(page).to_have_url(re.compile(r"/login"))
+    page.goto(stack.url + "/jobs")
+    expect(page).to_have_url(re.compile(r"/login\?next=/jobs"))
+    context.close()
