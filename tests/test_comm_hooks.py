@@ -50,6 +50,7 @@ def raw_configs(P: int) -> dict[str, tuple[str, dict]]:
         "spardl": ("spardl", {}),
         "spardl_fp16": ("spardl", {"fp16": True}),
         "spardl_pow2": ("spardl", {"split": "pow2"}),
+        "spardl_halving": ("spardl", {"split": "halving"}),
         "spardl_dense": ("spardl", {"density": 1.0}),
         "spardl_d20": ("spardl", {"density": 0.2}),
     }

@@ -20,7 +20,12 @@ from zoopick.training.comm import dense, dfs, exdyna, gaussiank, spardl, topk  #
 from zoopick.training.comm.bucket import SimpleBucket
 from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.registry import available, check_options, get, make_hook
-from zoopick.training.comm.spardl import Transfer, simulate_schedule, spardl_schedule
+from zoopick.training.comm.spardl import (
+    Transfer,
+    message_steps,
+    simulate_schedule,
+    spardl_schedule,
+)
 from zoopick.training.comm.state import HookState
 from zoopick.training.comm.stats import CommStats, sum_stats
 
@@ -34,6 +39,7 @@ __all__ = [
     "check_options",
     "get",
     "make_hook",
+    "message_steps",
     "simulate_schedule",
     "spardl_schedule",
     "sum_stats",

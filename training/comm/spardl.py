@@ -11,8 +11,16 @@ Before every send the sender re-takes the top-``kb`` of each block's accumulated
 so a message never carries more than ``kb`` pairs per block however many contributions the
 sum already holds. The receiver adds the pairs into its partial sums.
 
-The schedule recursively splits a contiguous range of workers (= the range of blocks they
-will own) into halves A (first ``ceil(s/2)``) and B (``split="halving"``, the default). Each
+``split="gap"`` (the default) is SparDL's schedule for any ``t``: with ``R = ceil(log2 t)``,
+round sizes ``t - 2^(R-1), 2^(R-2), ..., 2, 1`` blocks and the gap between sender and
+receiver halving each round, every worker sends exactly one message to one peer and receives
+one per round, so the slowest worker makes ``R`` message steps and sends ``t - 1`` blocks for
+every ``t`` (see ``_gap_schedule``; ``message_steps`` counts the critical path). P=5, G=4:
+round 1 ``i -> i+4: [i+4]``, round 2 ``i -> i+2: [i+2, i+3]``, round 3 ``i -> i+1: [i+1]``
+(mod 5).
+
+The older ``split="halving"`` recursively splits a contiguous range of workers (= the range
+of blocks they will own) into halves A (first ``ceil(s/2)``) and B. Each
 worker of A hands its partial sums for B's blocks to B and vice versa; afterwards A and B
 recurse independently. Invariant: for every block of a group, each worker's contribution
 lies in exactly one group member's partial sum. A split keeps it if every partial of a block
@@ -21,8 +29,9 @@ of the other half goes to exactly one worker of that half; which one is free, so
 row-major order, ``x`` consecutive cells per receiver: cell ``c = p*y + m`` (sender ``p``,
 block ``m``) goes to receiver ``c // x``. Equal halves give the classic pairwise recursive
 halving; unequal halves (odd sizes) make some workers talk to two peers, but every worker
-still receives exactly as many blocks as the other half has workers. A worker in a group of
-size ``s`` whose half has size ``h`` sends ``s - h`` blocks; summed over the rounds this
+still receives exactly as many blocks as the other half has workers; for ``t`` not a power of
+two that costs more message steps than rounds (P=5: 5 steps in 3 rounds, P=9: 7 in 4). A
+worker in a group of size ``s`` whose half has size ``h`` sends ``s - h`` blocks; summed over the rounds this
 telescopes to exactly ``t - 1`` blocks sent (and received) per worker, for every ``t``.
 
 Worked examples (``src->dst:[blocks]``; after the last round worker j holds block j with one
@@ -87,7 +96,7 @@ from zoopick.training.comm.select import even_bounds, k_for, topk_indices
 from zoopick.training.comm.state import HookState, run_hook
 from zoopick.training.comm.store import BucketLayout
 
-SPLITS = ("halving", "pow2")
+SPLITS = ("gap", "halving", "pow2")
 
 
 @dataclass(frozen=True)
@@ -115,13 +124,43 @@ def _deal(xlo: int, xhi: int, ylo: int, yhi: int) -> list[Transfer]:
     return [Transfer(s, d, tuple(b)) for (s, d), b in msgs.items()]
 
 
+def _gap_schedule(P: int) -> tuple[tuple[Transfer, ...], ...]:
+    """SparDL's reduce-scatter for any ``P``: ``R = ceil(log2 P)`` rounds, in each of which
+    every worker sends one message to one peer (and receives one).
+
+    Worker ``i`` sees block ``(i + o) mod P`` at offset ``o``. Round 1 uses the gap
+    ``G = 2^(R-1)``: ``i`` sends its offsets ``G .. P-1`` (``P - G`` blocks) to ``i + G``,
+    where they land at offsets ``0 .. P-G-1``. Each later round halves the gap ``g``: ``i``
+    sends offsets ``g .. 2g-1`` (``g`` blocks) to ``i + g``. A contribution at offset ``o``
+    thus moves by the binary digits of ``o`` and ends at offset 0 of worker ``i + o``, its
+    block's owner, exactly once. Round sizes ``P - 2^(R-1), 2^(R-2), ..., 2, 1`` sum to
+    ``P - 1`` blocks per worker (the time-reverse of Bruck's all-gather)."""
+    if P == 1:
+        return ()
+    R = math.ceil(math.log2(P))
+    rounds: list[tuple[Transfer, ...]] = []
+    span = P
+    g = 1 << (R - 1)
+    while g >= 1:
+        rounds.append(
+            tuple(
+                Transfer(i, (i + g) % P, tuple((i + o) % P for o in range(g, span)))
+                for i in range(P)
+            )
+        )
+        span, g = g, g // 2
+    return tuple(rounds)
+
+
 @lru_cache(maxsize=64)
-def spardl_schedule(P: int, split: str = "halving") -> tuple[tuple[Transfer, ...], ...]:
+def spardl_schedule(P: int, split: str = "gap") -> tuple[tuple[Transfer, ...], ...]:
     """The Spar-Reduce-Scatter rounds for ``P`` workers (block j ends at worker j)."""
     if P < 1:
         raise CommError(f"spardl: need at least one worker, got {P}")
     if split not in SPLITS:
         raise CommError(f"spardl: split must be one of {SPLITS}, got {split!r}")
+    if split == "gap":
+        return _gap_schedule(P)
     rounds: list[tuple[Transfer, ...]] = []
     groups = [(0, P)]
     while any(hi - lo > 1 for lo, hi in groups):
@@ -161,6 +200,17 @@ def simulate_schedule(
     return hold
 
 
+def message_steps(rounds: tuple[tuple[Transfer, ...], ...]) -> int:
+    """Message steps on the critical path: per round, the most messages any one worker sends
+    or receives (a worker handles its messages one after another), summed over the rounds."""
+    total = 0
+    for rnd in rounds:
+        out = Counter(tr.src for tr in rnd)
+        inc = Counter(tr.dst for tr in rnd)
+        total += max([*out.values(), *inc.values()], default=0)
+    return total
+
+
 class SparDLState(HookState):
     name = "spardl"
 
@@ -169,7 +219,7 @@ class SparDLState(HookState):
         process_group: dist.ProcessGroup | None = None,
         *,
         teams: int = 1,
-        split: str = "halving",
+        split: str = "gap",
         **common: Any,
     ) -> None:
         """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
