@@ -31,8 +31,8 @@ block ``m``) goes to receiver ``c // x``. Equal halves give the classic pairwise
 halving; unequal halves (odd sizes) make some workers talk to two peers, but every worker
 still receives exactly as many blocks as the other half has workers; for ``t`` not a power of
 two that costs more message steps than rounds (P=5: 5 steps in 3 rounds, P=9: 7 in 4). A
-worker in a group of size ``s`` whose half has size ``h`` sends ``s - h`` blocks; summed over the rounds this
-telescopes to exactly ``t - 1`` blocks sent (and received) per worker, for every ``t``.
+worker in a group of size ``s`` whose half has size ``h`` sends ``s - h`` blocks; summed over
+the rounds this telescopes to exactly ``t - 1`` blocks sent (and received) per worker.
 
 Worked examples (``src->dst:[blocks]``; after the last round worker j holds block j with one
 contribution of every worker):
