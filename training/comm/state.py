@@ -19,6 +19,10 @@ iteration t < W is ``max(density, 0.25 ** (t + 1))`` (25 %, 6.25 %, 1.56 %, ... 
 target); with ``warmup_mode="dense"`` the first W iterations are dense all-reduces of ``acc``
 (residuals are flushed into them; with ``fp16`` each worker keeps its own rounding, the
 half-precision sum's rounding is not fed back).
+
+Timing never stalls the device by default: ``sync_cuda_timing=False`` times CUDA work with
+events (see ``stats.CommStats``); ``True`` synchronises around each timed block, for
+benchmarks that want wall time per block and accept the stall.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ class HookState:
         warmup_mode: str = "exp",
         momentum: float = 0.0,
         fp16: bool = False,
-        sync_cuda_timing: bool = True,
+        sync_cuda_timing: bool = False,
     ) -> None:
         if not isinstance(density, int | float) or not 0.0 < float(density) <= 1.0:
             raise CommError(f"{self.name}: density must be in (0, 1], got {density!r}")
