@@ -144,6 +144,27 @@ def dense_exchange(
     return total, acc - seen, None
 
 
+def _hold_out_unused(layout: BucketLayout, acc: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """Take the residual of parameters this rank did not use out of ``acc`` (zeroing it there)
+    and return it with its offsets, to be put back into the residual after the exchange.
+
+    With ``find_unused_parameters=True`` DDP zero-fills an unused parameter's gradient in the
+    bucket and, if no rank used it, never copies the reduced bucket into ``param.grad``: a
+    residual sent for it would be neither applied nor kept. A locally unused parameter is
+    recognised without a device sync by ``param.grad is None`` at hook time (DDP's default
+    ``gradient_as_bucket_view=False`` with ``zero_grad(set_to_none=True)``, the default);
+    with ``set_to_none=False`` or bucket views the gradient is always defined and the
+    residual of a globally unused parameter is still lost. Holding out only this rank's share
+    is safe either way: a parameter used elsewhere still receives the other ranks' updates,
+    and this rank's residual waits for an iteration in which it uses the parameter."""
+    held: list[tuple[int, torch.Tensor]] = []
+    for p, off, length in zip(layout.params, layout.offsets, layout.lengths, strict=True):
+        if length and p.requires_grad and p.grad is None:
+            held.append((off, acc[off : off + length].clone()))
+            acc[off : off + length] = 0.0
+    return held
+
+
 def run_hook(
     state: HookState, bucket: dist.GradBucket, exchange: Exchange
 ) -> torch.futures.Future[torch.Tensor]:
@@ -160,11 +181,14 @@ def run_hook(
         else:
             u = grad
         acc = state.residuals.gather(layout, buf.device).add_(u)
+    held = _hold_out_unused(layout, acc)
     density = state.density_at(state.iteration)
     if density is None:
         total, residual, sent = dense_exchange(state, layout, acc, 1.0)
     else:
         total, residual, sent = exchange(state, layout, acc, density)
+    for off, values in held:
+        residual[off : off + values.numel()].add_(values)
     state.residuals.scatter(layout, residual)
     if state.momentum > 0.0:
         if sent is None:  # everything was sent
