@@ -45,6 +45,7 @@ def raw_configs(P: int) -> dict[str, tuple[str, dict]]:
         "exdyna_fp16": ("exdyna", {"blocks": 16, "fp16": True}),
         "gaussiank": ("gaussiank", {}),
         "exdyna": ("exdyna", {"blocks": 16}),
+        "exdyna_paper": ("exdyna", {"blocks": 16, "controller": "paper"}),
         "dfs": ("dfs", {}),
         "dfs_fp16": ("dfs", {"fp16": True, "block_size": 4}),
         "spardl": ("spardl", {}),

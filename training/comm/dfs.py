@@ -25,7 +25,7 @@ from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import INDEX_DTYPE, allgather_parts, to_wire
 from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import k_for, topk_indices
-from zoopick.training.comm.state import HookState, run_hook
+from zoopick.training.comm.state import HookState, id_key, named_key, run_hook
 from zoopick.training.comm.store import BucketLayout
 
 SAMPLE = 4096
@@ -61,6 +61,13 @@ class DFSState(HookState):
     def reset_state(self) -> None:
         super().reset_state()
         self.sizes.clear()
+
+    def scheme_state(self, names: dict[int, str]) -> dict[Any, Any]:
+        """The block size per bucket (a resumed run continues with the adapted sizes)."""
+        return {named_key(key, names): int(b) for key, b in self.sizes.items()}
+
+    def load_scheme_state(self, params: dict[str, torch.Tensor], blob: dict[Any, Any]) -> None:
+        self.sizes = {id_key(named, params): int(b) for named, b in blob.items()}
 
 
 def topk_magnitude_estimate(x: torch.Tensor, k: int) -> float:

@@ -120,6 +120,7 @@ class HookState:
             "iteration": self.iteration,
             "residuals": self.residuals.named(names),
             "momenta": self.momenta.named(names),
+            "scheme": self.scheme_state(names),
         }
 
     def load_state_dict(self, model: torch.nn.Module, blob: dict[str, Any]) -> None:
@@ -127,11 +128,31 @@ class HookState:
         self.iteration = int(blob["iteration"])
         self.residuals.load_named(params, blob["residuals"])
         self.momenta.load_named(params, blob["momenta"])
+        self.load_scheme_state(params, blob.get("scheme", {}))  # absent in older checkpoints
+
+    def scheme_state(self, names: dict[int, str]) -> dict[Any, Any]:
+        """A scheme's own per-bucket state (thresholds, partitions, block sizes) keyed by
+        :func:`named_key`; none in the base class."""
+        return {}
+
+    def load_scheme_state(self, params: dict[str, torch.Tensor], blob: dict[Any, Any]) -> None:
+        """Inverse of :meth:`scheme_state`."""
 
     def reset_state(self) -> None:
         """Drop residuals, momenta and scheme state (stats are kept)."""
         self.residuals.clear()
         self.momenta.clear()
+
+
+def named_key(key: tuple[int, ...], names: dict[int, str]) -> tuple[Any, ...]:
+    """A bucket key (``BucketLayout.key``: parameter ids + numel) with names for the ids, so
+    it survives a restart."""
+    return tuple(names[i] for i in key[:-1]) + (key[-1],)
+
+
+def id_key(named: tuple[Any, ...], params: dict[str, torch.Tensor]) -> tuple[int, ...]:
+    """Inverse of :func:`named_key` for the parameters of a rebuilt model."""
+    return tuple(id(params[n]) for n in named[:-1]) + (int(named[-1]),)
 
 
 def dense_exchange(
