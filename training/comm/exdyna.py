@@ -17,30 +17,32 @@ worker's residual is visited), so the selections of different workers never over
    at density 1 it is exactly the dense average.) With ``fp16`` the all-reduce sums in half
    precision, so conservation holds up to the rounding of that sum.
 
-Online threshold scaling, ``controller="paper"``: the paper's multiplicative rule. With ``r`` = the global count selected at the previous iteration over ``k``, the
-threshold is multiplied by 1.005 when ``r > 1.1``, by 0.995 when ``r <= 1/1.1`` and by 1.00125
-in between (a slow upward drift that offsets the growing residual). Deviation: the first
-threshold is seeded from an exact top-k of the own partition (below), not the authors'
-``1 / (2 sqrt k)``, which depends on the gradient's scale.
+Online threshold scaling, ``controller="paper"``: the paper's multiplicative rule. With
+``r`` = the global count selected at the previous iteration over ``k``, the threshold is
+multiplied by 1.005 when ``r > 1.1``, by 0.995 when ``r <= 1/1.1`` and by 1.00125 in between
+(a slow upward drift that offsets the growing residual). Deviation: the first threshold is
+seeded from an exact top-k of the own partition (below), not the authors' ``1 / (2 sqrt
+k)``, which depends on the gradient's scale.
 
-``controller="probes"`` (the default) is this project's variant: the header's probe counts (how many elements of each partition
-exceed ``threshold * 2^(e/2)``, ``e = -4..4``) summed over workers give the global count as a
-function of the threshold at this iteration; the next threshold is the log-linear
-interpolation where that count equals a target. The target starts at
-``k = ceil(density * numel)`` and is corrected multiplicatively by ``(k / achieved)^0.3``
-every iteration (integral action: the next owner of a partition brings residual that grew
-meanwhile, which the probes cannot see), so the achieved density settles at the user's
-density without a sort. It reacts within a few iterations where the paper's 0.5 % steps need
-dozens: on i.i.d. normal gradients (4000 elements, density 1 %, one worker, 40 iterations)
-the paper's rule stays at the 4k safety cap throughout while the residual grows, the variant
-averages 1.02 % over the last 30 iterations; hence the default.
+``controller="probes"`` (the default) is this project's variant: the header's probe counts
+(how many elements of each partition exceed ``threshold * 2^(e/2)``, ``e = -4..4``) summed
+over workers give the global count as a function of the threshold at this iteration; the
+next threshold is the log-linear interpolation where that count equals a target. The target
+starts at ``k = ceil(density * numel)`` and is corrected multiplicatively by ``(k /
+achieved)^0.3`` every iteration (integral action: the next owner of a partition brings
+residual that grew meanwhile, which the probes cannot see), so the achieved density settles
+at the user's density without a sort. It reacts within a few iterations where the paper's
+0.5 % steps need dozens: on i.i.d. normal gradients (4000 elements, density 1 %, one worker,
+40 iterations) the paper's rule stays at the 4k safety cap throughout while the residual
+grows, the variant averages 1.02 % over the last 30 iterations; hence the default.
 
 Partition balancing (a variant of the paper's, which moves one block between neighbours
-whose counts are above 1.05 and below 1/1.05 of their share): the union of indices tells every worker how many selections fell into
-each block. Partition boundaries then move block by block (at most ``max_shift`` per boundary
-and iteration, left to right) from the busier to the less busy neighbour while that brings
-their counts closer, keeping at least one block per partition. All of this is computed from
-gathered data, so every rank keeps identical partitions and thresholds.
+whose counts are above 1.05 and below 1/1.05 of their share): the union of indices tells
+every worker how many selections fell into each block. Partition boundaries then move block
+by block (at most ``max_shift`` per boundary and iteration, left to right) from the busier
+to the less busy neighbour while that brings their counts closer, keeping at least one block
+per partition. All of this is computed from gathered data, so every rank keeps identical
+partitions and thresholds.
 """
 
 import math
