@@ -8,7 +8,8 @@
 - ``gaussiank``: GaussianK threshold selection, all-gather;
 - ``spardl``: SparDL sparse reduce-scatter + all-gather, any P, optional teams;
 - ``exdyna``: ExDyna exclusive rotating partitions with online threshold scaling;
-- ``dfs``: block-aligned selection with a dynamic block size.
+- ``dfs``: block-energy top-k over all-gather with a dynamic block size (the name is
+  historical: not the DFS paper's parameter-server streaming; bytes grow linearly with P).
 
 All sparse hooks keep error-feedback residuals per parameter (surviving DDP's bucket
 rebuild), share ``density``, ``warmup``/``warmup_mode``, ``momentum`` (DGC momentum
