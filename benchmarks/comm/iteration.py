@@ -83,8 +83,10 @@ def attach(ddp: DDP, label: str, density: float, spec: dict[str, Any]):
         ddp.register_comm_hook(state, powersgd_waited)
         return None
     name, options = label, {}
-    if label.startswith("spardl-t"):
-        name, options = "spardl", {"teams": int(label[len("spardl-t") :])}
+    if label.endswith("-async"):  # the FIFO communication thread (async_comm=True)
+        name, options = label[: -len("-async")], {"async_comm": True}
+    if name.startswith("spardl-t"):
+        name, options = "spardl", {**options, "teams": int(name[len("spardl-t") :])}
     state, hook = make_hook(name, density=1.0 if label == "dense" else density, **options)
     ddp.register_comm_hook(state, hook)
     return state

@@ -91,8 +91,7 @@ def goals(records: list[dict[str, Any]], density: float = 0.01) -> list[dict[str
                 est = de4["added_1core_est_s"] / sp4["added_1core_est_s"]
             detail = (
                 f"dense adds {de4['added_s'] * 1e3:.0f} ms, spardl {sp4['added_s'] * 1e3:.0f} ms:"
-                f" {ratio:.2f}x"
-                + (f" (one core per worker, estimated: {est:.2f}x)" if est else "")
+                f" {ratio:.2f}x" + (f" (one core per worker, estimated: {est:.2f}x)" if est else "")
             )
             out.append(
                 {
@@ -157,7 +156,7 @@ def _ms(v: float | None) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     recs = result["records"]
-    run = result["runs"][-1]
+    run = result["runs"][0]
     lines = [
         "# Whole-iteration benchmark (realistic gradient)",
         "",
@@ -174,9 +173,18 @@ def markdown(result: dict[str, Any]) -> str:
         "P > 2 workers share cores; it adds the slowest worker's extra CPU seconds (vs noop) "
         "and the extra wire bytes at the link rate.",
         "",
-        f"Run: `{' '.join(run['argv'])}`, {run['wall_s'] / 60:.1f} min, load average "
-        f"{run['loadavg_before']} before, {run['loadavg_after']} after. The numbers are noisy "
-        "(2 shared cores): read ratios within one launch.",
+        "Runs (each (P, link) is one launch; *added* always uses the noop of the same "
+        "launch, so a merged run's rows carry their own baseline):",
+        "",
+    ]
+    for r in result["runs"]:
+        lines.append(
+            f"- `{' '.join(r['argv'])}`: {r['wall_s'] / 60:.1f} min, load average "
+            f"{r['loadavg_before']} before, {r['loadavg_after']} after"
+        )
+    lines += [
+        "",
+        "The numbers are noisy (2 cores shared with other jobs): read ratios within a launch.",
         "",
     ]
     zeros = [r["zero_fraction"] for r in recs if r["zero_fraction"] is not None]
@@ -188,9 +196,7 @@ def markdown(result: dict[str, Any]) -> str:
         ]
     lines += ["## Goals", "", "| goal | verdict | detail |", "|---|---|---|"]
     for g in result["goals"]:
-        lines.append(
-            f"| {g['goal']} | **{'met' if g['met'] else 'not met'}** | {g['detail']} |"
-        )
+        lines.append(f"| {g['goal']} | **{'met' if g['met'] else 'not met'}** | {g['detail']} |")
     for link in sorted({r["link"] for r in recs}):
         lines += [
             "",
@@ -260,6 +266,15 @@ def main(args, launch, configs_for) -> int:
         }
         result = {"runs": [run], "records": records}
         out_json.with_suffix(".partial.json").unlink(missing_ok=True)
+        if args.merge and out_json.exists():  # same (link, P, hook, density) replaced
+            old = json.loads(out_json.read_text())
+
+            def key(r):
+                return (r["link"], r["P"], r["hook"], r["density"])
+
+            new_keys = {key(r) for r in records}
+            kept = [r for r in old["records"] if key(r) not in new_keys]
+            result = {"runs": old["runs"] + [run], "records": kept + records}
     result["goals"] = goals(result["records"])
     out_json.write_text(json.dumps(result, indent=1))
     (args.out / "comm_iteration.md").write_text(markdown(result))

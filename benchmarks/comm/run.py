@@ -37,8 +37,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.comm import netns, report  # noqa: E402
 
-HOOKS = ("dense", "powersgd", "topk", "gaussiank", "spardl", "spardl-t2", "exdyna", "dfs")
-ITERATION_HOOKS = ("noop", *HOOKS)  # --mode iteration: torch's no-op hook is the baseline
+HOOKS = (
+    "dense",
+    "powersgd",
+    "topk",
+    "gaussiank",
+    "spardl",
+    "spardl-t2",
+    "spardl-t4",
+    "exdyna",
+    "dfs",
+)
+# --mode iteration: torch's no-op hook is the baseline; "-async" = our FIFO comm thread
+ITERATION_HOOKS = ("noop", *HOOKS, "spardl-async", "topk-async")
 DENSE_HOOKS = ("noop", "dense", "powersgd")  # density does not apply: run once per (P, link)
 WORKER = Path(__file__).resolve().parent / "worker.py"
 ITERATION_WORKER = Path(__file__).resolve().parent / "iteration.py"
@@ -80,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="hooks: hook calls on precomputed gradients (worker.py); iteration: whole DDP "
         "iterations on a realistic gradient, minus torch's no-op hook (iteration.py)",
     )
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per link")
     ap.add_argument("--px", type=int, default=96, help="--mode iteration: image size")
     ap.add_argument("--batch", type=int, default=2, help="--mode iteration: images per rank")
     args = ap.parse_args(argv)
@@ -143,7 +155,11 @@ def launch(P: int, link: str, rate: int | None, args, configs) -> list[dict[str,
         worker = ITERATION_WORKER if args.mode == "iteration" else WORKER
         spec_path = Path(tmp, "spec.json")
         spec_path.write_text(json.dumps(spec))
-        ctx = netns.cluster(P, rate_mbit=rate) if rate is not None else nullcontext(None)
+        ctx = (
+            netns.cluster(P, rate_mbit=rate, delay_ms=args.delay_ms)
+            if rate is not None
+            else nullcontext(None)
+        )
         procs: list[subprocess.Popen] = []
         logs = []
         try:
@@ -266,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     ok, why = (False, "--loopback given") if args.loopback else netns.available()
     if ok:
-        links: list[tuple[str, int | None]] = [(f"{r}mbit", r) for r in args.links]
+        lag = f"-{args.delay_ms:g}ms" if args.delay_ms else ""
+        links: list[tuple[str, int | None]] = [(f"{r}mbit{lag}", r) for r in args.links]
     else:
         print(f"network namespaces unavailable ({why}): plain loopback, unshaped", flush=True)
         links = [("loopback", None)]
