@@ -49,13 +49,15 @@ def sampled_topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     the candidates above it are gathered and the exact top-``k`` is taken among them. When
     fewer than ``k`` pass (an unlucky sample), it falls back to ``torch.topk`` on everything,
     so the count and the set are always exact (up to ties). Needs one host sync (the
-    candidate count): a CPU path."""
+    candidate count): a CPU path. On a mostly-zero input (the sample's threshold is 0) the
+    candidates are the non-zeros."""
     mag = x.abs()
     sample = mag[::SAMPLE_STRIDE]
     m = sample.numel()
     rank = min(m, max(1, math.ceil(SAMPLE_MARGIN * k * m / mag.numel())))
     thr = torch.topk(sample, rank, sorted=False).values.min()
-    cand = torch.nonzero(mag >= thr).flatten()
+    # a mostly-zero input (threshold 0): only its non-zeros are candidates
+    cand = torch.nonzero(mag > 0 if thr <= 0 else mag >= thr).flatten()
     if cand.numel() < k:
         return torch.topk(mag, k, sorted=False).indices
     return cand[torch.topk(mag[cand], k, sorted=False).indices]

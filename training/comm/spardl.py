@@ -70,7 +70,7 @@ this sends ``(t - 1) kb`` pairs in SRS, ``(d - 1) h`` across teams and ``(t - 1)
 spread: with ``h = k / P`` about ``k (2P - d - 1) / P`` pairs, ``(d - 1) k / P`` fewer than
 one team's ``2 k (P - 1) / P``, in ``log2(t) + 2`` phases instead of ``log2(P)`` plus a
 ``P``-way all-gather (fewer message steps on latency-bound links). The union size needs one
-host sync per bucket (teams only).
+host sync per bucket (teams only: ``torch.unique``).
 
 Every message carries its int32 indices and values in one packed byte buffer
 (``exchange.pack_pairs``): one send per peer and round.
@@ -332,17 +332,23 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
         with stats.timer("select_s"):
             block_sum = torch.zeros(bounds[q + 1] - lo, device=acc.device)
             add_pairs(block_sum, [(i.long() - lo, v) for i, v in pieces])
+            # the merged union: only its positions can be non-zero (selecting among them,
+            # not over the whole mostly-zero block)
+            cand = torch.unique(torch.cat([i.long() for i, _ in pieces])) - lo
             if k < n:
-                union = int(torch.count_nonzero(block_sum))  # host sync (teams only)
-                _adapt_share(state, layout.key, h, union, kbq, d)
-            fin = topk_indices(block_sum, kbq)
+                _adapt_share(state, layout.key, h, int(cand.numel()), kbq, d)
+            fin = cand if cand.numel() <= kbq else cand[topk_indices(block_sum[cand], kbq)]
             kept = torch.zeros_like(block_sum, dtype=torch.bool)
             kept[fin] = True
             dropped = ~kept[own_idx - lo]
             W.index_add_(0, own_idx[dropped], own_seen[dropped])
-            fin_payload, fin_seen = to_wire(block_sum[fin], state.fp16)
+            vals = block_sum[fin]
+            fin_payload, fin_seen = to_wire(vals, state.fp16)
             if team == 0 and state.fp16:
-                W.index_add_(0, fin + lo, block_sum[fin] - fin_seen)
+                W.index_add_(0, fin + lo, vals - fin_seen)
+            pad = kbq - fin.numel()  # fixed capacity: zero-valued pairs at the block start
+            fin = torch.cat([fin, fin.new_zeros(pad)])
+            fin_payload = torch.cat([fin_payload, fin_payload.new_zeros(pad)])
         final = (fin + lo, fin_payload)
     else:
         final = take(q)[:2]
