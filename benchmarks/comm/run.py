@@ -251,6 +251,7 @@ def summarise(P: int, link: str, rate: int | None, ranks: list[dict]) -> list[di
             "numel": sum(bucket_numel),
             "buckets": len(bucket_numel),
             "bucket_numel": bucket_numel,
+            "bucket_zero_fraction": ranks[0].get("bucket_zero_fraction"),
             "iters": n_it,
             "time_s": over_iters("wall_s", max),
             "time_s_iters": [max(pr[i]["wall_s"] for pr in per_rank) for i in range(n_it)],
