@@ -61,3 +61,18 @@ def test_topk_magnitude_estimate_is_close_on_a_large_vector():
     x = torch.randn(200_000, generator=torch.Generator().manual_seed(0))
     exact = float(torch.topk(x.abs(), 2000).values.min())
     assert topk_magnitude_estimate(x, 2000) == pytest.approx(exact, rel=0.1)
+
+
+def test_block_sizes_survive_a_checkpoint(tmp_path):
+    from torch import nn
+
+    import zoopick.training.comm as comm
+
+    model = nn.Linear(4, 3)
+    state, _ = comm.make_hook("dfs")
+    state.sizes[tuple(id(p) for p in model.parameters()) + (15,)] = 64
+    torch.save(state.state_dict(model), tmp_path / "s.pt")
+    fresh = nn.Linear(4, 3)
+    again, _ = comm.make_hook("dfs")
+    again.load_state_dict(fresh, torch.load(tmp_path / "s.pt", weights_only=True))
+    assert again.sizes == {tuple(id(p) for p in fresh.parameters()) + (15,): 64}

@@ -10,7 +10,7 @@ import torch
 
 from tests.comm_harness import launch_cached
 from tests.test_comm_hooks import ITERS, SHAPES, suite
-from zoopick.training.comm.exdyna import PROBES, next_threshold, rebalance
+from zoopick.training.comm.exdyna import PROBES, next_threshold, paper_threshold, rebalance
 
 
 def test_rebalance_moves_one_block_toward_the_lighter_neighbour():
@@ -36,6 +36,16 @@ def test_rebalance_three_partitions_left_to_right():
     # 20 | 10 | 0: moving block 1 (10) would only flip the 10-difference, so boundary 1 stays;
     # block 3 is empty and walks to the right
     assert rebalance([0, 2, 4, 6], [10, 10, 10, 0, 0, 0], max_shift=1) == [0, 2, 3, 6]
+
+
+def test_paper_threshold_steps():
+    """The paper's rule, by hand: x1.005 above 1.1 k, x0.995 at or below k / 1.1, else
+    x1.00125."""
+    assert paper_threshold(2.0, 111, 100) == 2.0 * 1.005
+    assert paper_threshold(2.0, 110, 100) == 2.0 * 1.00125
+    assert paper_threshold(2.0, 91, 100) == 2.0 * 1.00125
+    assert paper_threshold(2.0, 90, 100) == 2.0 * 0.995
+    assert paper_threshold(2.0, 0, 100) == 2.0 * 0.995
 
 
 def test_next_threshold_interpolates_in_log_space():
@@ -87,3 +97,24 @@ def test_online_threshold_keeps_the_density(run):
         assert res["exdyna_density"] == densities
     tail = densities[-30:]
     assert 0.0075 < sum(tail) / len(tail) < 0.013  # target 0.01
+
+
+def test_partitions_and_thresholds_survive_a_checkpoint(tmp_path):
+    """ExDyna's per-bucket state goes into the checkpoint keyed by parameter names and comes
+    back under the ids of a rebuilt model (through a weights-only load, as the trainer does)."""
+    from torch import nn
+
+    import zoopick.training.comm as comm
+    from zoopick.training.comm.exdyna import _Partitioning
+
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    state, _ = comm.make_hook("exdyna", controller="paper")
+    key = tuple(id(p) for p in model.parameters()) + (29,)
+    state.partitions[key] = _Partitioning([0, 10, 20, 29], [0, 2, 3], 0.125, 1.5)
+    torch.save(state.state_dict(model), tmp_path / "s.pt")
+    fresh = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    again, _ = comm.make_hook("exdyna", controller="paper")
+    again.load_state_dict(fresh, torch.load(tmp_path / "s.pt", weights_only=True))
+    part = again.partitions[tuple(id(p) for p in fresh.parameters()) + (29,)]
+    assert (part.block_edges, part.part_edges) == ([0, 10, 20, 29], [0, 2, 3])
+    assert (part.threshold, part.target_ratio) == (0.125, 1.5)

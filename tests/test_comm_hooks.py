@@ -45,11 +45,13 @@ def raw_configs(P: int) -> dict[str, tuple[str, dict]]:
         "exdyna_fp16": ("exdyna", {"blocks": 16, "fp16": True}),
         "gaussiank": ("gaussiank", {}),
         "exdyna": ("exdyna", {"blocks": 16}),
+        "exdyna_paper": ("exdyna", {"blocks": 16, "controller": "paper"}),
         "dfs": ("dfs", {}),
         "dfs_fp16": ("dfs", {"fp16": True, "block_size": 4}),
         "spardl": ("spardl", {}),
         "spardl_fp16": ("spardl", {"fp16": True}),
         "spardl_pow2": ("spardl", {"split": "pow2"}),
+        "spardl_halving": ("spardl", {"split": "halving"}),
         "spardl_dense": ("spardl", {"density": 1.0}),
         "spardl_d20": ("spardl", {"density": 0.2}),
     }

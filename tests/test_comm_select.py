@@ -85,3 +85,33 @@ def test_gaussiank_density_one_selects_everything():
 def test_even_bounds():
     assert even_bounds(10, 3) == [0, 3, 6, 10]
     assert even_bounds(2, 4) == [0, 0, 1, 1, 2]
+
+
+def test_sampled_topk_is_the_exact_top_k():
+    """The CPU path for large inputs (sampled threshold + exact trim) returns exactly the
+    set torch.topk returns, also where the sample misses (fallback) and on heavy tails."""
+    from zoopick.training.comm.select import sampled_topk_indices, topk_indices
+
+    gen = torch.Generator().manual_seed(3)
+    cases = [
+        torch.randn(200_000, generator=gen),
+        torch.randn(200_000, generator=gen) * torch.randn(200_000, generator=gen).exp() * 5,
+    ]
+    spiky = torch.zeros(200_000)
+    spiky[torch.randperm(200_000, generator=gen)[:3000]] = 1.0 + torch.rand(3000, generator=gen)
+    spiky[::97] = 0.0  # the sample sees only zeros: the threshold passes everything
+    cases.append(spiky)
+    lopsided = torch.randn(200_000, generator=gen) * 0.01  # the sample holds the only large
+    lopsided[::97] = 100.0 + torch.rand(lopsided[::97].numel(), generator=gen)  # ones: fallback
+    cases.append(lopsided)
+    for x in cases:
+        for k in (1, 2000, 20_000):
+            expect = set(torch.topk(x.abs(), k).indices.tolist())
+            got = sampled_topk_indices(x, k)
+            assert got.numel() == k and len(set(got.tolist())) == k
+            if x is spiky:  # ties at zero: compare magnitudes, not positions
+                kth = float(torch.topk(x.abs(), k).values.min())
+                assert float(x.abs()[got].min()) >= kth
+            else:
+                assert set(got.tolist()) == expect
+            assert set(topk_indices(x, k).tolist()) == set(got.tolist()) or x is spiky

@@ -1,4 +1,4 @@
-"""SparDL: the reduce-scatter schedule for any P, and real gloo runs at P = 3, 5, 6.
+"""SparDL: the reduce-scatter schedule for any P, and real gloo runs at P = 3, 5, 6, 7.
 
 The schedule tests are pure Python on ``spardl_schedule`` (the function the hook uses) and its
 contributor simulation. The multi-process tests reuse the per-P launch of
@@ -17,12 +17,20 @@ import torch
 
 import zoopick.training.comm as comm
 from tests.comm_harness import launch_cached
-from tests.test_comm_hooks import DENSITY, ITERS, SHAPES, check_conservation, raw_configs, suite
+from tests.test_comm_hooks import (
+    DENSITY,
+    ITERS,
+    SHAPES,
+    _raw,
+    check_conservation,
+    raw_configs,
+    suite,
+)
 from zoopick.training.comm.spardl import simulate_schedule
 
 
 # ------------------------------------------------------------------------------ schedule
-@pytest.mark.parametrize("split", ["halving", "pow2"])
+@pytest.mark.parametrize("split", ["gap", "halving", "pow2"])
 @pytest.mark.parametrize("P", list(range(1, 34)))
 def test_schedule_gives_each_block_one_contribution_per_worker(P, split):
     rounds = comm.spardl_schedule(P, split)
@@ -47,9 +55,44 @@ def test_schedule_gives_each_block_one_contribution_per_worker(P, split):
         assert sent[w] == P - 1 and received[w] == P - 1
 
 
+@pytest.mark.parametrize("P", list(range(2, 17)))
+def test_gap_schedule_one_message_per_worker_per_round(P):
+    """SparDL's schedule: ceil(log2 P) rounds, each worker sends one message to one peer and
+    receives one per round, so the critical path is ceil(log2 P) message steps; round sizes
+    P - 2^(R-1), 2^(R-2), ..., 1 blocks."""
+    rounds = comm.spardl_schedule(P)
+    R = math.ceil(math.log2(P))
+    assert comm.message_steps(rounds) == R
+    sizes = []
+    for rnd in rounds:
+        assert sorted(t.src for t in rnd) == list(range(P))
+        assert sorted(t.dst for t in rnd) == list(range(P))
+        assert len({len(t.blocks) for t in rnd}) == 1
+        sizes.append(len(rnd[0].blocks))
+    assert sizes == [P - 2 ** (R - 1)] + [2**e for e in range(R - 2, -1, -1)]
+
+
+def test_message_steps_of_the_old_halving_split():
+    """The figures that motivated the gap schedule (halving split, non-power-of-two P)."""
+    steps = {P: comm.message_steps(comm.spardl_schedule(P, "halving")) for P in (3, 5, 7, 9, 11)}
+    assert steps == {3: 3, 5: 5, 7: 5, 9: 7, 11: 7}
+
+
+def test_gap_schedule_worked_example():
+    got = [sorted((t.src, t.dst, t.blocks) for t in rnd) for rnd in comm.spardl_schedule(5)]
+    assert got == [
+        [(i, (i + 4) % 5, ((i + 4) % 5,)) for i in range(5)],
+        sorted((i, (i + 2) % 5, ((i + 2) % 5, (i + 3) % 5)) for i in range(5)),
+        sorted((i, (i + 1) % 5, ((i + 1) % 5,)) for i in range(5)),
+    ]
+
+
 def test_schedule_worked_examples_from_the_docstring():
     def fmt(P):
-        return [sorted((t.src, t.dst, t.blocks) for t in rnd) for rnd in comm.spardl_schedule(P)]
+        return [
+            sorted((t.src, t.dst, t.blocks) for t in rnd)
+            for rnd in comm.spardl_schedule(P, "halving")
+        ]
 
     assert fmt(3) == [
         [(0, 2, (2,)), (1, 2, (2,)), (2, 0, (0,)), (2, 1, (1,))],
@@ -88,8 +131,17 @@ def test_simulation_catches_a_broken_schedule():
 
 
 # --------------------------------------------------------------------------- real runs
-@pytest.fixture(scope="module", params=[3, 5, 6], ids=lambda p: f"P{p}")
+def spardl_suite(rank: int, P: int) -> dict:
+    """Only the SparDL raw-bucket runs (for P = 7, which the all-hooks suite does not cover)."""
+    torch.manual_seed(rank)
+    keys = [k for k in raw_configs(P) if k.startswith("spardl")]
+    return {"rank": rank, "P": P, "raw": {k: _raw(rank, P, *raw_configs(P)[k]) for k in keys}}
+
+
+@pytest.fixture(scope="module", params=[3, 5, 6, 7], ids=lambda p: f"P{p}")
 def run(request):
+    if request.param == 7:
+        return launch_cached(spardl_suite, 7)
     return launch_cached(suite, request.param)
 
 
@@ -167,20 +219,32 @@ def _ks(run, key: str, it: int, density: float) -> list[int]:
 
 @pytest.mark.parametrize("variant", ["", "_fp16"])
 def test_bytes_per_worker_exact(run, variant):
-    """Teams = d (t = P / d workers per team): (t - 1) blocks of ceil(k / t) pairs in the
-    reduce-scatter, d - 1 across teams, t - 1 in the all-gather; same received."""
+    """Teams = d (t = P / d workers per team): (t - 1) blocks of kb = ceil(k / t) pairs in the
+    reduce-scatter, (d - 1) shares of h pairs across teams (h = ceil(kb / d) at first, adapted
+    within [ceil(kb / d), kb] afterwards), t - 1 blocks of kb in the spread; same received.
+    Teams send fewer bytes than one team on the first iteration."""
     P = len(run)
     pair = 4 + (2 if variant else 4)
+    one_team = {}
     for d in [d for d in range(1, P + 1) if P % d == 0]:
         key = ("spardl" if d == 1 else f"spardl_teams{d}") + variant
         t = P // d
         for it in range(ITERS):
             ks = _ks(run, key, it, DENSITY)
-            exact = sum((2 * (t - 1) + d - 1) * math.ceil(k / t) for k in ks) * pair
+            kbs = [math.ceil(k / t) for k in ks]
+            low = sum(2 * (t - 1) * kb + (d - 1) * math.ceil(kb / d) for kb in kbs) * pair
+            high = sum(2 * (t - 1) * kb + (d - 1) * kb for kb in kbs) * pair
             for res in run:
                 rec = res["raw"][key]["stats"][it]
-                assert rec["bytes_sent"] == exact, key
-                assert rec["bytes_recv"] == exact, key
+                assert rec["bytes_sent"] == rec["bytes_recv"], key
+                if it == 0 or d == 1:
+                    assert rec["bytes_sent"] == low, key
+                else:
+                    assert low <= rec["bytes_sent"] <= high, key
+                if d == 1:
+                    one_team[it] = rec["bytes_sent"]
+                elif it == 0:
+                    assert rec["bytes_sent"] < one_team[0], key
 
 
 def test_bytes_per_worker_close_to_two_k_pairs(run):
@@ -191,8 +255,9 @@ def test_bytes_per_worker_close_to_two_k_pairs(run):
         ideal = sum(2 * k * (P - 1) / P for k in _ks(run, "spardl_d20", it, 0.2)) * 8
         for res in run:
             rec = res["raw"]["spardl_d20"]["stats"][it]
-            assert rec["bytes_sent"] == pytest.approx(ideal, rel=0.03)
-            assert rec["bytes_recv"] == pytest.approx(ideal, rel=0.03)
+            # ceil(k / P) per block costs up to P - 1 pairs per bucket: 3.2 % at P = 7 here
+            assert ideal <= rec["bytes_sent"] <= 1.05 * ideal
+            assert ideal <= rec["bytes_recv"] <= 1.05 * ideal
 
 
 def test_teams_apply_at_most_k_pairs_per_bucket(run):

@@ -32,6 +32,19 @@ def test_records_open_fill_and_close():
     assert len(stats) == 0 and stats.total()["iterations"] == 0
 
 
+def test_records_are_bounded_and_the_cumulative_total_stays_exact():
+    stats = CommStats(keep=5)
+    for it in range(1000):
+        stats.begin(it, torch.device("cpu"))
+        stats.add(bytes_sent=2, nnz=1, buckets=1)
+        stats.finish()
+    assert len(stats) == 5 and [r["iteration"] for r in stats] == [995, 996, 997, 998, 999]
+    assert stats.cumulative["bytes_sent"] == 2000 and stats.cumulative["iterations"] == 1000
+    assert stats.total()["bytes_sent"] == 10
+    state, _ = make_hook("topk")
+    assert state.stats.keep == 1000 and state.stats.sync_cuda is False  # no device syncs
+
+
 def test_add_outside_an_iteration_is_an_error():
     with pytest.raises(RuntimeError):
         CommStats().add(bytes_sent=1)

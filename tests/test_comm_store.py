@@ -50,3 +50,16 @@ def test_simple_bucket_lays_out_gradients_like_ddp():
     assert bucket.index() == 4 and not bucket.is_last()
     bucket.gradients()[1].fill_(7.0)
     assert bucket.buffer()[4:].tolist() == [7.0, 7.0, 7.0]
+
+
+def test_gather_hands_back_the_persistent_flat_residual():
+    a, b = torch.zeros(3), torch.zeros(2)
+    store = ParamStore()
+    layout = BucketLayout.of(SimpleBucket([a, b]))
+    flat = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    store.scatter(layout, flat)
+    assert store.gather(layout, torch.device("cpu")) is flat  # no allocation, no copy
+    # another layout overwrote b's entry: assembled afresh, with the current values
+    store.scatter(BucketLayout.of(SimpleBucket([b])), torch.tensor([9.0, 8.0]))
+    got = store.gather(layout, torch.device("cpu"))
+    assert got is not flat and got.tolist() == [1.0, 2.0, 3.0, 9.0, 8.0]

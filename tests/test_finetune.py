@@ -87,6 +87,21 @@ def test_config_rejects_bad_values():
     cfg = FinetuneConfig(zoo="z", model="m", data="d", out="o", density=0)
     with pytest.raises(ValueError, match="density"):
         cfg.check()
+    both = FinetuneConfig(zoo="z", model="m", data="d", out="o", hook_options={"momentum": 0.9})
+    with pytest.raises(ValueError, match="momentum twice"):
+        both.check()
+    with pytest.raises(ValueError, match="Adam"):
+        FinetuneConfig(
+            zoo="z", model="m", data="d", out="o", optimizer="adam", hook_options={"momentum": 0.5}
+        ).check()
+    FinetuneConfig(
+        zoo="z", model="m", data="d", out="o", momentum=0.0, hook_options={"momentum": 0.9}
+    ).check()
+    from zoopick.training.config import check_comm
+
+    with pytest.raises(ValueError, match="momentum twice"):
+        check_comm("topk", 0.01, {"momentum": 0.9})
+    check_comm("topk", 0.01, {"momentum": 0.9}, momentum=0.0)
     saved = asdict(FinetuneConfig(zoo="z", model="m", data="d", out="o"))
     assert FinetuneConfig(zoo="z", model="m", data="d", out="o", lr=0.5).same_run(saved) == ["lr"]
 

@@ -72,6 +72,7 @@ class FinetuneConfig:
             raise ValueError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
         if not (0 < self.test_fraction < 1):
             raise ValueError("test_fraction must be in (0, 1)")
+        check_momentum(self.hook_options, self.optimizer, self.momentum)
 
     # fields that may change between a run and its resumption
     _RESUMABLE = frozenset({"epochs", "resume", "out"})
@@ -98,13 +99,43 @@ def default(name: str) -> Any:
     raise KeyError(name)
 
 
-def check_comm(compressor: str, density: float, hook_options: Mapping[str, Any]) -> None:
+def check_momentum(hook_options: Mapping[str, Any], optimizer: str, momentum: float) -> None:
+    """Hook momentum (DGC momentum correction) and optimizer momentum are exclusive: both on
+    would apply momentum twice (the hook's ``u <- m u + g`` feeds an optimizer that does the
+    same), so reject the pair with a message saying which to turn off."""
+    hook_m = float(hook_options.get("momentum", 0.0) or 0.0)
+    if hook_m <= 0.0:
+        return
+    if optimizer == "adam":
+        raise ValueError(
+            f"hook_options momentum={hook_m} with the adam optimizer: Adam keeps its own "
+            "moments; drop the hook's momentum"
+        )
+    if momentum > 0.0:
+        raise ValueError(
+            f"hook_options momentum={hook_m} and optimizer momentum={momentum} would apply "
+            "momentum twice; set momentum=0 (the hook's momentum correction replaces it) or "
+            "drop the hook's momentum"
+        )
+
+
+def check_comm(
+    compressor: str,
+    density: float,
+    hook_options: Mapping[str, Any],
+    *,
+    optimizer: str = "sgd",
+    momentum: float = 0.9,
+) -> None:
     """Validate the communication hook, its density and its options without starting any
     process (raises ``training.comm.CommError``, a ``ValueError``, naming the bad one).
-    Imports the hooks (and torch) on first use."""
+    ``optimizer`` and ``momentum`` (the run's, :class:`FinetuneConfig`'s defaults unless
+    given) are checked against the hook's momentum. Imports the hooks (and torch) on first
+    use."""
     from zoopick.training.comm import check_options
 
     check_options(compressor, density=density, **dict(hook_options))
+    check_momentum(hook_options, optimizer, momentum)
 
 
 # -- what a run prints: one record per epoch, or an error ------------------------------------

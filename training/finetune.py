@@ -64,18 +64,27 @@ def _tensors(dataset, data_config: dict[str, Any]) -> tuple[torch.Tensor, torch.
 
 
 class _CommTimer:
-    """Sums a hook's per-iteration stats over an epoch (bytes and select / comm seconds)."""
+    """Sums a hook's per-iteration stats over an epoch (bytes and select / comm seconds) as
+    the difference of two snapshots of ``stats.cumulative`` (the stats keep only recent
+    records, so a long epoch cannot be summed from the record list)."""
 
     def __init__(self, state: Any) -> None:
         self.state = state
-        self.mark = 0
+        self.mark = self._snapshot()
 
-    def take(self) -> dict[str, float]:
+    def _snapshot(self) -> dict[str, float]:
         from zoopick.training.comm import sum_stats
 
-        stats = getattr(self.state, "stats", [])
-        total = sum_stats(stats[self.mark :])
-        self.mark = len(stats)
+        stats = getattr(self.state, "stats", None)
+        if stats is None:
+            return sum_stats([])
+        stats.resolve()  # once per epoch: waits for CUDA timing events, if any
+        return dict(stats.cumulative)
+
+    def take(self) -> dict[str, float]:
+        now = self._snapshot()
+        total = {key: value - self.mark.get(key, 0) for key, value in now.items()}
+        self.mark = now
         return total
 
 

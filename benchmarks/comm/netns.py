@@ -51,8 +51,13 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(workers: int, *, rate_mbit: int, subnet: int = 7) -> Iterator[Cluster]:
-    """Make ``workers`` namespaces whose egress is limited to ``rate_mbit`` Mbit/s each."""
+def cluster(
+    workers: int, *, rate_mbit: int, subnet: int = 7, delay_ms: float = 0.0
+) -> Iterator[Cluster]:
+    """Make ``workers`` namespaces whose egress is limited to ``rate_mbit`` Mbit/s each;
+    ``delay_ms`` > 0 adds that one-way delay to every packet leaving a worker (``netem`` as
+    the root qdisc, the rate limit below it), so a message between two workers costs at least
+    the delay: a latency-bound link."""
     tag = uuid.uuid4().hex[:6]
     bridge = f"zpbr{tag}"
     made_ns: list[str] = []
@@ -78,9 +83,18 @@ def cluster(workers: int, *, rate_mbit: int, subnet: int = 7) -> Iterator[Cluste
             _ip("link", "set", "lo", "up", netns=ns)
             # egress shaping of the worker's link; the burst is large enough for the rate
             burst = max(64, rate_mbit // 8) * 1024
+            tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", peer]
+            where = ["root"]
+            if delay_ms > 0:
+                subprocess.run(
+                    [*tc, "root", "handle", "1:", "netem", "delay", f"{delay_ms}ms",
+                     "limit", "100000"],
+                    check=True, capture_output=True, text=True,
+                )  # fmt: skip
+                where = ["parent", "1:", "handle", "2:"]
             subprocess.run(
-                ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", peer, "root", "tbf",
-                 "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "100ms"],
+                [*tc, *where, "tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst),
+                 "latency", "100ms"],
                 check=True, capture_output=True, text=True,
             )  # fmt: skip
             addresses.append(addr)

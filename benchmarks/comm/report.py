@@ -13,7 +13,17 @@ BYTES_GOAL = 1.1
 DENSE_SPEEDUP_GOAL = 5.0
 GOAL_LINK = "1000mbit"
 GOAL_DENSITY = 0.01
-ORDER = ("dense", "powersgd", "topk", "gaussiank", "spardl", "spardl-t2", "exdyna", "dfs")
+ORDER = (
+    "dense",
+    "powersgd",
+    "topk",
+    "gaussiank",
+    "spardl",
+    "spardl-t2",
+    "spardl-t4",
+    "exdyna",
+    "dfs",
+)
 
 
 def link_name(link: str) -> str:

@@ -37,9 +37,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.comm import netns, report  # noqa: E402
 
-HOOKS = ("dense", "powersgd", "topk", "gaussiank", "spardl", "spardl-t2", "exdyna", "dfs")
-DENSE_HOOKS = ("dense", "powersgd")  # density does not apply: run once per (P, link)
+HOOKS = (
+    "dense",
+    "powersgd",
+    "topk",
+    "gaussiank",
+    "spardl",
+    "spardl-t2",
+    "spardl-t4",
+    "exdyna",
+    "dfs",
+)
+# --mode iteration: torch's no-op hook is the baseline; "-async" = our FIFO comm thread
+ITERATION_HOOKS = ("noop", *HOOKS, "spardl-async", "topk-async")
+DENSE_HOOKS = ("noop", "dense", "powersgd")  # density does not apply: run once per (P, link)
 WORKER = Path(__file__).resolve().parent / "worker.py"
+ITERATION_WORKER = Path(__file__).resolve().parent / "iteration.py"
 PORT = 29531
 
 
@@ -71,9 +84,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--report-only", action="store_true", help="re-render comm.md and plots from comm.json"
     )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument(
+        "--mode",
+        choices=("hooks", "iteration"),
+        default="hooks",
+        help="hooks: hook calls on precomputed gradients (worker.py); iteration: whole DDP "
+        "iterations on a realistic gradient, minus torch's no-op hook (iteration.py)",
+    )
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per link")
+    ap.add_argument("--px", type=int, default=96, help="--mode iteration: image size")
+    ap.add_argument("--batch", type=int, default=2, help="--mode iteration: images per rank")
     args = ap.parse_args(argv)
     hooks = [h for h in args.hooks.split(",") if h]
-    bad = sorted(set(hooks) - set(HOOKS))
+    if args.mode == "iteration" and "noop" not in hooks:
+        hooks = ["noop", *hooks]
+    bad = sorted(set(hooks) - set(ITERATION_HOOKS if args.mode == "iteration" else HOOKS))
     if bad:
         ap.error(f"unknown hooks {bad}; choose from {', '.join(HOOKS)}")
     args.hooks = hooks
@@ -124,10 +149,17 @@ def launch(P: int, link: str, rate: int | None, args, configs) -> list[dict[str,
             "timeout": args.timeout,
             "configs": configs,
             "out_dir": tmp,
+            "px": args.px,
+            "batch": args.batch,
         }
+        worker = ITERATION_WORKER if args.mode == "iteration" else WORKER
         spec_path = Path(tmp, "spec.json")
         spec_path.write_text(json.dumps(spec))
-        ctx = netns.cluster(P, rate_mbit=rate) if rate is not None else nullcontext(None)
+        ctx = (
+            netns.cluster(P, rate_mbit=rate, delay_ms=args.delay_ms)
+            if rate is not None
+            else nullcontext(None)
+        )
         procs: list[subprocess.Popen] = []
         logs = []
         try:
@@ -147,7 +179,7 @@ def launch(P: int, link: str, rate: int | None, args, configs) -> list[dict[str,
                         prefix = []
                     log = open(Path(tmp, f"rank{rank}.log"), "w")  # noqa: SIM115
                     logs.append(log)
-                    cmd = [*prefix, sys.executable, str(WORKER), str(spec_path), str(rank)]
+                    cmd = [*prefix, sys.executable, str(worker), str(spec_path), str(rank)]
                     procs.append(
                         subprocess.Popen(
                             cmd,
@@ -168,6 +200,10 @@ def launch(P: int, link: str, rate: int | None, args, configs) -> list[dict[str,
                 if failed:
                     _stop(procs)
                     tail = Path(tmp, f"rank{failed[0]}.log").read_text()[-3000:]
+                    partial = _partial(tmp, P) if args.mode == "iteration" else None
+                    if partial:  # the configurations finished before the failure
+                        print(f"P={P} {link}: rank(s) {failed} failed:\n{tail}", flush=True)
+                        return partial
                     raise RuntimeError(
                         f"P={P} {link}: rank(s) {failed} failed or timed out:\n{tail}"
                     )
@@ -176,6 +212,19 @@ def launch(P: int, link: str, rate: int | None, args, configs) -> list[dict[str,
             for log in logs:
                 log.close()
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(P)]
+
+
+def _partial(tmp: str, P: int) -> list[dict[str, Any]] | None:
+    """Per-rank results of the configurations every rank finished (iteration mode writes
+    them after each configuration), or None."""
+    paths = [Path(tmp, f"rank{r}.json") for r in range(P)]
+    if not all(p.exists() for p in paths):
+        return None
+    ranks = [json.loads(p.read_text()) for p in paths]
+    done = min(len(r["configs"]) for r in ranks)
+    for r in ranks:
+        r["configs"] = r["configs"][:done]
+    return ranks if done else None
 
 
 def summarise(P: int, link: str, rate: int | None, ranks: list[dict]) -> list[dict[str, Any]]:
@@ -202,6 +251,7 @@ def summarise(P: int, link: str, rate: int | None, ranks: list[dict]) -> list[di
             "numel": sum(bucket_numel),
             "buckets": len(bucket_numel),
             "bucket_numel": bucket_numel,
+            "bucket_zero_fraction": ranks[0].get("bucket_zero_fraction"),
             "iters": n_it,
             "time_s": over_iters("wall_s", max),
             "time_s_iters": [max(pr[i]["wall_s"] for pr in per_rank) for i in range(n_it)],
@@ -224,12 +274,17 @@ def _key(rec: dict[str, Any]) -> tuple:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.mode == "iteration":
+        from benchmarks.comm import iteration_report
+
+        return iteration_report.main(args, launch, configs_for)
     if args.report_only:
         return write_report(json.loads((args.out / "comm.json").read_text()), args)
     started = time.time()
     ok, why = (False, "--loopback given") if args.loopback else netns.available()
     if ok:
-        links: list[tuple[str, int | None]] = [(f"{r}mbit", r) for r in args.links]
+        lag = f"-{args.delay_ms:g}ms" if args.delay_ms else ""
+        links: list[tuple[str, int | None]] = [(f"{r}mbit{lag}", r) for r in args.links]
     else:
         print(f"network namespaces unavailable ({why}): plain loopback, unshaped", flush=True)
         links = [("loopback", None)]

@@ -5,14 +5,17 @@ with ``MASTER_ADDR``/``MASTER_PORT``/``GLOO_SOCKET_IFNAME`` in the environment:
 
     python benchmarks/comm/worker.py SPEC.json RANK
 
-The gradient is the real one of the model named in the spec: a backward pass of a tiny random
-batch (2 images at 32x32, different on every rank) through ``timm`` ``resnet18`` (11.7M
-parameters), computed ``grads`` times up front and cycled, so the backward pass costs nothing
-inside the timed region. ``params: N`` instead uses N synthetic parameters (heavy-tailed
-random gradients in 256K-element tensors) for quick runs. The parameters are cut into buckets
-the way DDP does it (reverse parameter order, a 1 MiB first bucket, then 25 MiB), each a
-``zoopick.training.comm.SimpleBucket``, and the hook is called bucket by bucket exactly as DDP
-calls it.
+The gradient is the real one of the model named in the spec: a backward pass of a random
+batch (``batch`` images of ``px`` x ``px``, default 2 at 96 px, different on every rank)
+through ``timm`` ``resnet18`` (11.7M parameters) built with ``zero_init_last=False``,
+computed ``grads`` times up front and cycled. (The earlier recipe, 2 images at 32 px with
+timm's default ``zero_init_last``, gave a gradient of 94-99 % exact zeros: degenerate.) The
+backward pass is outside the timed region here; ``iteration.py`` times whole iterations.
+``params: N`` instead uses N synthetic parameters (heavy-tailed random gradients in
+256K-element tensors) for quick runs. The parameters are cut into buckets the way DDP does
+it (reverse parameter order, a 1 MiB first bucket, then 25 MiB), each a
+``zoopick.training.comm.SimpleBucket``, and the hook is called bucket by bucket exactly as
+DDP calls it.
 
 Per iteration and rank it records the wall time of all hook calls (after a barrier, so the
 ranks start together), the process CPU time, and the hook's own ``state.stats`` record
@@ -47,7 +50,9 @@ BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
 SYNTHETIC_CHUNK = 1 << 18
 
 
-def model_gradients(params: str, rank: int, count: int) -> tuple[list[torch.Tensor], list]:
+def model_gradients(
+    params: str, rank: int, count: int, px: int = 96, batch: int = 2
+) -> tuple[list[torch.Tensor], list]:
     """(parameters, ``count`` gradient lists) for ``params`` ("resnet18" or an element count)."""
     if params.isdigit():
         n = int(params)
@@ -70,14 +75,17 @@ def model_gradients(params: str, rank: int, count: int) -> tuple[list[torch.Tens
     import timm
 
     torch.manual_seed(0)  # the same weights on every rank, as under DDP
-    model = timm.create_model(params, pretrained=False)
+    try:  # no residual block starting from a zero BatchNorm scale (a degenerate gradient)
+        model = timm.create_model(params, pretrained=False, zero_init_last=False)
+    except TypeError:  # a model without that option
+        model = timm.create_model(params, pretrained=False)
     model.train()
     gen = torch.Generator().manual_seed(1000 + rank)
     grads = []
     for _ in range(count):
         model.zero_grad(set_to_none=True)
-        x = torch.randn(2, 3, 32, 32, generator=gen)
-        y = torch.randint(0, model.num_classes, (2,), generator=gen)
+        x = torch.randn(batch, 3, px, px, generator=gen)
+        y = torch.randint(0, model.num_classes, (batch,), generator=gen)
         torch.nn.functional.cross_entropy(model(x), y).backward()
         grads.append([p.grad.detach().clone() for p in model.parameters()])
     params_list = [p.detach() for p in model.parameters()]
@@ -195,7 +203,9 @@ def main(spec_path: str, rank: int) -> int:
         world_size=world,
         timeout=datetime.timedelta(seconds=spec["timeout"]),
     )
-    params, grads = model_gradients(spec["params"], rank, spec["grads"])
+    params, grads = model_gradients(
+        spec["params"], rank, spec["grads"], spec.get("px", 96), spec.get("batch", 2)
+    )
     groups = ddp_buckets([p.numel() * 4 for p in params])
     buckets = [
         SimpleBucket([params[i] for i in idx], index=b, is_last=b == len(groups) - 1)
@@ -205,6 +215,12 @@ def main(spec_path: str, rank: int) -> int:
     out: dict[str, Any] = {
         "rank": rank,
         "bucket_numel": [b.buffer().numel() for b in buckets],
+        # exact zeros in each bucket of the first gradient: a degenerate gradient (mostly
+        # zeros) flatters threshold and block schemes, so the report shows it
+        "bucket_zero_fraction": [
+            sum(int((grads[0][i] == 0).sum()) for i in idx) / max(1, buckets[b].buffer().numel())
+            for b, idx in enumerate(groups)
+        ],
         "configs": [],
     }
     for label, density in spec["configs"]:

@@ -86,11 +86,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra dense runs with these seeds (other head init, data subset and batch "
         "order; same test images) to show run-to-run noise; empty for none",
     )
+    ap.add_argument(
+        "--spardl-seeds",
+        default="1,2",
+        help="extra spardl runs with these seeds (like --dense-seeds), so spardl and dense "
+        "have as many seeds each for the seed-spread goal; empty for none",
+    )
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per hook")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args(argv)
     args.hooks = [h for h in args.hooks.split(",") if h]
     args.dense_seeds = [int(v) for v in args.dense_seeds.split(",") if v.strip()]
+    args.spardl_seeds = [int(v) for v in args.spardl_seeds.split(",") if v.strip()]
     bad = sorted(set(args.hooks) - set(HOOKS))
     if bad:
         ap.error(f"unknown hooks {bad}; choose from {', '.join(HOOKS)}")
@@ -248,7 +255,39 @@ def goals(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "tail3_gap_points": tail_gap,
             }
         )
+    out += seed_spread_goals(runs)
     return out
+
+
+def _family(runs: dict[str, dict[str, Any]], hook: str) -> dict[str, dict[str, Any]]:
+    return {
+        h: r
+        for h, r in runs.items()
+        if (h == hook or h.startswith(f"{hook}-seed")) and r.get("epochs") and "error" not in r
+    }
+
+
+def seed_spread_goals(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """spardl's seeds against dense's: the mean final accuracy of spardl's seeds inside the
+    range dense's seeds span (and the same on last-3-epoch means)."""
+    dense, sparse = _family(runs, "dense"), _family(runs, "spardl")
+    goal = "spardl (all seeds) final test accuracy within the dense seed spread"
+    if len(dense) < 2 or len(sparse) < 2:
+        return [{"goal": goal, "met": None, "detail": "needs >= 2 seeds of each"}]
+    d = [r["epochs"][-1]["test_acc"] * 100 for r in dense.values()]
+    sp = [r["epochs"][-1]["test_acc"] * 100 for r in sparse.values()]
+    d3 = [tail_mean(r) * 100 for r in dense.values()]
+    s3 = [tail_mean(r) * 100 for r in sparse.values()]
+    m, m3 = sum(sp) / len(sp), sum(s3) / len(s3)
+    return [
+        {
+            "goal": goal,
+            "met": min(d) <= m <= max(d) or m > max(d),
+            "detail": f"spardl {len(sp)} seeds: {', '.join(f'{v:.2f}' for v in sp)} (mean "
+            f"{m:.2f}%); dense {len(d)} seeds: {min(d):.2f}-{max(d):.2f}%. Last-3 means: "
+            f"spardl {m3:.2f}% vs dense {min(d3):.2f}-{max(d3):.2f}%",
+        }
+    ]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -393,6 +432,12 @@ def main(argv: list[str] | None = None) -> int:
             label = f"dense-seed{seed}"
             print(f"{label}: run-to-run noise of dense", flush=True)
             runs[label] = run_hook("dense", args, zoo, train, test, tmp / "runs" / label, seed)
+        if "spardl" in args.hooks:
+            for seed in args.spardl_seeds:
+                label = f"spardl-seed{seed}"
+                print(f"{label}: spardl with another seed", flush=True)
+                out_dir = tmp / "runs" / label
+                runs[label] = run_hook("spardl", args, zoo, train, test, out_dir, seed)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     result = {
         "settings": settings,

@@ -8,7 +8,8 @@
 - ``gaussiank``: GaussianK threshold selection, all-gather;
 - ``spardl``: SparDL sparse reduce-scatter + all-gather, any P, optional teams;
 - ``exdyna``: ExDyna exclusive rotating partitions with online threshold scaling;
-- ``dfs``: block-aligned selection with a dynamic block size.
+- ``dfs``: block-energy top-k over all-gather with a dynamic block size (the name is
+  historical: not the DFS paper's parameter-server streaming; bytes grow linearly with P).
 
 All sparse hooks keep error-feedback residuals per parameter (surviving DDP's bucket
 rebuild), share ``density``, ``warmup``/``warmup_mode``, ``momentum`` (DGC momentum
@@ -20,7 +21,12 @@ from zoopick.training.comm import dense, dfs, exdyna, gaussiank, spardl, topk  #
 from zoopick.training.comm.bucket import SimpleBucket
 from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.registry import available, check_options, get, make_hook
-from zoopick.training.comm.spardl import Transfer, simulate_schedule, spardl_schedule
+from zoopick.training.comm.spardl import (
+    Transfer,
+    message_steps,
+    simulate_schedule,
+    spardl_schedule,
+)
 from zoopick.training.comm.state import HookState
 from zoopick.training.comm.stats import CommStats, sum_stats
 
@@ -34,6 +40,7 @@ __all__ = [
     "check_options",
     "get",
     "make_hook",
+    "message_steps",
     "simulate_schedule",
     "spardl_schedule",
     "sum_stats",

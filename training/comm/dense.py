@@ -24,7 +24,7 @@ class DenseState(HookState):
         *,
         density: float = 1.0,
         fp16: bool = False,
-        sync_cuda_timing: bool = True,
+        sync_cuda_timing: bool = False,
     ) -> None:
         super().__init__(
             process_group, density=density, fp16=fp16, sync_cuda_timing=sync_cuda_timing

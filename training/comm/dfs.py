@@ -1,4 +1,12 @@
-"""``dfs``: DFS-style block sparsification with a dynamic block size; error feedback.
+"""``dfs``: block-energy top-k over all-gather with a dynamic block size; error feedback.
+
+What it is, and what it is not: the name is historical. This is *not* the DFS paper's
+scheme (parameter-server streaming in which workers and server skip zero blocks in both
+directions); it borrows only the block-aligned selection and the adaptive block size and
+exchanges the blocks by all-gather, so every worker receives every other worker's blocks:
+the bytes each worker sends and receives grow linearly with P (``(P - 1) (m + m B)`` words
+each way), unlike SparDL's ``2 k (P - 1) / P`` pairs. The hook keeps its registry name
+``dfs`` so existing job settings still resolve.
 
 Selection is aligned to blocks of ``B`` consecutive elements, so whole blocks are either sent
 or left at zero, and only non-zero blocks travel: ``m = ceil(k / B)`` block ids (int32) plus
@@ -25,7 +33,7 @@ from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import INDEX_DTYPE, allgather_parts, to_wire
 from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import k_for, topk_indices
-from zoopick.training.comm.state import HookState, run_hook
+from zoopick.training.comm.state import HookState, id_key, named_key, run_hook
 from zoopick.training.comm.store import BucketLayout
 
 SAMPLE = 4096
@@ -61,6 +69,13 @@ class DFSState(HookState):
     def reset_state(self) -> None:
         super().reset_state()
         self.sizes.clear()
+
+    def scheme_state(self, names: dict[int, str]) -> dict[Any, Any]:
+        """The block size per bucket (a resumed run continues with the adapted sizes)."""
+        return {named_key(key, names): int(b) for key, b in self.sizes.items()}
+
+    def load_scheme_state(self, params: dict[str, torch.Tensor], blob: dict[Any, Any]) -> None:
+        self.sizes = {id_key(named, params): int(b) for named, b in blob.items()}
 
 
 def topk_magnitude_estimate(x: torch.Tensor, k: int) -> float:
@@ -116,8 +131,8 @@ def _exchange(state: DFSState, layout: BucketLayout, acc: torch.Tensor, density:
 
 
 def dfs_hook(state: DFSState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Block-aligned selection of whole blocks (ids + values), dynamic block size; error
-    feedback."""
+    """Block-energy top-k over all-gather (not the DFS paper's parameter-server streaming):
+    whole blocks (ids + values), dynamic block size, bytes linear in P; error feedback."""
     return run_hook(state, bucket, _exchange)
 
 

@@ -37,6 +37,26 @@ def to_wire(values: torch.Tensor, fp16: bool) -> tuple[torch.Tensor, torch.Tenso
     return payload, payload.float()
 
 
+def pack_pairs(idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One byte buffer holding int32 ``idx`` then ``values`` (float32 or float16), so a
+    message of pairs is one send instead of two (both sides know the pair count)."""
+    return torch.cat(
+        [idx.to(INDEX_DTYPE).contiguous().view(torch.uint8), values.contiguous().view(torch.uint8)]
+    )
+
+
+def pair_bytes(count: int, wire_dtype: torch.dtype) -> int:
+    """Size of :func:`pack_pairs`'s buffer for ``count`` pairs."""
+    return count * (4 + torch.empty(0, dtype=wire_dtype).element_size())
+
+
+def unpack_pairs(buf: torch.Tensor, wire_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`pack_pairs` (views into ``buf``)."""
+    width = 4 + torch.empty(0, dtype=wire_dtype).element_size()
+    count = buf.numel() // width
+    return buf[: 4 * count].view(INDEX_DTYPE), buf[4 * count :].view(wire_dtype)
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 

@@ -21,14 +21,46 @@ def k_for(density: float, numel: int) -> int:
     return max(1, min(numel, math.ceil(round(density * numel, 9))))
 
 
+SAMPLED_MIN_NUMEL = 1 << 16  # below this, torch.topk is cheap enough
+SAMPLE_STRIDE = 97
+SAMPLE_MARGIN = 1.3
+
+
 def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of the ``k`` largest ``|x|`` (exact, unordered)."""
+    """Positions of the ``k`` largest ``|x|`` (exact, unordered).
+
+    On the CPU, for large inputs and ``k`` at most an eighth of them, a sampled threshold
+    with an exact trim (``sampled_topk_indices``) replaces ``torch.topk``, which costs about
+    6x more on one core (163 vs 25 ms for 7.2M elements, k = 1 %). On a GPU ``torch.topk``."""
     n = x.numel()
     if k >= n:
         return torch.arange(n, device=x.device)
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=x.device)
+    if x.device.type == "cpu" and n >= SAMPLED_MIN_NUMEL and 8 * k <= n:
+        return sampled_topk_indices(x, k)
     return torch.topk(x.abs(), k, sorted=False).indices
+
+
+def sampled_topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Exact top-``k`` of ``|x|`` by a threshold from a strided sample, then an exact trim.
+
+    The sample (every 97th element) gives a threshold expected to pass about 1.3 k elements;
+    the candidates above it are gathered and the exact top-``k`` is taken among them. When
+    fewer than ``k`` pass (an unlucky sample), it falls back to ``torch.topk`` on everything,
+    so the count and the set are always exact (up to ties). Needs one host sync (the
+    candidate count): a CPU path. On a mostly-zero input (the sample's threshold is 0) the
+    candidates are the non-zeros."""
+    mag = x.abs()
+    sample = mag[::SAMPLE_STRIDE]
+    m = sample.numel()
+    rank = min(m, max(1, math.ceil(SAMPLE_MARGIN * k * m / mag.numel())))
+    thr = torch.topk(sample, rank, sorted=False).values.min()
+    # a mostly-zero input (threshold 0): only its non-zeros are candidates
+    cand = torch.nonzero(mag > 0 if thr <= 0 else mag >= thr).flatten()
+    if cand.numel() < k:
+        return torch.topk(mag, k, sorted=False).indices
+    return cand[torch.topk(mag[cand], k, sorted=False).indices]
 
 
 def threshold_indices(x: torch.Tensor, threshold: float) -> torch.Tensor:

@@ -11,8 +11,16 @@ Before every send the sender re-takes the top-``kb`` of each block's accumulated
 so a message never carries more than ``kb`` pairs per block however many contributions the
 sum already holds. The receiver adds the pairs into its partial sums.
 
-The schedule recursively splits a contiguous range of workers (= the range of blocks they
-will own) into halves A (first ``ceil(s/2)``) and B (``split="halving"``, the default). Each
+``split="gap"`` (the default) is SparDL's schedule for any ``t``: with ``R = ceil(log2 t)``,
+round sizes ``t - 2^(R-1), 2^(R-2), ..., 2, 1`` blocks and the gap between sender and
+receiver halving each round, every worker sends exactly one message to one peer and receives
+one per round, so the slowest worker makes ``R`` message steps and sends ``t - 1`` blocks for
+every ``t`` (see ``_gap_schedule``; ``message_steps`` counts the critical path). P=5, G=4:
+round 1 ``i -> i+4: [i+4]``, round 2 ``i -> i+2: [i+2, i+3]``, round 3 ``i -> i+1: [i+1]``
+(mod 5).
+
+The older ``split="halving"`` recursively splits a contiguous range of workers (= the range
+of blocks they will own) into halves A (first ``ceil(s/2)``) and B. Each
 worker of A hands its partial sums for B's blocks to B and vice versa; afterwards A and B
 recurse independently. Invariant: for every block of a group, each worker's contribution
 lies in exactly one group member's partial sum. A split keeps it if every partial of a block
@@ -21,9 +29,10 @@ of the other half goes to exactly one worker of that half; which one is free, so
 row-major order, ``x`` consecutive cells per receiver: cell ``c = p*y + m`` (sender ``p``,
 block ``m``) goes to receiver ``c // x``. Equal halves give the classic pairwise recursive
 halving; unequal halves (odd sizes) make some workers talk to two peers, but every worker
-still receives exactly as many blocks as the other half has workers. A worker in a group of
-size ``s`` whose half has size ``h`` sends ``s - h`` blocks; summed over the rounds this
-telescopes to exactly ``t - 1`` blocks sent (and received) per worker, for every ``t``.
+still receives exactly as many blocks as the other half has workers; for ``t`` not a power of
+two that costs more message steps than rounds (P=5: 5 steps in 3 rounds, P=9: 7 in 4). A
+worker in a group of size ``s`` whose half has size ``h`` sends ``s - h`` blocks; summed over
+the rounds this telescopes to exactly ``t - 1`` blocks sent (and received) per worker.
 
 Worked examples (``src->dst:[blocks]``; after the last round worker j holds block j with one
 contribution of every worker):
@@ -47,13 +56,24 @@ it sends the same ``t - 1`` blocks per worker but loads the extra workers more i
 Spar-All-Gather with teams
 --------------------------
 With ``teams=d`` the ``P`` workers form ``d`` teams of ``t = P/d`` consecutive ranks; SRS runs
-inside each team on ``t`` blocks. The owner takes the top-``kb`` of its block; with ``d > 1``
-the ``d`` owners of the same block (one per team) exchange these pieces directly, each sums
-them in team order and re-takes the top-``kb`` (identical on all of them). Finally the owners
-spread their block's ``kb`` pairs to their team: with ``d = 1`` an all-gather over the group,
-with ``d > 1`` direct messages inside the team. Per worker and bucket this sends
-``(t - 1) kb`` pairs in SRS, ``(d - 1) kb`` across teams and ``(t - 1) kb`` in the gather:
-``2 k (P - 1) / P`` pairs with one team.
+inside each team on ``t`` blocks (so ``kb = ceil(k / t)``). The ``d`` owners of the same block
+(one per team) then trade latency for bandwidth as the paper means it: each takes only the
+top-``h`` of its team's partial sum, with ``h`` about ``kb / d``, sends it to the other
+owners, and each sums the ``d`` pieces in team order; the merged union is then at most
+``d h`` pairs and the owner keeps the top-``kb`` of it (identical on all of them; normally
+the whole union). ``h`` starts at ``ceil(kb / d)`` and adapts online from the union size
+(overlapping selections make the union smaller than ``d h``; ``h`` grows by
+``sqrt(kb / union)`` until the union is near ``kb``, within ``[ceil(kb / d), kb]``). What an
+owner did not send stays in its residual. Finally the owners spread their block's ``kb``
+pairs (fixed capacity, zero-padded) to their team by direct messages. Per worker and bucket
+this sends ``(t - 1) kb`` pairs in SRS, ``(d - 1) h`` across teams and ``(t - 1) kb`` in the
+spread: with ``h = k / P`` about ``k (2P - d - 1) / P`` pairs, ``(d - 1) k / P`` fewer than
+one team's ``2 k (P - 1) / P``, in ``log2(t) + 2`` phases instead of ``log2(P)`` plus a
+``P``-way all-gather (fewer message steps on latency-bound links). The union size needs one
+host sync per bucket (teams only: ``torch.unique``).
+
+Every message carries its int32 indices and values in one packed byte buffer
+(``exchange.pack_pairs``): one send per peer and round.
 
 Global residual collection
 --------------------------
@@ -80,14 +100,17 @@ from zoopick.training.comm.exchange import (
     add_pairs,
     allgather_parts,
     p2p_exchange,
+    pack_pairs,
+    pair_bytes,
     to_wire,
+    unpack_pairs,
 )
 from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import even_bounds, k_for, topk_indices
-from zoopick.training.comm.state import HookState, run_hook
+from zoopick.training.comm.state import HookState, id_key, named_key, run_hook
 from zoopick.training.comm.store import BucketLayout
 
-SPLITS = ("halving", "pow2")
+SPLITS = ("gap", "halving", "pow2")
 
 
 @dataclass(frozen=True)
@@ -115,13 +138,43 @@ def _deal(xlo: int, xhi: int, ylo: int, yhi: int) -> list[Transfer]:
     return [Transfer(s, d, tuple(b)) for (s, d), b in msgs.items()]
 
 
+def _gap_schedule(P: int) -> tuple[tuple[Transfer, ...], ...]:
+    """SparDL's reduce-scatter for any ``P``: ``R = ceil(log2 P)`` rounds, in each of which
+    every worker sends one message to one peer (and receives one).
+
+    Worker ``i`` sees block ``(i + o) mod P`` at offset ``o``. Round 1 uses the gap
+    ``G = 2^(R-1)``: ``i`` sends its offsets ``G .. P-1`` (``P - G`` blocks) to ``i + G``,
+    where they land at offsets ``0 .. P-G-1``. Each later round halves the gap ``g``: ``i``
+    sends offsets ``g .. 2g-1`` (``g`` blocks) to ``i + g``. A contribution at offset ``o``
+    thus moves by the binary digits of ``o`` and ends at offset 0 of worker ``i + o``, its
+    block's owner, exactly once. Round sizes ``P - 2^(R-1), 2^(R-2), ..., 2, 1`` sum to
+    ``P - 1`` blocks per worker (the time-reverse of Bruck's all-gather)."""
+    if P == 1:
+        return ()
+    R = math.ceil(math.log2(P))
+    rounds: list[tuple[Transfer, ...]] = []
+    span = P
+    g = 1 << (R - 1)
+    while g >= 1:
+        rounds.append(
+            tuple(
+                Transfer(i, (i + g) % P, tuple((i + o) % P for o in range(g, span)))
+                for i in range(P)
+            )
+        )
+        span, g = g, g // 2
+    return tuple(rounds)
+
+
 @lru_cache(maxsize=64)
-def spardl_schedule(P: int, split: str = "halving") -> tuple[tuple[Transfer, ...], ...]:
+def spardl_schedule(P: int, split: str = "gap") -> tuple[tuple[Transfer, ...], ...]:
     """The Spar-Reduce-Scatter rounds for ``P`` workers (block j ends at worker j)."""
     if P < 1:
         raise CommError(f"spardl: need at least one worker, got {P}")
     if split not in SPLITS:
         raise CommError(f"spardl: split must be one of {SPLITS}, got {split!r}")
+    if split == "gap":
+        return _gap_schedule(P)
     rounds: list[tuple[Transfer, ...]] = []
     groups = [(0, P)]
     while any(hi - lo > 1 for lo, hi in groups):
@@ -161,6 +214,17 @@ def simulate_schedule(
     return hold
 
 
+def message_steps(rounds: tuple[tuple[Transfer, ...], ...]) -> int:
+    """Message steps on the critical path: per round, the most messages any one worker sends
+    or receives (a worker handles its messages one after another), summed over the rounds."""
+    total = 0
+    for rnd in rounds:
+        out = Counter(tr.src for tr in rnd)
+        inc = Counter(tr.dst for tr in rnd)
+        total += max([*out.values(), *inc.values()], default=0)
+    return total
+
+
 class SparDLState(HookState):
     name = "spardl"
 
@@ -169,7 +233,7 @@ class SparDLState(HookState):
         process_group: dist.ProcessGroup | None = None,
         *,
         teams: int = 1,
-        split: str = "halving",
+        split: str = "gap",
         **common: Any,
     ) -> None:
         """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
@@ -180,6 +244,31 @@ class SparDLState(HookState):
             raise CommError(f"spardl: split must be one of {SPLITS}, got {split!r}")
         self.teams = teams
         self.split = split
+        self.shares: dict[tuple[int, ...], int] = {}  # cross-team share h per bucket
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        self.shares.clear()
+
+    def scheme_state(self, names: dict[int, str]) -> dict[Any, Any]:
+        """The adapted cross-team shares per bucket."""
+        return {named_key(key, names): int(h) for key, h in self.shares.items()}
+
+    def load_scheme_state(self, params: dict[str, torch.Tensor], blob: dict[Any, Any]) -> None:
+        self.shares = {id_key(named, params): int(h) for named, h in blob.items()}
+
+
+def _share(state: "SparDLState", key: tuple[int, ...], kbq: int, d: int) -> int:
+    """The cross-team share ``h`` an owner sends for its block (see the module docstring)."""
+    return state.shares.get(key, min(kbq, math.ceil(kbq / d)))
+
+
+def _adapt_share(state: "SparDLState", key, h: int, union: int, kbq: int, d: int) -> None:
+    """Next ``h``: scaled by ``sqrt(kbq / union)`` (damped) toward a merged union of ``kbq``
+    pairs, within ``[ceil(kbq / d), kbq]``. Every owner of the block sees the same union, so
+    all of them keep the same ``h`` without exchanging it."""
+    scaled = round(h * math.sqrt(kbq / max(union, 1)))
+    state.shares[key] = max(min(kbq, math.ceil(kbq / d)), min(kbq, scaled))
 
 
 def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, density: float):
@@ -199,74 +288,86 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
     W = acc  # becomes this worker's residual
     sent = torch.zeros(n, dtype=torch.bool, device=acc.device)
 
-    def take(j: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Remove the top-kb pairs of block j from W: (positions, payload, value seen)."""
+    def take(j: int, cap: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Remove the top-``cap`` (default kb) pairs of block j from W: (positions, payload,
+        value seen)."""
         lo, hi = bounds[j], bounds[j + 1]
         with stats.timer("select_s"):
-            idx = topk_indices(W[lo:hi], kbs[j]) + lo
+            idx = topk_indices(W[lo:hi], kbs[j] if cap is None else cap) + lo
             payload, seen = to_wire(W[idx], state.fp16)
             W.index_add_(0, idx, -seen)
             sent[idx] = True
         return idx, payload, seen
 
-    # Spar-Reduce-Scatter inside the team.
+    # Spar-Reduce-Scatter inside the team: one packed message per peer and round.
     for rnd in spardl_schedule(t, state.split):
         sends, recvs = [], []
         for tr in rnd:
             if tr.src == q:
                 taken = [take(j) for j in tr.blocks]
-                idx = torch.cat([i for i, _, _ in taken]).to(INDEX_DTYPE)
-                sends.append((base + tr.dst, [idx, torch.cat([p for _, p, _ in taken])]))
+                idx = torch.cat([i for i, _, _ in taken])
+                buf = pack_pairs(idx, torch.cat([p for _, p, _ in taken]))
+                sends.append((base + tr.dst, [buf]))
             if tr.dst == q:
                 length = sum(kbs[j] for j in tr.blocks)
-                recvs.append((base + tr.src, [(length, INDEX_DTYPE), (length, wire_dtype)]))
+                recvs.append((base + tr.src, [(pair_bytes(length, wire_dtype), torch.uint8)]))
         if sends or recvs:
             got = p2p_exchange(state, sends, recvs)
-            add_pairs(W, [(i, v) for i, v in got])
+            add_pairs(W, [unpack_pairs(g[0], wire_dtype) for g in got])
 
     # The owned block: this team's sum, then (d > 1) merged across teams.
-    own_idx, own_payload, own_seen = take(q)
     lo = bounds[q]
     if d > 1:
+        kbq = kbs[q]
+        h = kbq if k >= n else _share(state, layout.key, kbq, d)
+        own_idx, own_payload, own_seen = take(q, h)
         peers = [s * t + q for s in range(d) if s != team]
         got = p2p_exchange(
             state,
-            [(peer, [own_idx.to(INDEX_DTYPE), own_payload]) for peer in peers],
-            [(peer, [(kbs[q], INDEX_DTYPE), (kbs[q], wire_dtype)]) for peer in peers],
+            [(peer, [pack_pairs(own_idx, own_payload)]) for peer in peers],
+            [(peer, [(pair_bytes(h, wire_dtype), torch.uint8)]) for peer in peers],
         )
-        pieces = [(i, v) for i, v in got]
+        pieces = [unpack_pairs(g[0], wire_dtype) for g in got]
         pieces.insert(team, (own_idx, own_payload))  # team order: same sum on every owner
         with stats.timer("select_s"):
             block_sum = torch.zeros(bounds[q + 1] - lo, device=acc.device)
             add_pairs(block_sum, [(i.long() - lo, v) for i, v in pieces])
-            fin = topk_indices(block_sum, kbs[q])
+            # the merged union: only its positions can be non-zero (selecting among them,
+            # not over the whole mostly-zero block)
+            cand = torch.unique(torch.cat([i.long() for i, _ in pieces])) - lo
+            if k < n:
+                _adapt_share(state, layout.key, h, int(cand.numel()), kbq, d)
+            fin = cand if cand.numel() <= kbq else cand[topk_indices(block_sum[cand], kbq)]
             kept = torch.zeros_like(block_sum, dtype=torch.bool)
             kept[fin] = True
             dropped = ~kept[own_idx - lo]
             W.index_add_(0, own_idx[dropped], own_seen[dropped])
-            fin_payload, fin_seen = to_wire(block_sum[fin], state.fp16)
+            vals = block_sum[fin]
+            fin_payload, fin_seen = to_wire(vals, state.fp16)
             if team == 0 and state.fp16:
-                W.index_add_(0, fin + lo, block_sum[fin] - fin_seen)
-        final = ((fin + lo).to(INDEX_DTYPE), fin_payload)
+                W.index_add_(0, fin + lo, vals - fin_seen)
+            pad = kbq - fin.numel()  # fixed capacity: zero-valued pairs at the block start
+            fin = torch.cat([fin, fin.new_zeros(pad)])
+            fin_payload = torch.cat([fin_payload, fin_payload.new_zeros(pad)])
+        final = (fin + lo, fin_payload)
     else:
-        final = (own_idx.to(INDEX_DTYPE), own_payload)
+        final = take(q)[:2]
 
     # Spread the final blocks to the team (everyone, when there is one team).
     blocks: list[tuple[torch.Tensor, torch.Tensor]]
+    mine = pack_pairs(*final)
     if d == 1:
-        blocks = [(i, v) for i, v in allgather_parts(state, final, [[m, m] for m in kbs])]
+        sizes = [[pair_bytes(m, wire_dtype)] for m in kbs]
+        blocks = [unpack_pairs(g[0], wire_dtype) for g in allgather_parts(state, [mine], sizes)]
     else:
         mates = [base + j for j in range(t) if j != q]
         got = p2p_exchange(
             state,
-            [(mate, list(final)) for mate in mates],
-            [
-                (mate, [(kbs[mate - base], INDEX_DTYPE), (kbs[mate - base], wire_dtype)])
-                for mate in mates
-            ],
+            [(mate, [mine]) for mate in mates],
+            [(mate, [(pair_bytes(kbs[mate - base], wire_dtype), torch.uint8)]) for mate in mates],
         )
-        blocks = [(i, v) for i, v in got]
-        blocks.insert(q, final)
+        blocks = [unpack_pairs(g[0], wire_dtype) for g in got]
+        blocks.insert(q, (final[0].to(INDEX_DTYPE), final[1]))
     total = torch.zeros_like(acc)
     add_pairs(total, blocks)
     stats.add(nnz=sum(int(i.numel()) for i, _ in blocks))

@@ -19,11 +19,19 @@ iteration t < W is ``max(density, 0.25 ** (t + 1))`` (25 %, 6.25 %, 1.56 %, ... 
 target); with ``warmup_mode="dense"`` the first W iterations are dense all-reduces of ``acc``
 (residuals are flushed into them; with ``fp16`` each worker keeps its own rounding, the
 half-precision sum's rounding is not fed back).
+
+``async_comm=True`` runs each bucket's work on one FIFO communication thread per state so
+communication overlaps the rest of the backward pass (see ``run_hook``).
+
+Timing never stalls the device by default: ``sync_cuda_timing=False`` times CUDA work with
+events (see ``stats.CommStats``); ``True`` synchronises around each timed block, for
+benchmarks that want wall time per block and accept the stall.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -57,7 +65,8 @@ class HookState:
         warmup_mode: str = "exp",
         momentum: float = 0.0,
         fp16: bool = False,
-        sync_cuda_timing: bool = True,
+        sync_cuda_timing: bool = False,
+        async_comm: bool = False,
     ) -> None:
         if not isinstance(density, int | float) or not 0.0 < float(density) <= 1.0:
             raise CommError(f"{self.name}: density must be in (0, 1], got {density!r}")
@@ -75,6 +84,13 @@ class HookState:
         self.warmup_mode = warmup_mode
         self.momentum = float(momentum)
         self.fp16 = bool(fp16)
+        self.async_comm = bool(async_comm)
+        self._comm_thread: ThreadPoolExecutor | None = None
+        if self.async_comm and process_group is None and dist.is_initialized():
+            # a group of our own: DDP's collectives on the default group (e.g. the unused-
+            # parameter map) are issued from the main thread and must not interleave with
+            # ours in a different order on different ranks
+            self.process_group = dist.new_group(list(range(dist.get_world_size())))
         self.residuals = ParamStore()
         self.momenta = ParamStore()
         self.stats = CommStats(sync_cuda=sync_cuda_timing)
@@ -116,6 +132,7 @@ class HookState:
             "iteration": self.iteration,
             "residuals": self.residuals.named(names),
             "momenta": self.momenta.named(names),
+            "scheme": self.scheme_state(names),
         }
 
     def load_state_dict(self, model: torch.nn.Module, blob: dict[str, Any]) -> None:
@@ -123,11 +140,31 @@ class HookState:
         self.iteration = int(blob["iteration"])
         self.residuals.load_named(params, blob["residuals"])
         self.momenta.load_named(params, blob["momenta"])
+        self.load_scheme_state(params, blob.get("scheme", {}))  # absent in older checkpoints
+
+    def scheme_state(self, names: dict[int, str]) -> dict[Any, Any]:
+        """A scheme's own per-bucket state (thresholds, partitions, block sizes) keyed by
+        :func:`named_key`; none in the base class."""
+        return {}
+
+    def load_scheme_state(self, params: dict[str, torch.Tensor], blob: dict[Any, Any]) -> None:
+        """Inverse of :meth:`scheme_state`."""
 
     def reset_state(self) -> None:
         """Drop residuals, momenta and scheme state (stats are kept)."""
         self.residuals.clear()
         self.momenta.clear()
+
+
+def named_key(key: tuple[int, ...], names: dict[int, str]) -> tuple[Any, ...]:
+    """A bucket key (``BucketLayout.key``: parameter ids + numel) with names for the ids, so
+    it survives a restart."""
+    return tuple(names[i] for i in key[:-1]) + (key[-1],)
+
+
+def id_key(named: tuple[Any, ...], params: dict[str, torch.Tensor]) -> tuple[int, ...]:
+    """Inverse of :func:`named_key` for the parameters of a rebuilt model."""
+    return tuple(id(params[n]) for n in named[:-1]) + (int(named[-1]),)
 
 
 def dense_exchange(
@@ -140,15 +177,84 @@ def dense_exchange(
     return total, acc - seen, None
 
 
+def _hold_out(slots: list[tuple[int, int]], acc: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """Take the residual of parameters this rank did not use (``slots`` from
+    ``_unused_slots``) out of ``acc`` (zeroing it there) and return it with its offsets, to
+    be put back into the residual after the exchange.
+
+    With ``find_unused_parameters=True`` DDP zero-fills an unused parameter's gradient in the
+    bucket and, if no rank used it, never copies the reduced bucket into ``param.grad``: a
+    residual sent for it would be neither applied nor kept. A locally unused parameter is
+    recognised without a device sync by ``param.grad is None`` at hook time (DDP's default
+    ``gradient_as_bucket_view=False`` with ``zero_grad(set_to_none=True)``, the default);
+    with ``set_to_none=False`` or bucket views the gradient is always defined and the
+    residual of a globally unused parameter is still lost. Holding out only this rank's share
+    is safe either way: a parameter used elsewhere still receives the other ranks' updates,
+    and this rank's residual waits for an iteration in which it uses the parameter."""
+    held: list[tuple[int, torch.Tensor]] = []
+    for off, length in slots:
+        held.append((off, acc[off : off + length].clone()))
+        acc[off : off + length] = 0.0
+    return held
+
+
 def run_hook(
     state: HookState, bucket: dist.GradBucket, exchange: Exchange
 ) -> torch.futures.Future[torch.Tensor]:
-    """Common body of the error-feedback hooks (see the module docstring)."""
+    """Common body of the error-feedback hooks (see the module docstring).
+
+    With ``async_comm=True`` the work of a bucket runs on the state's one FIFO communication
+    thread and the returned future completes there, so the backward pass computes the next
+    buckets while this one communicates. DDP calls the hook bucket by bucket in the same
+    order on every rank, and one thread runs them in call order, so every rank issues its
+    collectives in the same order (chained gloo callbacks, as PowerSGD does them, did not:
+    they deadlocked here). The collectives use a process group of the state's own. What must
+    be read at call time (the bucket's layout, which parameters this rank left unused) is
+    read before handing over."""
     buf = bucket.buffer()
+    layout = BucketLayout.of(bucket)
+    unused = _unused_slots(layout)
+    is_last = bucket.is_last()
+    if not state.async_comm:
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(_run(state, buf, layout, unused, is_last, exchange))
+        return fut
+    if state._comm_thread is None:
+        state._comm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zoopick-comm")
+    out: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def work() -> None:
+        try:
+            result = _run(state, buf, layout, unused, is_last, exchange)
+        except BaseException as exc:  # handed to DDP, which re-raises it in backward
+            out.set_exception(exc)
+        else:
+            out.set_result(result)
+
+    state._comm_thread.submit(work)
+    return out
+
+
+def _unused_slots(layout: BucketLayout) -> list[tuple[int, int]]:
+    """(offset, length) of the parameters this rank did not use (see ``_hold_out_unused``)."""
+    return [
+        (off, length)
+        for p, off, length in zip(layout.params, layout.offsets, layout.lengths, strict=True)
+        if length and p.requires_grad and p.grad is None
+    ]
+
+
+def _run(
+    state: HookState,
+    buf: torch.Tensor,
+    layout: BucketLayout,
+    unused: list[tuple[int, int]],
+    is_last: bool,
+    exchange: Exchange,
+) -> torch.Tensor:
     state.device = buf.device
     stats = state.stats
     stats.begin(state.iteration, buf.device)
-    layout = BucketLayout.of(bucket)
     with stats.timer("select_s"):
         grad = buf.detach().float()
         if state.momentum > 0.0:
@@ -156,11 +262,14 @@ def run_hook(
         else:
             u = grad
         acc = state.residuals.gather(layout, buf.device).add_(u)
+    held = _hold_out(unused, acc)
     density = state.density_at(state.iteration)
     if density is None:
         total, residual, sent = dense_exchange(state, layout, acc, 1.0)
     else:
         total, residual, sent = exchange(state, layout, acc, density)
+    for off, values in held:
+        residual[off : off + values.numel()].add_(values)
     state.residuals.scatter(layout, residual)
     if state.momentum > 0.0:
         if sent is None:  # everything was sent
@@ -170,9 +279,7 @@ def run_hook(
         state.momenta.scatter(layout, u)
     stats.add(numel=acc.numel(), buckets=1)
     buf.copy_(total.div_(state.size))
-    if bucket.is_last():
+    if is_last:
         stats.finish()
         state.iteration += 1
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(buf)
-    return fut
+    return buf

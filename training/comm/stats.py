@@ -56,17 +56,34 @@ def sum_stats(records: Iterable[dict[str, float]]) -> dict[str, float]:
 
 
 class CommStats(list):
-    """The list of finished per-iteration records plus the one being filled (``current``).
+    """The most recent finished per-iteration records (at most ``keep``), the one being filled
+    (``current``), and ``cumulative``: the field-wise sum of every record ever finished
+    (``cumulative["iterations"]`` counts them), so a long run's memory stays bounded while
+    totals over any span stay exact (difference of two ``cumulative`` snapshots).
 
     Each record: ``iteration``, ``bytes_sent``, ``bytes_recv``, ``select_s``, ``comm_s``,
     ``numel`` (gradient elements handled), ``nnz`` (non-zeros in the applied update as
-    exchanged: pairs or block values) and ``buckets`` (hook calls)."""
+    exchanged: pairs or block values) and ``buckets`` (hook calls).
 
-    def __init__(self, sync_cuda: bool = True) -> None:
+    Timing: on the CPU, wall time. On CUDA the default (``sync_cuda=False``) records a pair
+    of CUDA events around each timed block and never waits for the device; the elapsed
+    times are added to their records when the events have completed (checked without
+    blocking at every ``finish``; :meth:`resolve` waits for the rest and is called by
+    :meth:`total`). ``sync_cuda=True`` synchronises the device at both ends of each block
+    instead (exact wall time per block, but it stalls the GPU: benchmarks of one block only).
+    The CUDA paths have not been executed in this project's CI (no GPU)."""
+
+    def __init__(self, sync_cuda: bool = False, keep: int = 1000) -> None:
         super().__init__()
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
         self.current: dict[str, float] | None = None
         self.sync_cuda = sync_cuda
+        self.keep = keep
+        self.cumulative: dict[str, float] = sum_stats([])
         self._device: torch.device | None = None
+        # (record, field, start event, end event) not yet added to their record
+        self._pending: list[tuple[dict[str, float], str, object, object]] = []
 
     def begin(self, iteration: int, device: torch.device) -> dict[str, float]:
         """Open the record for ``iteration`` unless one is already open."""
@@ -77,9 +94,17 @@ class CommStats(list):
 
     def finish(self) -> None:
         """Close the current record (called after the last bucket of an iteration)."""
-        if self.current is not None:
-            self.append(self.current)
-            self.current = None
+        if self.current is None:
+            return
+        rec = self.current
+        self.current = None
+        self.append(rec)
+        for f in FIELDS:
+            self.cumulative[f] += rec.get(f, 0)
+        self.cumulative["iterations"] += 1
+        if len(self) > self.keep:
+            del self[: len(self) - self.keep]
+        self._resolve(block=False)
 
     def add(self, **amounts: float) -> None:
         if self.current is None:
@@ -92,23 +117,60 @@ class CommStats(list):
         if self.sync_cuda and dev is not None and dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
+    def _events(self) -> bool:
+        dev = self._device
+        return not self.sync_cuda and dev is not None and dev.type == "cuda"
+
     @contextmanager
     def timer(self, field: str) -> Iterator[None]:
-        """Add the wall time of the block to ``field`` (``select_s`` or ``comm_s``); on CUDA
-        the device is synchronised at both ends so queued kernels are charged to the block."""
+        """Add the time of the block to ``field`` (``select_s`` or ``comm_s``): wall time on
+        the CPU, CUDA event time (no host wait) on a GPU; see the class docstring."""
+        if self._events():
+            rec = self.current
+            if rec is None:
+                raise RuntimeError("CommStats.timer outside an iteration")
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._pending.append((rec, field, start, end))
+            return
         self._sync()
-        start = time.perf_counter()
+        t0 = time.perf_counter()
         try:
             yield
         finally:
             self._sync()
-            self.add(**{field: time.perf_counter() - start})
+            self.add(**{field: time.perf_counter() - t0})
+
+    def _resolve(self, block: bool) -> None:
+        """Add the elapsed times of completed event pairs (all of them with ``block``)."""
+        left = []
+        for rec, field, start, end in self._pending:
+            if not block and not end.query():  # type: ignore[attr-defined]
+                left.append((rec, field, start, end))
+                continue
+            end.synchronize()  # type: ignore[attr-defined]
+            seconds = start.elapsed_time(end) / 1000.0  # type: ignore[attr-defined]
+            rec[field] += seconds
+            if rec is not self.current:  # already summed into the cumulative total
+                self.cumulative[field] += seconds
+        self._pending = left
+
+    def resolve(self) -> None:
+        """Wait for the outstanding CUDA timing events and add their times (a host sync: call
+        it where one is harmless, e.g. at the end of an epoch)."""
+        self._resolve(block=True)
 
     def reset(self) -> None:
-        """Forget finished records (an open record keeps being filled)."""
+        """Forget finished records (an open record keeps being filled; ``cumulative`` too)."""
         self.clear()
 
     def total(self, last: int | None = None) -> dict[str, float]:
-        """Sum of the finished records, or of the ``last`` ones."""
+        """Sum of the kept finished records, or of the ``last`` ones."""
+        self.resolve()
         recs = list(self) if last is None else list(self)[-last:]
         return sum_stats(recs)

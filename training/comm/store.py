@@ -58,6 +58,8 @@ class ParamStore:
 
     def __init__(self) -> None:
         self._data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # bucket key -> the flat tensor whose views were stored by the last ``scatter``
+        self._flat: dict[tuple[int, ...], torch.Tensor] = {}
 
     def __len__(self) -> int:
         return len(self._data)
@@ -68,6 +70,7 @@ class ParamStore:
 
     def clear(self) -> None:
         self._data.clear()
+        self._flat.clear()
 
     def named(self, names: dict[int, str]) -> dict[str, torch.Tensor]:
         """Stored values keyed by parameter name (``names`` maps ``id(param)`` to its name),
@@ -83,9 +86,18 @@ class ParamStore:
             id(params[n]): (params[n], v.to(params[n].device, torch.float32).flatten())
             for n, v in values.items()
         }
+        self._flat.clear()
 
     def gather(self, layout: BucketLayout, device: torch.device) -> torch.Tensor:
-        """The bucket-shaped flat vector of stored values (zeros where nothing is stored)."""
+        """The bucket-shaped flat vector of stored values (zeros where nothing is stored).
+
+        When every parameter's stored values are still the views the last ``scatter`` of this
+        same bucket layout made, that flat tensor itself is returned (no allocation, no copy:
+        a persistent flat residual per bucket); the caller may update it in place and must
+        ``scatter`` the result. Otherwise a fresh vector is assembled."""
+        flat = self._flat.get(layout.key)
+        if flat is not None and flat.device == device and self._still_views(layout, flat):
+            return flat
         out = torch.zeros(layout.numel, dtype=torch.float32, device=device)
         for p, off, length in zip(layout.params, layout.offsets, layout.lengths, strict=True):
             entry = self._data.get(id(p))
@@ -94,9 +106,23 @@ class ParamStore:
         return out
 
     def scatter(self, layout: BucketLayout, flat: torch.Tensor) -> None:
-        """Store each parameter's slice of ``flat`` (views: ``flat`` must not be reused)."""
+        """Store each parameter's slice of ``flat`` (views: the caller must not reuse ``flat``
+        for anything else; the next ``gather`` of this layout hands it back)."""
         for p, off, length in zip(layout.params, layout.offsets, layout.lengths, strict=True):
             self._data[id(p)] = (p, flat[off : off + length])
+        if flat.numel() == layout.numel and flat.is_contiguous():
+            self._flat[layout.key] = flat
+
+    def _still_views(self, layout: BucketLayout, flat: torch.Tensor) -> bool:
+        base = flat.data_ptr()
+        size = flat.element_size()
+        for p, off, length in zip(layout.params, layout.offsets, layout.lengths, strict=True):
+            entry = self._data.get(id(p))
+            if entry is None or entry[1].numel() != length:
+                return False
+            if entry[1].data_ptr() != base + off * size:
+                return False
+        return True
 
     def total(self) -> torch.Tensor | None:
         """All stored values concatenated in insertion order (for inspection and tests)."""
