@@ -491,6 +491,40 @@ def test_sfda_adaptive_shrinkage_uses_largest_within_class_eigenvalue():
     )
 
 
+# ---------------------------------------------------------------- degenerate D >= n: PCA option
+
+
+def test_faithful_hscore_and_sfda_tie_when_d_exceeds_n_and_pca_option_separates():
+    """Defect 5: with D above n, H-score is C - 1 exactly and SFDA ~1.0 for a good model and
+    for pure noise alike; pca_dim gives them different scores."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(5), 20)
+    good = rng.standard_normal((100, 200)) + 0.3 * rng.standard_normal((5, 200))[y]
+    noise = rng.standard_normal((100, 200))
+    for f in (good, noise):
+        assert selection.score("hscore", labels=y, features=f) == pytest.approx(4.0, rel=1e-8)
+        assert selection.score("sfda", labels=y, features=f) == pytest.approx(1.0, abs=1e-3)
+    for name in ("hscore", "sfda"):
+        g = selection.score(name, labels=y, features=good, pca_dim=16)
+        b = selection.score(name, labels=y, features=noise, pca_dim=16)
+        assert g > b, name
+
+
+@pytest.mark.parametrize("name", ["hscore", "hscore_shrink", "sfda"])
+def test_pca_dim_option_is_the_metric_on_sklearn_pca_scores(name):
+    f, _, y = clusters(n=90, c=3, d=30, sep=0.7)
+    reduced = PCA(n_components=8).fit_transform(f)  # signs may differ: the scores do not care
+    assert selection.score(name, labels=y, features=f, pca_dim=8) == pytest.approx(
+        selection.score(name, labels=y, features=reduced), rel=1e-7
+    )
+    # pca_dim at or above D is the faithful form itself
+    assert selection.score(name, labels=y, features=f, pca_dim=30) == selection.score(
+        name, labels=y, features=f
+    )
+    with pytest.raises(MetricError, match="pca_dim"):
+        selection.score(name, labels=y, features=f, pca_dim=0)
+
+
 # ---------------------------------------------------------------- shared properties
 
 
