@@ -32,6 +32,8 @@ BASELINES = [
     "sfda",
     "transrate",
     "knn",
+    "parc",
+    "ncti",
 ]
 
 

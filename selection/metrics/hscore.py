@@ -106,9 +106,7 @@ def ledoit_wolf(f: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 @register("hscore_shrink", needs={"features"})
-def hscore_shrink(
-    *, labels: np.ndarray, features: np.ndarray, pca_dim: int | None = None
-) -> float:
+def hscore_shrink(*, labels: np.ndarray, features: np.ndarray, pca_dim: int | None = None) -> float:
     """Shrinkage H-score (Ibrahim et al. 2022): H-score with Ledoit-Wolf covariance.
 
     tr(cov_a(f)^-1 (1 - a) cov(E[f|y])) with the Ledoit-Wolf shrunk covariance cov_a and its
