@@ -29,6 +29,7 @@ _MODULES = (
     "knn",
     "parc",
     "ncti",
+    "fsms",
 )
 for _m in _MODULES:
     import_module(f"zoopick.selection.metrics.{_m}")

@@ -413,6 +413,13 @@ def sms_plus(*, labels: np.ndarray, logits: np.ndarray, dim: int = 25, seed: int
     x = _principal_whitened(z, dim, seed)
     if x.shape[1] == 0:
         return 0.0  # every sample has the same soft labels: nothing separates
+    return separation_score(x, groups)
+
+
+def separation_score(x: np.ndarray, groups: list[np.ndarray]) -> float:
+    """Steps 3-5 of :func:`sms_plus` on whitened coordinates ``x`` (n, m) and class row groups:
+    shrinkage class Gaussians, de-biased pairwise Bhattacharyya distances, ``-log`` of the
+    weighted pairwise error bound. Shared by ``sms+`` (soft labels) and ``fsms`` (features)."""
     n, m = x.shape
     counts = np.array([g.size for g in groups], dtype=np.float64)
     means = np.stack([x[g].mean(axis=0) for g in groups])
