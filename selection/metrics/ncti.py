@@ -80,8 +80,10 @@ def combine(parts: Mapping[str, Sequence[float]]) -> dict[str, float]:
 
 @register("ncti", needs={"features"}, zoo_combine=combine, parts=ncti_components)
 def ncti(*, labels: np.ndarray, features: np.ndarray) -> float:
-    """NCTI (Wang et al. 2023): neural-collapse proxies (SELI nuclear norm, NCC posterior,
-    class variability) of LDA on PCA-64 features, min-max normalised over the zoo.
+    """NCTI (Wang et al. 2023): neural-collapse proxies of LDA on PCA-64 features, over the zoo.
+
+    SELI nuclear norm, NCC posterior and class variability, each min-max normalised over the
+    models of the zoo.
 
     Ranked as a zoo (``rank_zoo``) it is the paper's ``seli' + ncc' - vc'``; scored alone it
     is the ``ncc`` term (nothing to normalise against). Higher is better."""

@@ -47,8 +47,7 @@ def parc(
     max_samples: int = 5000,
     seed: int = 0,
 ) -> float:
-    """PARC (Bolya et al. 2021): Spearman correlation (x100) of pairwise feature and label
-    dissimilarities.
+    """PARC (Bolya et al. 2021): Spearman (x100) of pairwise feature vs label dissimilarities.
 
     Features: PCA to ``dim`` (None: no reduction), standardised; dissimilarity
     ``1 - corrcoef`` between samples; in [-100, 100], higher is better. Above ``max_samples``

@@ -255,7 +255,7 @@ def isms(
     seed: int = 0,
     sample_fraction: float = 1.0,
 ) -> float:
-    """I-SMS: SMS on the logits mapped to ``dim`` outputs by a fixed random linear map.
+    """I-SMS: SMS on the logits mapped to ``dim`` outputs by a fixed random linear layer.
 
     With more than ``dim`` outputs the logits go through the random linear layer of
     :func:`isms_projection` (PyTorch's default ``nn.Linear`` initialisation, as the authors'
