@@ -30,6 +30,8 @@ class ModelResult:
     scores: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     cached: bool = False
+    # components of zoo-normalised metrics (NCTI), combined across the zoo by rank_zoo
+    parts: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "scores": dict(self.scores), "seconds": dict(self.seconds)}
@@ -121,10 +123,30 @@ def score_model(
                 features=out.features,
                 **options.get(name, {}),
             )
+            if registry.get(name).parts is not None:
+                result.parts[name] = registry.score_parts(
+                    name, labels=dataset.labels, logits=out.logits, features=out.features
+                )
         except registry.MetricError as exc:
             raise registry.MetricError(f"model {entry.id!r}, metric {name!r}: {exc}") from exc
         result.seconds[name] = time.perf_counter() - start
     return result
+
+
+def combine_zoo(models: Sequence[ModelResult], metrics: Sequence[str]) -> None:
+    """Replace, in place, the single-model scores of zoo-normalised metrics (those registered
+    with ``zoo_combine``, e.g. NCTI) by the scores their paper defines over the whole zoo,
+    computed from every model's parts. Needs at least two models; one model keeps its
+    single-model score."""
+    if len(models) < 2:
+        return
+    for name in metrics:
+        spec = registry.get(name)
+        if spec.zoo_combine is None:
+            continue
+        combined = spec.zoo_combine({m.id: m.parts[name] for m in models})
+        for m in models:
+            m.scores[name] = combined[m.id]
 
 
 def _check_options(
@@ -149,7 +171,8 @@ def rank_zoo(
     progress: Progress | None = None,
 ) -> Ranking:
     """Score every model of ``zoo`` on ``dataset`` with each metric (:func:`score_model`, one
-    forward pass a model). Bad metric names or options are rejected before any forward pass."""
+    forward pass a model), then apply zoo-level normalisations (:func:`combine_zoo`). Bad
+    metric names or options are rejected before any forward pass."""
     metrics = check_metrics(metrics)
     _check_options(metrics, metric_options)
     entries = list(zoo)
@@ -168,6 +191,7 @@ def rank_zoo(
         )
         if progress is not None:
             progress(entry.id, done, len(entries))
+    combine_zoo(results, metrics)
     return Ranking(dataset=dataset.name, metrics=metrics, models=results)
 
 

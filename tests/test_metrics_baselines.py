@@ -32,6 +32,8 @@ BASELINES = [
     "sfda",
     "transrate",
     "knn",
+    "parc",
+    "ncti",
 ]
 
 
@@ -215,32 +217,64 @@ def test_hscore_shrink_matches_ibrahim_formula(n, d):
 
 
 def plain_gbc(f, y, dim, spherical):
+    """GBC as the reference code computes it: sklearn PCA, per-class np.var floored at 1e-4,
+    spherical = mean variance (a scalar), the log-variance term summed over what is stored
+    (once for a scalar), exp(-D_B) summed over ordered pairs, negated."""
     z = PCA(n_components=dim).fit_transform(f)
-    classes = np.unique(y)
     stats_ = {}
-    for cls in classes:
+    for cls in np.unique(y):
         zc = z[y == cls]
-        var = zc.var(axis=0)
-        if spherical:
-            var = np.full(dim, var.mean())
-        stats_[cls] = (zc.mean(axis=0), np.diag(var))
+        var = np.maximum(zc.var(axis=0), 1e-4)
+        stats_[cls] = (zc.mean(axis=0), var.mean() if spherical else var)
     total = 0.0
-    for i, j in itertools.permutations(classes, 2):
-        (mi, si), (mj, sj) = stats_[i], stats_[j]
-        s = (si + sj) / 2
-        diff = mi - mj
-        db = diff @ np.linalg.inv(s) @ diff / 8 + 0.5 * math.log(
-            np.linalg.det(s) / math.sqrt(np.linalg.det(si) * np.linalg.det(sj))
-        )
-        total += math.exp(-db)
+    for i, j in itertools.permutations(sorted(stats_), 2):
+        (mi, vi), (mj, vj) = stats_[i], stats_[j]
+        avg = (vi + vj) / 2
+        first = np.sum((mi - mj) ** 2 / avg) / 8
+        second = np.sum(np.log(avg)) - 0.5 * np.sum(np.log(vi)) - 0.5 * np.sum(np.log(vj))
+        total += math.exp(-(first + 0.5 * second))
     return -total
 
 
+def exact_bhattacharyya(mi, si, mj, sj):
+    """The textbook distance of two Gaussians with full covariances, by scipy-free linear
+    algebra (for the diagonal case the reference's log term is exactly this)."""
+    s = (si + sj) / 2
+    diff = mi - mj
+    return diff @ np.linalg.inv(s) @ diff / 8 + 0.5 * math.log(
+        np.linalg.det(s) / math.sqrt(np.linalg.det(si) * np.linalg.det(sj))
+    )
+
+
 @pytest.mark.parametrize("covariance", ["diagonal", "spherical"])
-def test_gbc_matches_pairwise_bhattacharyya(covariance):
+def test_gbc_matches_reference_computation(covariance):
     f, _, y = clusters(n=150, c=5, d=12, sep=0.8)
     got = selection.score("gbc", labels=y, features=f, dim=6, covariance=covariance)
     assert got == pytest.approx(plain_gbc(f, y, 6, covariance == "spherical"), rel=1e-8)
+
+
+def test_gbc_default_is_spherical_pca64_and_diagonal_is_exact():
+    f, _, y = clusters(n=200, c=4, d=80, sep=0.3)
+    assert selection.score("gbc", labels=y, features=f) == pytest.approx(
+        plain_gbc(f, y, 64, spherical=True), rel=1e-8
+    )
+    # diagonal: the reference's distance is the exact one of diagonal Gaussians
+    z = PCA(n_components=5).fit_transform(f)
+    st = {c: (z[y == c].mean(0), np.diag(np.maximum(z[y == c].var(0), 1e-4))) for c in range(4)}
+    want = -sum(
+        math.exp(-exact_bhattacharyya(*st[i], *st[j])) for i, j in itertools.permutations(st, 2)
+    )
+    got = selection.score("gbc", labels=y, features=f, dim=5, covariance="diagonal")
+    assert got == pytest.approx(want, rel=1e-8)
+
+
+def test_gbc_spherical_log_term_once():
+    """Hand case, one pair in d = 4 with equal means: class variances 1 and 4 (spherical).
+    D_B = 1/2 (ln 2.5 - 0.5 ln 1 - 0.5 ln 4) = 1/2 ln(1.25): the term once, not 4 times."""
+    from zoopick.selection.metrics.gbc import bhattacharyya_coefficients
+
+    bc = bhattacharyya_coefficients(np.zeros((2, 4)), np.array([[1.0], [4.0]]))
+    assert bc[0, 1] == pytest.approx(math.exp(-0.5 * math.log(1.25)), rel=1e-12)
 
 
 @pytest.mark.parametrize("n,d,k", [(300, 40, 6), (30, 50, 6), (100, 12, 10)])
@@ -264,25 +298,70 @@ def test_gbc_spans_zero_to_minus_pairs():
 # ---------------------------------------------------------------- TransRate
 
 
-def plain_transrate(f, y, eps):
-    z = f - f.mean(axis=0)
-    z = z / math.sqrt((z**2).sum() / len(z))
+def released_transrate(z, y, eps):
+    """The authors' released TransRate: slogdet of I + Z^T Z / (n eps), class rates averaged
+    with equal weights, on centred features (z given already normalised/projected)."""
+    z = z - z.mean(axis=0)
 
     def rate(zz):
         m, d = zz.shape
-        return 0.5 * np.linalg.slogdet(np.eye(d) + d / (m * eps**2) * zz.T @ zz)[1]
+        return 0.5 * np.linalg.slogdet(np.eye(d) + 1 / (m * eps) * zz.T @ zz)[1]
 
-    n = len(y)
-    return rate(z) - sum((y == c).sum() / n * rate(z[y == c]) for c in np.unique(y))
+    classes = np.unique(y)
+    return rate(z) - sum(rate(z[y == c]) for c in classes) / len(classes)
+
+
+def _rownorm(f):
+    return f / np.linalg.norm(f, axis=1, keepdims=True)
 
 
 @pytest.mark.parametrize("eps", [1e-4, 0.5])
-def test_transrate_matches_direct_loop(eps):
+def test_transrate_unprojected_matches_released_code(eps):
     # Classes of 4 rows (< d = 8) and 40 rows (> d): both Gram-matrix branches.
     f, _, _ = clusters(n=88, c=4, d=8, sep=1.0)
     y = np.array([0] * 4 + [1] * 4 + [2] * 40 + [3] * 40)
-    got = selection.score("transrate", labels=y, features=f * 7.0, eps=eps)
-    assert got == pytest.approx(plain_transrate(f, y, eps), rel=1e-9)
+    got = selection.score("transrate", labels=y, features=f * 7.0, eps=eps, project=False)
+    assert got == pytest.approx(released_transrate(_rownorm(f), y, eps), rel=1e-9)
+
+
+def test_transrate_projected_is_cross_fitted_released_code():
+    """project=True: basis of the class means of one half (SVD via numpy), released TransRate
+    of the other half in that basis, both ways, averaged."""
+    from zoopick.selection.metrics.transrate import _halves
+
+    f, _, y = clusters(n=120, c=4, d=10, sep=1.0)
+    z = _rownorm(f)
+    z = z - z.mean(axis=0)
+    half = _halves(y, 4, 0)
+    assert abs(int(half.sum()) - 60) <= 4
+    want = []
+    for fit in (half, ~half):
+        means = np.stack([z[fit & (y == c)].mean(axis=0) for c in range(4)])
+        w = np.bincount(y[fit], minlength=4) / fit.sum()
+        _, _, vt = np.linalg.svd(means - w @ means)
+        basis = vt[:3].T  # 4 centred means span 3 directions
+        want.append(released_transrate(z[~fit] @ basis, y[~fit], 1e-4))
+    got = selection.score("transrate", labels=y, features=f)
+    assert got == pytest.approx(np.mean(want), rel=1e-8)
+
+
+def test_transrate_noise_padding_does_not_raise_score():
+    """Defect 2: a fixed 16-d class signal padded with pure noise to 64 and 512 dims."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(5), 40)
+    signal = rng.standard_normal((5, 16))[y] + rng.standard_normal((200, 16))
+    scores = [
+        selection.score(
+            "transrate", labels=y, features=np.hstack([signal, rng.standard_normal((200, d))])
+        )
+        for d in (0, 48, 496)
+    ]
+    assert scores[0] >= scores[1] >= scores[2]
+    assert scores[2] < scores[0]
+    # scale of the features does not matter
+    assert selection.score("transrate", labels=y, features=signal * 100) == pytest.approx(
+        scores[0], rel=1e-9
+    )
 
 
 # ---------------------------------------------------------------- k-NN
@@ -412,6 +491,40 @@ def test_sfda_adaptive_shrinkage_uses_largest_within_class_eigenvalue():
     assert selection.score("sfda", labels=y, features=f) == pytest.approx(
         selection.score("sfda", labels=y, features=f, shrinkage=lam), rel=1e-6
     )
+
+
+# ---------------------------------------------------------------- degenerate D >= n: PCA option
+
+
+def test_faithful_hscore_and_sfda_tie_when_d_exceeds_n_and_pca_option_separates():
+    """Defect 5: with D above n, H-score is C - 1 exactly and SFDA ~1.0 for a good model and
+    for pure noise alike; pca_dim gives them different scores."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(5), 20)
+    good = rng.standard_normal((100, 200)) + 0.3 * rng.standard_normal((5, 200))[y]
+    noise = rng.standard_normal((100, 200))
+    for f in (good, noise):
+        assert selection.score("hscore", labels=y, features=f) == pytest.approx(4.0, rel=1e-8)
+        assert selection.score("sfda", labels=y, features=f) == pytest.approx(1.0, abs=1e-3)
+    for name in ("hscore", "sfda"):
+        g = selection.score(name, labels=y, features=good, pca_dim=16)
+        b = selection.score(name, labels=y, features=noise, pca_dim=16)
+        assert g > b, name
+
+
+@pytest.mark.parametrize("name", ["hscore", "hscore_shrink", "sfda"])
+def test_pca_dim_option_is_the_metric_on_sklearn_pca_scores(name):
+    f, _, y = clusters(n=90, c=3, d=30, sep=0.7)
+    reduced = PCA(n_components=8).fit_transform(f)  # signs may differ: the scores do not care
+    assert selection.score(name, labels=y, features=f, pca_dim=8) == pytest.approx(
+        selection.score(name, labels=y, features=reduced), rel=1e-7
+    )
+    # pca_dim at or above D is the faithful form itself
+    assert selection.score(name, labels=y, features=f, pca_dim=30) == selection.score(
+        name, labels=y, features=f
+    )
+    with pytest.raises(MetricError, match="pca_dim"):
+        selection.score(name, labels=y, features=f, pca_dim=0)
 
 
 # ---------------------------------------------------------------- shared properties

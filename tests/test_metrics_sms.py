@@ -186,27 +186,66 @@ def test_isms_equals_sms_up_to_25_outputs(rng, n_out):
 
 
 def test_isms_projection_same_map_per_output_count(rng):
-    p1 = sms_mod.isms_projection(40)
-    assert p1.shape == (40, 25)
-    np.testing.assert_array_equal(p1, sms_mod.isms_projection(40, dim=25, seed=0))
-    assert not np.allclose(p1, sms_mod.isms_projection(40, seed=1))
-    assert sms_mod.isms_projection(41).shape == (41, 25)
-    assert np.std(sms_mod.isms_projection(400)) == pytest.approx(1 / 5, rel=0.05)
-    # two different models with 40 outputs are scored through that same map
+    w1, b1 = sms_mod.isms_projection(40)
+    assert w1.shape == (40, 25) and b1.shape == (25,)
+    w_again, b_again = sms_mod.isms_projection(40, dim=25, seed=0)
+    np.testing.assert_array_equal(w1, w_again)
+    np.testing.assert_array_equal(b1, b_again)
+    assert not np.allclose(w1, sms_mod.isms_projection(40, seed=1)[0])
+    assert sms_mod.isms_projection(41)[0].shape == (41, 25)
+    # two different models with 40 outputs are scored through that same layer
     labels = np.repeat(np.arange(4), 40)
     scores = []
     for _ in range(2):
         logits = make_logits(rng, labels, 40, strength=0.1)
         got = selection.score("isms", labels=labels, logits=logits)
         assert got == selection.score("isms", labels=labels, logits=logits)  # deterministic
-        assert got == selection.score("sms", labels=labels, logits=logits @ p1)
+        assert got == selection.score("sms", labels=labels, logits=logits @ w1 + b1)
         assert got != selection.score("sms", labels=labels, logits=logits)
         scores.append(got)
     assert scores[0] != scores[1] and max(scores) < 0.99
-    small = sms_mod.isms_projection(40, dim=7, seed=3)
+    ws, bs = sms_mod.isms_projection(40, dim=7, seed=3)
     assert selection.score("isms", labels=labels, logits=logits, dim=7, seed=3) == (
-        selection.score("sms", labels=labels, logits=logits @ small)
+        selection.score("sms", labels=labels, logits=logits @ ws + bs)
     )
+
+
+@pytest.mark.parametrize("n_out", [100, 1000])
+def test_isms_projection_matches_torch_linear_default_init(n_out):
+    """The authors append an untrained ``torch.nn.Linear(C_s, 25)``: compare the distribution
+    of our map with torch's own default initialisation (independent draws), by range, moments
+    and a two-sample Kolmogorov-Smirnov test, and the projected-logit scale they produce."""
+    torch = pytest.importorskip("torch")
+    from scipy.stats import ks_2samp
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(n_out, 25)
+    tw = layer.weight.detach().numpy().astype(np.float64).T
+    tb = layer.bias.detach().numpy().astype(np.float64)
+    w, b = sms_mod.isms_projection(n_out)
+    bound = 1 / np.sqrt(n_out)
+    assert np.abs(w).max() <= bound and np.abs(b).max() <= bound
+    assert np.abs(tw).max() <= bound * (1 + 1e-6)
+    assert np.std(w) == pytest.approx(np.std(tw), rel=0.05)
+    assert np.std(w) == pytest.approx(bound / np.sqrt(3), rel=0.05)  # uniform(-a, a)
+    assert ks_2samp(w.ravel(), tw.ravel()).pvalue > 1e-3
+    assert ks_2samp(b, tb).pvalue > 1e-3
+    # projected logits have the same scale through either layer (unit-variance logits in)
+    z = np.random.default_rng(1).standard_normal((400, n_out))
+    assert np.std(z @ w + b) == pytest.approx(np.std(z @ tw + tb), rel=0.1)
+    assert np.std(z @ w + b) == pytest.approx(1 / np.sqrt(3), rel=0.1)
+
+
+def test_isms_does_not_saturate_with_a_large_head(rng):
+    """With the authors' layer scale, I-SMS of moderately informative 1,000-output logits stays
+    below 1 (the old N(0, 1/dim) map made the logits 11x too large and I-SMS read 1.0)."""
+    labels = np.repeat(np.arange(5), 30)
+    logits = make_logits(rng, labels, 1000, strength=0.03, noise=1.0)
+    got = selection.score("isms", labels=labels, logits=logits)
+    assert 0.0 < got < 0.99
+    w, _ = sms_mod.isms_projection(1000)
+    old = rng.standard_normal(w.shape) / np.sqrt(25)  # the former map, for contrast
+    assert selection.score("sms", labels=labels, logits=logits @ old) > got
 
 
 def test_stratified_subsample(rng):
@@ -229,8 +268,8 @@ def test_isms_sample_fraction(rng):
     opts = {"dim": 4, "seed": 2}
     got = selection.score("isms", labels=labels, logits=logits, sample_fraction=0.5, **opts)
     rows = sms_mod.stratified_subsample(labels, 0.5, seed=2)
-    proj = sms_mod.isms_projection(50, dim=4, seed=2)
-    assert got == selection.score("sms", labels=labels[rows], logits=logits[rows] @ proj)
+    w, b = sms_mod.isms_projection(50, dim=4, seed=2)
+    assert got == selection.score("sms", labels=labels[rows], logits=logits[rows] @ w + b)
     assert abs(got - selection.score("isms", labels=labels, logits=logits, **opts)) > 1e-6
     with pytest.raises(MetricError, match="sample_fraction"):
         selection.score("isms", labels=labels, logits=logits, sample_fraction=2.0)

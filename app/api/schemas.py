@@ -18,7 +18,7 @@ from pydantic import (
 
 from zoopick.training.config import DEFAULT_WORKERS, default
 
-DEFAULT_METRICS = ["sms", "isms", "logme"]
+DEFAULT_METRICS = ["logme", "fsms", "sms", "isms"]
 
 T = TypeVar("T")
 
@@ -161,7 +161,7 @@ class JobCreate(NoNulModel):
     metrics: list[str] = Field(
         default_factory=lambda: list(DEFAULT_METRICS), min_length=1, max_length=32
     )
-    select_by: str = Field("isms", description="The metric that picks the model to fine-tune.")
+    select_by: str = Field("logme", description="The metric that picks the model to fine-tune.")
     finetune: FinetuneSpec | None = None
 
 

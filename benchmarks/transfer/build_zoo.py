@@ -68,6 +68,11 @@ ZOO: tuple[ZooModel, ...] = tuple(
         ("stripes8-resnet-e2", "test_resnet", "stripes8", 2, ("cnn",)),
         ("random-resnet", "test_resnet", None, 0, ("cnn", "random")),
         ("random-vit", "test_vit", None, 0, ("vit", "random")),
+        # many-class source heads (100 and 1,000 outputs), feature sizes 96 to 1,280
+        ("stripes100-resnet-e3", "test_resnet", "stripes100", 3, ("cnn", "head100")),
+        ("stripes100-mobilenetv3-e3", "mobilenetv3_small_050", "stripes100", 3, ("cnn", "head100")),
+        ("fmnist1000-resnet-e3", "test_resnet", "fmnist1000", 3, ("cnn", "head1000")),
+        ("fmnist1000-lcnet-e3", "lcnet_035", "fmnist1000", 3, ("cnn", "head1000")),
     )
 )
 RANDOM_HEAD = 10  # head size saved with randomly initialised models (replaced on transfer)
@@ -141,11 +146,14 @@ def manifest_entry(m: ZooModel) -> dict:
 
 def _source_names(name: str) -> list[str]:
     # class names do not depend on scale or path for procedural sources; fmnist6 is fixed too
-    return {
+    fixed = {
         "fmnist6": [tasks.FMNIST_CLASSES[c] for c in tasks.FMNIST_SOURCE_CLASSES],
         "shapes4": list(tasks.SOURCE_SHAPES),
         "stripes8": [str(i) for i in range(8)],
-    }[name]
+        "stripes100": [str(i) for i in range(100)],
+        "fmnist1000": [str(i) for i in range(1000)],
+    }
+    return fixed[name]
 
 
 def write_manifest(entries: list[dict], path: Path) -> None:

@@ -151,12 +151,17 @@ def main(argv: list[str] | None = None) -> None:
     for target in targets:
         truth[target] = {}
         for entry in entries:
-            by_lr = {}
+            by_lr, by_seed = {}, {}
             for lr in lrs:
                 recs = [done[run_key(root, entry, target, lr, s, opts)] for s in range(args.seeds)]
                 by_lr[f"{lr:g}"] = sum(r["acc"] for r in recs) / len(recs)
+                by_seed[f"{lr:g}"] = [r["acc"] for r in recs]
                 run_seconds += sum(r["seconds"] for r in recs)
-            truth[target][entry["id"]] = {"acc": max(by_lr.values()), "by_lr": by_lr}
+            truth[target][entry["id"]] = {
+                "acc": max(by_lr.values()),
+                "by_lr": by_lr,
+                "by_seed": by_seed,  # per lr, one accuracy per fine-tuning seed
+            }
 
     text = json.dumps(truth, indent=1) + "\n"
     (root / "ground_truth.json").write_text(text)

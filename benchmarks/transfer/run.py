@@ -24,12 +24,23 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 EVAL_KEYS = ("weighted_tau", "kendall_tau", "pearson", "rel@1", "rel@3")
 HEAD = {"weighted_tau": "w-tau", "kendall_tau": "tau", "pearson": "pearson"}
-FOCUS = ("sms+", "sms", "isms")
+RECOMMENDED = "fsms"  # the SMS-family metric this benchmark checks against every other
+FOCUS = (RECOMMENDED, "sms+", "sms", "isms")
+# Reported forms of a metric with options: name -> (registered metric, options). The faithful
+# H-score and SFDA tie when D >= n; their PCA form (a common dimension, fixed at 64 as GBC's)
+# is reported beside them.
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "hscore@pca64": ("hscore", {"pca_dim": 64}),
+    "sfda@pca64": ("sfda", {"pca_dim": 64}),
+    "transrate@noproj": ("transrate", {"project": False}),
+}
 
 
 def random_rel_at_k(truth: dict[str, float], k: int) -> float:
@@ -68,6 +79,67 @@ def evaluate_target(ranking, truth: dict[str, float], metrics: list[str]) -> dic
             "scores": scores,
         }
     out["random"] = {"rel@1": random_rel_at_k(truth, 1), "rel@3": random_rel_at_k(truth, 3)}
+    return out
+
+
+def seed_agreement(truth_target: dict[str, dict]) -> dict | None:
+    """How well one fine-tuning seed's accuracies rank the models against the others': the
+    ceiling any metric can reach against a ground truth that is itself noisy. For every seed s,
+    the accuracies of seed s (at each model's best learning rate of the mean) are judged by
+    ``evaluate`` against the mean of the *other* seeds; the means over s are reported, plus the
+    mean pairwise weighted tau between two single seeds."""
+    from zoopick.selection.rank import evaluate
+
+    ids = list(truth_target)
+    first = truth_target[ids[0]]
+    if "by_seed" not in first:
+        return None
+    n_seeds = len(next(iter(first["by_seed"].values())))
+    if n_seeds < 2:
+        return None
+    per_seed = []
+    for i in ids:
+        rec = truth_target[i]
+        best_lr = max(rec["by_lr"], key=rec["by_lr"].get)
+        per_seed.append(rec["by_seed"][best_lr])
+    acc = np.array(per_seed)  # (models, seeds)
+    rows = []
+    for sd in range(n_seeds):
+        others = np.delete(acc, sd, axis=1).mean(axis=1)
+        rows.append(
+            evaluate(dict(zip(ids, acc[:, sd], strict=True)), dict(zip(ids, others, strict=True)))
+        )
+    pair = [
+        evaluate(dict(zip(ids, acc[:, a], strict=True)), dict(zip(ids, acc[:, b], strict=True)))[
+            "weighted_tau"
+        ]
+        for a in range(n_seeds)
+        for b in range(a + 1, n_seeds)
+    ]
+    out = {k: _mean([r[k] for r in rows]) for k in EVAL_KEYS}
+    out["pairwise_weighted_tau"] = _mean(pair)
+    out["seeds"] = n_seeds
+    out["seed_std_mean"] = float(acc.std(axis=1).mean())
+    return out
+
+
+def input_checks(zoo, dataset, cache_dir) -> dict[str, dict]:
+    """Degenerate-input check per model: feature size, share of (near-)constant feature
+    columns, head size, n. Reads the forward cache (no new forward pass when cached)."""
+    from zoopick.selection.extract import extract
+
+    out = {}
+    for entry in zoo:
+        res = extract(entry, dataset, cache_dir=cache_dir)
+        f = np.asarray(res.features, dtype=np.float64)
+        var = f.var(axis=0)
+        top = var.max() if var.size else 0.0
+        out[entry.id] = {
+            "n": int(f.shape[0]),
+            "feature_dim": int(f.shape[1]),
+            "head": int(np.asarray(res.logits).shape[1]),
+            "constant_fraction": float(np.mean(var <= 1e-8 * top)) if top > 0 else 1.0,
+        }
     return out
 
 
@@ -119,34 +191,32 @@ def conclusions(avg: dict, per_target: dict[str, dict], metrics: list[str]) -> s
         f"{avg['random']['rel@1']:.3f} for a random pick.",
     ]
     focus = [m for m in FOCUS if m in metrics]
-    if "sms+" in focus and len(focus) > 1:
-        for other in focus[1:]:
+    if RECOMMENDED in focus:
+        rec = RECOMMENDED
+        for other in [m for m in by_wtau if m != rec]:
+            if other not in focus and other != by_wtau[0] and by_wtau.index(other) > 2:
+                continue
             wins = sum(
-                per_target[t]["metrics"]["sms+"]["weighted_tau"]
+                per_target[t]["metrics"][rec]["weighted_tau"]
                 > per_target[t]["metrics"][other]["weighted_tau"]
                 for t in per_target
             )
-            d_w = avg["sms+"]["weighted_tau"] - avg[other]["weighted_tau"]
-            d_r = avg["sms+"]["rel@1"] - avg[other]["rel@1"]
+            d_w = avg[rec]["weighted_tau"] - avg[other]["weighted_tau"]
             parts.append(
-                f"`sms+` vs `{other}`: mean weighted tau {avg['sms+']['weighted_tau']:.3f} vs "
+                f"`{rec}` vs `{other}`: mean weighted tau {avg[rec]['weighted_tau']:.3f} vs "
                 f"{avg[other]['weighted_tau']:.3f} ({d_w:+.3f}), higher on {wins} of "
-                f"{len(per_target)} targets; mean rel@1 {avg['sms+']['rel@1']:.3f} vs "
-                f"{avg[other]['rel@1']:.3f} ({d_r:+.3f})."
+                f"{len(per_target)} targets; mean rel@1 {avg[rec]['rel@1']:.3f} vs "
+                f"{avg[other]['rel@1']:.3f}."
             )
-        if "sms" in focus and "isms" in focus:
-            same = all(
-                per_target[t]["metrics"]["sms"]["scores"]
-                == per_target[t]["metrics"]["isms"]["scores"]
-                for t in per_target
-            )
-            if same:
-                parts.append(
-                    "`isms` scores equal `sms` exactly here: every source head has at most "
-                    "`isms`'s projection size of outputs, where I-SMS reduces to SMS."
-                )
-        rank = by_wtau.index("sms+") + 1
-        parts.append(f"`sms+` ranks {rank} of {len(metrics)} metrics by mean weighted tau.")
+        rank = by_wtau.index(rec) + 1
+        parts.append(f"`{rec}` ranks {rank} of {len(metrics)} metrics by mean weighted tau.")
+    ceiling = avg.get("seed_ceiling")
+    if ceiling:
+        parts.append(
+            f"Seed-to-seed ceiling: one fine-tuning seed ranks the models against the mean of "
+            f"the others with weighted tau {ceiling['weighted_tau']:.3f} and rel@1 "
+            f"{ceiling['rel@1']:.3f} (mean over seeds and targets)."
+        )
     return " ".join(parts)
 
 
@@ -161,8 +231,10 @@ def write_markdown(path: Path, result: dict) -> None:
     md = [
         "# Transfer benchmark: ranking a seeded timm zoo without training",
         "",
-        f"{result['zoo_size']} models (small timm architectures pretrained here on Fashion-MNIST "
-        "classes 0-5, procedural shapes or gratings for 1-8 epochs, or random init) ranked on "
+        f"{result['zoo_size']} models (small timm architectures pretrained here on "
+        "Fashion-MNIST classes 0-5, procedural shapes or gratings, 100-class gratings, 1,000 "
+        "Fashion-MNIST pixel clusters, or random init; source heads of 4 to 1,000 outputs, "
+        "features of 64 to 1,280 dimensions) ranked on "
         f"{len(per_target)} targets. Ground truth: {result['protocol']}. Rebuild: see "
         "`benchmarks/transfer/README.md`.",
         "",
@@ -180,19 +252,54 @@ def write_markdown(path: Path, result: dict) -> None:
         "",
         "## Average over targets",
         "",
-        "Sorted by mean weighted tau. `cost` is the metric's total time over all targets as a "
-        "ratio to the forward passes of the same run"
+        "Sorted by mean weighted tau. `seconds` is the metric's total time over all targets, "
+        "`cost` that time as a ratio to the forward passes of the same run"
         + (" (forward features were cached)." if result["forward_cached"] else "."),
         "",
-        _metric_table(avg, [("cost", "seconds_vs_forward")], order),
+        _metric_table(avg, [("seconds", "seconds"), ("cost", "seconds_vs_forward")], order),
         f"| random pick | 0 (exp.) | 0 (exp.) | 0 (exp.) | {avg['random']['rel@1']:.3f} | "
-        f"{avg['random']['rel@3']:.3f} | |",
+        f"{avg['random']['rel@3']:.3f} | | |",
         "",
         "## Conclusions",
         "",
         result["conclusions"],
         "",
     ]
+    ceiling = {t: r.get("seed_ceiling") for t, r in per_target.items() if r.get("seed_ceiling")}
+    if ceiling:
+        md += [
+            "## Seed-to-seed ceiling",
+            "",
+            "Each fine-tuning seed's accuracies ranked against the mean of the other seeds "
+            "(what a perfect predictor of one seed would score): the ceiling for any metric.",
+            "",
+            "| target | seeds | w-tau | tau | rel@1 | rel@3 | seed-vs-seed w-tau | "
+            "mean seed std of acc |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for t, c in ceiling.items():
+            md.append(
+                f"| {t} | {c['seeds']} | {c['weighted_tau']:.3f} | {c['kendall_tau']:.3f} | "
+                f"{c['rel@1']:.3f} | {c['rel@3']:.3f} | {c['pairwise_weighted_tau']:.3f} | "
+                f"{c['seed_std_mean']:.4f} |"
+            )
+        md.append("")
+    checks = {t: r.get("inputs") for t, r in per_target.items() if r.get("inputs")}
+    if checks:
+        first = next(iter(checks.values()))
+        md += [
+            "## Inputs (degenerate-input check)",
+            "",
+            "Per model: feature size, source head size, and the largest share of (near-)"
+            "constant feature columns over the targets (variance <= 1e-8 of the largest).",
+            "",
+            "| model | features | head | max constant share |",
+            "|---|---|---|---|",
+        ]
+        for mid, info in first.items():
+            share = max(checks[t][mid]["constant_fraction"] for t in checks)
+            md.append(f"| {mid} | {info['feature_dim']} | {info['head']} | {share:.2f} |")
+        md.append("")
     for t, r in per_target.items():
         rows = {m: {**r["metrics"][m], "pick": _pick(r["metrics"][m]["top"])} for m in metrics}
         md += [
@@ -201,7 +308,7 @@ def write_markdown(path: Path, result: dict) -> None:
             f"Best by ground truth: {gt[t]['best']} ({gt[t]['max']:.3f}); random pick rel@1 "
             f"{r['random']['rel@1']:.3f}, rel@3 {r['random']['rel@3']:.3f}.",
             "",
-            _metric_table(rows, [("top pick", "pick")], order),
+            _metric_table(rows, [("seconds", "seconds"), ("top pick", "pick")], order),
             "",
         ]
     path.write_text("\n".join(md))
@@ -218,6 +325,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--metric-options", default="{}", help='JSON, e.g. {"knn": {"k": 5}}')
+    ap.add_argument(
+        "--no-variants", action="store_true", help="skip the PCA / unprojected forms (VARIANTS)"
+    )
     ap.add_argument("--json", default="benchmarks/results/transfer.json")
     ap.add_argument("--md", default="benchmarks/results/transfer.md")
     args = ap.parse_args(argv)
@@ -233,7 +343,9 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(args.zoo)
     truth_all = json.loads(Path(args.ground_truth or root / "ground_truth.json").read_text())
     targets = args.targets or list(truth_all)
-    metrics = args.metrics or available()
+    base_metrics = args.metrics or available()
+    variants = {} if args.no_variants else VARIANTS
+    metrics = base_metrics + [v for v, (b, _) in variants.items() if b in base_metrics]
     zoo = load_zoo(root / "zoo.json")
     ids = [e.id for e in zoo]
     meta_path = root / "ground_truth_meta.json"
@@ -247,16 +359,28 @@ def main(argv: list[str] | None = None) -> None:
         truth = {i: truth_all[target][i]["acc"] for i in ids}
         dataset = load_dataset(root / "targets" / f"{target}-train.npz")
         t0 = time.perf_counter()
+        cache = None if args.no_cache else args.cache_dir
         ranking = rank_zoo(
             zoo,
             dataset,
-            metrics,
-            cache_dir=None if args.no_cache else args.cache_dir,
+            base_metrics,
+            cache_dir=cache,
             batch_size=args.batch_size,
             metric_options=json.loads(args.metric_options),
         )
+        for vname, (base, opts) in variants.items():
+            if base not in base_metrics:
+                continue
+            extra = rank_zoo(zoo, dataset, [base], cache_dir=cache, metric_options={base: opts})
+            for m, e in zip(ranking.models, extra.models, strict=True):
+                m.scores[vname] = e.scores[base]
+                m.seconds[vname] = e.seconds[base]
+        ranking.metrics = metrics
         per_target[target] = evaluate_target(ranking, truth, metrics)
         per_target[target]["rank_seconds"] = time.perf_counter() - t0
+        per_target[target]["seed_ceiling"] = seed_agreement(truth_all[target])
+        if cache is not None:
+            per_target[target]["inputs"] = input_checks(zoo, dataset, cache)
         accs = sorted(truth.values())
         info = build.get("targets", {}).get(target, {})
         gt_summary[target] = {
@@ -274,6 +398,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{target}: w-tau {line}", flush=True)
 
     avg = summarise(per_target, metrics)
+    ceilings = [per_target[t]["seed_ceiling"] for t in per_target if per_target[t]["seed_ceiling"]]
+    if ceilings:
+        avg["seed_ceiling"] = {
+            k: _mean([c[k] for c in ceilings])
+            for k in (*EVAL_KEYS, "pairwise_weighted_tau", "seed_std_mean")
+        }
     protocol = (
         f"full fine-tuning, {meta.get('epochs', '?')} epochs, Adam, best test accuracy over "
         f"lr {meta.get('lrs', '?')}, {meta.get('seeds', '?')} seed(s)"

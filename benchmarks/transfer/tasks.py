@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 SIZE = 32
-VERSION = 2  # bump when a generator changes: build_zoo refuses to mix versions in one zoo
+VERSION = 3  # bump when a generator changes: build_zoo refuses to mix versions in one zoo
 Task = tuple[np.ndarray, np.ndarray, list[str]]
 Split = tuple[Task, Task]
 
@@ -310,6 +310,27 @@ def _stripes_source(path: str | Path, scale: float) -> Task:
     return stripes(4, [(0.05, 0.12), (0.18, 0.3)], per_class(250, scale), seed=103)
 
 
+def _stripes100_source(path: str | Path, scale: float) -> Task:
+    """100 classes: 10 orientations x 10 narrow frequency bands (a many-class head)."""
+    bands = [(0.04 + 0.03 * k, 0.065 + 0.03 * k) for k in range(10)]
+    return stripes(10, bands, per_class(40, scale), seed=104)
+
+
+def _fmnist1000_source(path: str | Path, scale: float) -> Task:
+    """1,000 fine-grained classes: k-means clusters (on pixels) of Fashion-MNIST classes 0-5,
+    1,500 images a class, so a model gets an ImageNet-1k-sized head trained on a real task.
+    Seeded k-means (sklearn, one init), relabelled by cluster; empty clusters cannot occur
+    (k-means keeps every centre on at least one point)."""
+    from sklearn.cluster import KMeans
+
+    x, _, _ = fmnist(path, FMNIST_SOURCE_CLASSES, per_class(1500, scale), split="train", seed=105)
+    k = min(1000, len(x) // 4)
+    flat = x.reshape(len(x), -1).astype(np.float32) / 255.0
+    km = KMeans(n_clusters=k, n_init=1, max_iter=30, random_state=0).fit(flat)
+    _, y = np.unique(km.labels_, return_inverse=True)
+    return x, y.astype(np.int64), [f"cluster{i}" for i in range(int(y.max()) + 1)]
+
+
 SOURCES: dict[str, tuple[Callable[[str | Path, float], Task], str]] = {
     "fmnist6": (
         _fmnist_source,
@@ -317,6 +338,11 @@ SOURCES: dict[str, tuple[Callable[[str | Path, float], Task], str]] = {
     ),
     "shapes4": (_shapes_source, "grey procedural shapes: circle, square, triangle, line"),
     "stripes8": (_stripes_source, "grey sinusoidal gratings, 4 orientations x 2 frequency bands"),
+    "stripes100": (_stripes100_source, "grey gratings, 10 orientations x 10 frequency bands"),
+    "fmnist1000": (
+        _fmnist1000_source,
+        "1,000 pixel k-means clusters of Fashion-MNIST classes 0-5 (a fine-grained 1k head)",
+    ),
 }
 
 

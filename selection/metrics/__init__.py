@@ -16,7 +16,21 @@ from zoopick.selection.metrics.registry import (
 )
 
 # One module per metric; each registers itself on import.
-_MODULES = ("sms", "leep", "nce", "logme", "hscore", "nleep", "gbc", "sfda", "transrate", "knn")
+_MODULES = (
+    "sms",
+    "leep",
+    "nce",
+    "logme",
+    "hscore",
+    "nleep",
+    "gbc",
+    "sfda",
+    "transrate",
+    "knn",
+    "parc",
+    "ncti",
+    "fsms",
+)
 for _m in _MODULES:
     import_module(f"zoopick.selection.metrics.{_m}")
 

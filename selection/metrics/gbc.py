@@ -1,15 +1,26 @@
 """GBC: Gaussian Bhattacharyya Coefficient (Pandy et al., CVPR 2022, "Transferability
 Estimation using Bhattacharyya Class Separability").
 
-Features are reduced with PCA (64 dimensions in the paper), each target class is modelled as a
-Gaussian (diagonal covariance by default, or spherical), and the overlap of every pair of
-classes is measured by the Bhattacharyya coefficient BC = exp(-D_B) with
+Features are reduced with PCA (64 dimensions, the paper's and reference code's setting), each
+target class is modelled as a Gaussian, and the overlap of every pair of classes is measured by
+the Bhattacharyya coefficient BC = exp(-D_B). GBC = -sum over ordered pairs i != j of BC_ij: 0
+for perfectly separated classes, down to -C_t (C_t - 1) when all classes coincide. Higher is
+better.
 
-    D_B = 1/8 (mu_i - mu_j)^T S^-1 (mu_i - mu_j) + 1/2 ln(det S / sqrt(det S_i det S_j)),
-    S = (S_i + S_j) / 2.
+This matches the authors' reference implementation (google-research ``stable_transfer``):
 
-GBC = -sum over ordered pairs i != j of BC_ij: 0 for perfectly separated classes, down to
--C_t (C_t - 1) when all classes coincide. Higher is better.
+* per-class mean and per-dimension variance (``np.var``, divided by n_c), each variance floored
+  at 1e-4 (an absolute floor, as theirs);
+* ``covariance="spherical"`` (the reference configuration and the default here): the class
+  variance is the mean of those floored per-dimension variances, a scalar s_i, and
+
+      D_B = 1/8 sum_d (mu_id - mu_jd)^2 / s + 1/2 (ln s - 1/2 ln s_i - 1/2 ln s_j),
+      s = (s_i + s_j) / 2,
+
+  with the log-variance term counted *once* (the reference sums the log of a scalar), not d
+  times as the exact Bhattacharyya distance of two spherical Gaussians would;
+* ``covariance="diagonal"``: the same with vector variances, the log terms summed over the
+  dimensions (the exact distance of diagonal Gaussians).
 """
 
 from __future__ import annotations
@@ -24,33 +35,36 @@ from zoopick.selection.metrics.registry import MetricError, register
 _COVARIANCES = ("diagonal", "spherical")
 
 
+VARIANCE_FLOOR = 1e-4  # the reference code's np.maximum(variance, 1e-4)
+
+
 def class_gaussians(
     z: np.ndarray, y: np.ndarray, c: int, covariance: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class means (C, d) and diagonal variances (C, d) (maximum likelihood, i.e. divided
-    by n_c). Spherical: each class's variances replaced by their mean. Variances are floored at
-    1e-12 of the mean overall variance so a singleton or constant class stays finite (its
-    overlap with every other class is then ~0)."""
+    """Per-class means (C, d) and variances: (C, d) per dimension for "diagonal", (C, 1) for
+    "spherical" (the mean of the per-dimension ones). Variances are maximum likelihood (divided
+    by n_c) and floored at 1e-4 per dimension before any averaging, as in the reference code."""
     counts = np.bincount(y, minlength=c).astype(np.float64)[:, None]
     oh = one_hot(y, c)
     means = np.asarray(oh @ z) / counts
     dev = z - means[y]
-    var = np.asarray(oh @ (dev * dev)) / counts
+    var = np.maximum(np.asarray(oh @ (dev * dev)) / counts, VARIANCE_FLOOR)
     if covariance == "spherical":
-        var = np.repeat(var.mean(axis=1, keepdims=True), z.shape[1], axis=1)
-    floor = 1e-12 * float(np.mean(z.var(axis=0)))
-    return means, np.maximum(var, floor)
+        var = var.mean(axis=1, keepdims=True)
+    return means, var
 
 
 def bhattacharyya_coefficients(means: np.ndarray, var: np.ndarray) -> np.ndarray:
-    """(C, C) matrix of BC between diagonal Gaussians; computed in row chunks to bound memory."""
+    """(C, C) matrix of BC between diagonal Gaussians (``var`` (C, d)) or spherical ones
+    (``var`` (C, 1): the squared distance is summed over d, the log term taken once, as the
+    reference code does); computed in row chunks to bound memory."""
     c, d = means.shape
     log_var = np.log(var)
     bc = np.empty((c, c))
     step = max(1, 4_000_000 // max(1, c * d))
     for lo in range(0, c, step):
         hi = min(c, lo + step)
-        s = (var[lo:hi, None, :] + var[None, :, :]) / 2  # (b, C, d)
+        s = (var[lo:hi, None, :] + var[None, :, :]) / 2  # (b, C, d) or (b, C, 1)
         diff2 = (means[lo:hi, None, :] - means[None, :, :]) ** 2
         db = np.sum(diff2 / s, axis=2) / 8 + 0.5 * np.sum(
             np.log(s) - 0.5 * (log_var[lo:hi, None, :] + log_var[None, :, :]), axis=2
@@ -89,12 +103,13 @@ def pca_project(x: np.ndarray, k: int) -> np.ndarray:
 
 @register("gbc", needs={"features"})
 def gbc(
-    *, labels: np.ndarray, features: np.ndarray, dim: int = 64, covariance: str = "diagonal"
+    *, labels: np.ndarray, features: np.ndarray, dim: int = 64, covariance: str = "spherical"
 ) -> float:
     """GBC (Pandy et al. 2022): minus the summed class-pair Bhattacharyya coefficients.
 
-    Per-class Gaussians (``covariance`` "diagonal" or "spherical") in a ``dim``-dimensional PCA
-    space; in [-C_t (C_t - 1), 0], higher is better."""
+    Per-class Gaussians (``covariance`` "spherical", the reference configuration, or
+    "diagonal") in a ``dim``-dimensional PCA space, variances floored at 1e-4 as the reference
+    code; in [-C_t (C_t - 1), 0], higher is better."""
     y, c = target_labels(labels, "gbc")
     if covariance not in _COVARIANCES:
         raise MetricError(f"gbc: covariance must be one of {_COVARIANCES}, got {covariance!r}")

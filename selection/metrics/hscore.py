@@ -9,6 +9,13 @@ a linear classifier on the features. With D close to or above n, ``cov(f)`` is b
 conditioned and the inverse amplifies noise; Ibrahim et al. replace it by the Ledoit-Wolf
 shrunk covariance ``cov_a = (1 - a) cov(f) + a mu I`` and scale the between-class covariance by
 ``(1 - a)`` to match, which makes the score stable in high dimension.
+
+Plain ``hscore`` is kept faithful, and so it degenerates when D is near or above n: with
+cov(f) of full rank n - 1 every centred class-mean direction is inside its range and
+H = C - 1 exactly for *every* model (a tie, whatever the features). ``pca_dim`` (an option of
+both metrics, default off) first projects the features on their top ``pca_dim`` principal
+components, a common dimension for every model of a zoo (as GBC and PARC do), which removes
+the tie; the benchmark reports both forms.
 """
 
 from __future__ import annotations
@@ -16,8 +23,26 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
+from zoopick.selection.metrics.gbc import pca_project
 from zoopick.selection.metrics.leep import one_hot, target_labels
 from zoopick.selection.metrics.registry import MetricError, register
+
+
+def reduce_features(features: np.ndarray, pca_dim: int | None, metric: str) -> np.ndarray:
+    """``features`` projected on their top ``min(pca_dim, D, n - 1)`` principal components, or
+    unchanged when ``pca_dim`` is None or not below D. The scores are invariant to the sign of
+    each component, so any PCA solver gives the same score."""
+    if pca_dim is None:
+        return features
+    if isinstance(pca_dim, bool) or not isinstance(pca_dim, int | np.integer) or pca_dim < 1:
+        raise MetricError(f"{metric}: pca_dim must be a positive integer or None, got {pca_dim!r}")
+    n, d = features.shape
+    k = min(int(pca_dim), d, n - 1)
+    if k >= d:
+        return features
+    if not np.any(features.var(axis=0) > 0):
+        raise MetricError(f"{metric}: features have zero variance")
+    return pca_project(features, k)
 
 
 def _centred_class_means(
@@ -31,16 +56,24 @@ def _centred_class_means(
 
 
 @register("hscore", needs={"features"})
-def hscore(*, labels: np.ndarray, features: np.ndarray, rcond: float | None = None) -> float:
+def hscore(
+    *,
+    labels: np.ndarray,
+    features: np.ndarray,
+    rcond: float | None = None,
+    pca_dim: int | None = None,
+) -> float:
     """H-score (Bao et al. 2019): tr(pinv(cov f) cov(E[f|y])) on centred features.
 
-    Higher is better.
+    Higher is better. ``pca_dim``: score the top ``pca_dim`` principal components instead of
+    the raw features (default: the faithful form; it ties at C - 1 when D >= n - 1).
 
     ``rcond``: eigenvalues of cov(f) below ``rcond * largest`` are treated as zero by the
     pseudo-inverse; the default ``max(n, D) * machine eps`` is numpy's matrix-rank tolerance, so
     only numerically-zero directions are dropped.
     """
     y, c = target_labels(labels, "hscore")
+    features = reduce_features(features, pca_dim, "hscore")
     n, d = features.shape
     f, means, counts = _centred_class_means(features, y, c)
     # Both covariances are normalised by n - 1 (np.cov), so the factor cancels in the trace:
@@ -73,12 +106,13 @@ def ledoit_wolf(f: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 @register("hscore_shrink", needs={"features"})
-def hscore_shrink(*, labels: np.ndarray, features: np.ndarray) -> float:
+def hscore_shrink(*, labels: np.ndarray, features: np.ndarray, pca_dim: int | None = None) -> float:
     """Shrinkage H-score (Ibrahim et al. 2022): H-score with Ledoit-Wolf covariance.
 
     tr(cov_a(f)^-1 (1 - a) cov(E[f|y])) with the Ledoit-Wolf shrunk covariance cov_a and its
-    shrinkage a; higher is better."""
+    shrinkage a; higher is better. ``pca_dim`` as for ``hscore`` (default off)."""
     y, c = target_labels(labels, "hscore_shrink")
+    features = reduce_features(features, pca_dim, "hscore_shrink")
     n = y.size
     f, means, counts = _centred_class_means(features, y, c)
     if not np.any(f):

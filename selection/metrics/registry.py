@@ -8,7 +8,7 @@ can decide what to extract and the CLI can reject a metric whose inputs are miss
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,12 +23,21 @@ class MetricError(ValueError):
     failure). Raised instead of returning a sentinel score."""
 
 
+PartsFn = Callable[[np.ndarray, np.ndarray], tuple[float, ...]]
+ZooCombineFn = Callable[[Mapping[str, Sequence[float]]], dict[str, float]]
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     name: str
     fn: MetricFn
     needs: frozenset[str]
     summary: str
+    # A metric the paper normalises across the models of a zoo (NCTI): ``parts(labels,
+    # features)`` gives one model's components, ``zoo_combine({id: parts})`` the zoo's scores.
+    # ``rank_zoo`` applies them; ``fn`` is the single-model stand-in.
+    parts: PartsFn | None = None
+    zoo_combine: ZooCombineFn | None = None
 
     @property
     def options(self) -> list[str]:
@@ -40,17 +49,28 @@ class MetricSpec:
 _REGISTRY: dict[str, MetricSpec] = {}
 
 
-def register(name: str, *, needs: set[str] | frozenset[str]) -> Callable[[MetricFn], MetricFn]:
-    """Decorator: register ``fn`` as metric ``name`` needing the given inputs."""
+def register(
+    name: str,
+    *,
+    needs: set[str] | frozenset[str],
+    parts: PartsFn | None = None,
+    zoo_combine: ZooCombineFn | None = None,
+) -> Callable[[MetricFn], MetricFn]:
+    """Decorator: register ``fn`` as metric ``name`` needing the given inputs (``parts`` and
+    ``zoo_combine``, together, for a metric normalised across a zoo; see :class:`MetricSpec`)."""
     needs = frozenset(needs)
     if not needs <= INPUTS or not needs:
         raise ValueError(f"metric {name!r}: needs must be a non-empty subset of {sorted(INPUTS)}")
+    if (parts is None) != (zoo_combine is None):
+        raise ValueError(f"metric {name!r}: parts and zoo_combine go together")
 
     def deco(fn: MetricFn) -> MetricFn:
         if name in _REGISTRY:
             raise ValueError(f"metric {name!r} registered twice")
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
-        _REGISTRY[name] = MetricSpec(name, fn, needs, doc[0] if doc else "")
+        _REGISTRY[name] = MetricSpec(
+            name, fn, needs, doc[0] if doc else "", parts=parts, zoo_combine=zoo_combine
+        )
         return fn
 
     return deco
@@ -132,3 +152,28 @@ def score(
     if not np.isfinite(value):
         raise MetricError(f"metric {name!r} produced a non-finite score ({value})")
     return value
+
+
+def score_parts(
+    name: str,
+    *,
+    labels: np.ndarray,
+    logits: np.ndarray | None = None,
+    features: np.ndarray | None = None,
+) -> tuple[float, ...]:
+    """One model's components of a zoo-normalised metric (``spec.parts``), inputs validated as
+    :func:`score` does. :class:`MetricError` for a metric without parts."""
+    spec = get(name)
+    if spec.parts is None:
+        raise MetricError(f"metric {name!r} is not normalised across a zoo (it has no parts)")
+    y = _as_labels(labels)
+    inputs = {"logits": logits, "features": features}
+    args = []
+    for key in sorted(spec.needs):
+        if inputs[key] is None:
+            raise MetricError(f"metric {name!r} needs {key}")
+        args.append(_as_matrix(key, inputs[key], y.shape[0]))
+    values = tuple(float(v) for v in spec.parts(y, *args))
+    if not all(np.isfinite(values)):
+        raise MetricError(f"metric {name!r} produced non-finite components {values}")
+    return values

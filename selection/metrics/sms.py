@@ -16,11 +16,12 @@ and no per-pair factorisation. Only one class covariance is held in memory at a 
 and 100 classes, all of them would take 800 MB).
 
 ``isms`` (the paper's I-SMS) first maps the logits to ``dim`` (25) outputs by a fixed random
-linear map when the model has more outputs than that, then runs SMS on them. The map is applied
-to the *logits*, before the softmax: the paper reduces the number of outputs of the source model
-(as if a random linear layer were appended to its head), and the soft labels are then the softmax
-of those 25 new outputs. The map depends only on ``(seed, C_s)``, so every model with the same
-number of outputs is scored through the same map.
+linear layer (weights and bias uniform in +-1/sqrt(C_s), PyTorch's ``nn.Linear`` default, as in
+the authors' code) when the model has more outputs than that, then runs SMS on them. The map
+is applied to the *logits*, before the softmax: the paper reduces the number of outputs of the
+source model (as if a random linear layer were appended to its head), and the soft labels are
+then the softmax of those 25 new outputs. The map depends only on ``(seed, C_s)``, so every
+model with the same number of outputs is scored through the same map.
 
 ``sms+`` is our improvement: the same class Gaussians of soft labels and pairwise separation,
 fitted in log-ratio coordinates, projected to ``dim`` principal directions, with shrinkage
@@ -192,16 +193,28 @@ def _check_seed(seed: int) -> int:
     return int(seed)
 
 
-def isms_projection(n_outputs: int, dim: int = 25, seed: int = 0) -> np.ndarray:
-    """The ``(n_outputs, dim)`` random map I-SMS applies to a model's logits.
+def isms_projection(n_outputs: int, dim: int = 25, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The random linear layer I-SMS appends to a model's head: weights ``(n_outputs, dim)`` and
+    bias ``(dim,)``, so the new logits are ``logits @ W + b``.
 
-    Gaussian entries scaled by ``1/sqrt(dim)``, drawn from a generator seeded by
-    ``(seed, n_outputs)`` alone: every model with the same number of outputs gets the same map,
-    so their scores stay comparable.
+    The authors' I-SMS (ZJU-DAILY/MMQ, ``I-MMQ_sample.py``) passes the logits through an
+    untrained ``torch.nn.Linear(C_s, 25)``; PyTorch's default initialisation draws its weights
+    and bias uniformly in ``+-1/sqrt(C_s)`` (Kaiming-uniform with a = sqrt(5) gives exactly that
+    bound for the weights). This is the same distribution: the projected logits then have the
+    scale of the original ones divided by about sqrt(3), whatever C_s, so the softmax
+    temperature keeps its meaning. (A Gaussian map with variance 1/dim made them 3.5x too large
+    at C_s = 100 and 11x at C_s = 1,000, and I-SMS saturated at 1.0.)
+
+    One deliberate deviation: the authors draw a fresh layer per model; here the generator is
+    seeded by ``(seed, n_outputs)`` alone, so every model with the same number of outputs is
+    scored through the same map and the scores are reproducible and comparable.
     """
     dim, n_outputs = _check_dim(dim), int(n_outputs)
     rng = np.random.default_rng((_check_seed(seed), n_outputs))
-    return rng.standard_normal((n_outputs, dim)) / np.sqrt(dim)
+    bound = 1.0 / np.sqrt(n_outputs)
+    weight = rng.uniform(-bound, bound, size=(n_outputs, dim))
+    bias = rng.uniform(-bound, bound, size=dim)
+    return weight, bias
 
 
 def stratified_subsample(labels: np.ndarray, fraction: float, seed: int = 0) -> np.ndarray:
@@ -248,10 +261,12 @@ def isms(
     seed: int = 0,
     sample_fraction: float = 1.0,
 ) -> float:
-    """I-SMS: SMS on the logits mapped to ``dim`` outputs by a fixed random linear map.
+    """I-SMS: SMS on the logits mapped to ``dim`` outputs by a fixed random linear layer.
 
-    With more than ``dim`` outputs the logits are multiplied by :func:`isms_projection`
-    (seeded by ``(seed, C_s)``, the same for every model with C_s outputs) *before* the softmax,
+    With more than ``dim`` outputs the logits go through the random linear layer of
+    :func:`isms_projection` (PyTorch's default ``nn.Linear`` initialisation, as the authors'
+    code; seeded by ``(seed, C_s)``, the same for every model with C_s outputs) *before* the
+    softmax,
     then scored exactly as :func:`sms`. ``sample_fraction < 1`` scores a stratified per-class
     subsample (:func:`stratified_subsample`, same rows for every model). With at most ``dim``
     outputs and ``sample_fraction=1`` this is identical to ``sms``. Cost O(n C_s dim + C_t dim^3).
@@ -262,7 +277,8 @@ def isms(
         rows = stratified_subsample(labels, sample_fraction, seed)
         labels, logits = labels[rows], logits[rows]
     if logits.shape[1] > dim:
-        logits = logits @ isms_projection(logits.shape[1], dim, seed)
+        weight, bias = isms_projection(logits.shape[1], dim, seed)
+        logits = logits @ weight + bias
     return _sms_core(labels, logits, temperature, "isms")
 
 
@@ -403,6 +419,13 @@ def sms_plus(*, labels: np.ndarray, logits: np.ndarray, dim: int = 25, seed: int
     x = _principal_whitened(z, dim, seed)
     if x.shape[1] == 0:
         return 0.0  # every sample has the same soft labels: nothing separates
+    return separation_score(x, groups)
+
+
+def separation_score(x: np.ndarray, groups: list[np.ndarray]) -> float:
+    """Steps 3-5 of :func:`sms_plus` on whitened coordinates ``x`` (n, m) and class row groups:
+    shrinkage class Gaussians, de-biased pairwise Bhattacharyya distances, ``-log`` of the
+    weighted pairwise error bound. Shared by ``sms+`` (soft labels) and ``fsms`` (features)."""
     n, m = x.shape
     counts = np.array([g.size for g in groups], dtype=np.float64)
     means = np.stack([x[g].mean(axis=0) for g in groups])

@@ -217,7 +217,7 @@ def test_models_all_and_default_metrics(client, service_app, alice, zoo):
     ds = ready_dataset(service_app, "alice")
     job = submit(client, alice, ds).json()
     assert set(zoo) <= set(job["models"])
-    assert job["metrics"] == ["sms", "isms", "logme"] and job["select_by"] == "isms"
+    assert job["metrics"] == ["logme", "fsms", "sms", "isms"] and job["select_by"] == "logme"
 
 
 @pytest.mark.parametrize(
