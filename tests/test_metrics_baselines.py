@@ -590,3 +590,18 @@ def test_bad_options_raise():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         selection.score("knn", labels=y, features=f, k=1)
+
+
+def test_parc_spearman_against_a_binary_variable_equals_scipys():
+    """PARC's memory-lean Spearman (ranks vs the two-valued label dissimilarity) is scipy's."""
+    from scipy import stats
+
+    from zoopick.selection.metrics.parc import _spearman_with_binary
+
+    rng = np.random.default_rng(7)
+    for frac in (0.05, 0.5, 0.9):
+        values = np.round(rng.normal(size=2000), 1)  # many ties, as dissimilarities have
+        flag = rng.random(2000) < frac
+        want = stats.spearmanr(values, flag * 1.25).statistic
+        assert _spearman_with_binary(values, flag) == pytest.approx(want, abs=1e-12)
+    assert np.isnan(_spearman_with_binary(values, np.zeros(2000, dtype=bool)))

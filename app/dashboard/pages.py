@@ -30,6 +30,7 @@ from zoopick.app.api.schemas import DEFAULT_METRICS, FinetuneSpec, JobCreate, Jo
 from zoopick.app.dashboard import auth, charts
 from zoopick.app.problems import Problem, problem_response
 from zoopick.service.db.models import Dataset, Job
+from zoopick.service.liveness import worker_status
 from zoopick.service.thumbnails import thumbnail_path, thumbnails
 
 router = APIRouter(include_in_schema=False)
@@ -166,6 +167,7 @@ def _jobs_page(request: Request, session) -> dict[str, Any]:
         "next_url": next_url,
         "first_page": token is None,
         "rows_url": "/jobs/rows" + (f"?{request.url.query}" if request.url.query else ""),
+        "workers": worker_status(session, request.app.state.settings),
     }
 
 
@@ -367,6 +369,18 @@ def _field_of(loc: tuple) -> str:
     return parts[0] if parts else "__all__"
 
 
+def _form_number(text: str, kind: type[int] | type[float]) -> int | float | str | None:
+    """A form field as the JSON number the API takes (a form sends text, and the job body's
+    types are strict), or the text itself when it is no such number, so that the API's own
+    message ("Input should be a valid integer") shows beside the field."""
+    if not text.strip():
+        return None
+    try:
+        return kind(text.strip())
+    except ValueError:
+        return text
+
+
 @router.post("/submit")
 async def submit(request: Request, session: SessionDep) -> Response:
     raw = await request.form()
@@ -394,10 +408,10 @@ async def submit(request: Request, session: SessionDep) -> Response:
         }
         if form["finetune"]:
             body["finetune"] = {
-                "epochs": form["epochs"] or None,
+                "epochs": _form_number(form["epochs"], int),
                 "compressor": form["compressor"] or None,
-                "density": form["density"] or None,
-                "workers": form["workers"] or None,
+                "density": _form_number(form["density"], float),
+                "workers": _form_number(form["workers"], int),
             }
         try:
             job_in = JobCreate.model_validate(body)

@@ -30,12 +30,30 @@ from zoopick.selection.metrics.registry import MetricError, register
 from zoopick.selection.metrics.sms import stratified_subsample
 
 
-def _dissimilarity_triangle(x: np.ndarray) -> np.ndarray:
-    """Upper triangle (i < j) of ``1 - corrcoef(rows of x)``."""
+def _dissimilarity_triangle(x: np.ndarray, iu: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Upper triangle ``iu`` (i < j) of ``1 - corrcoef(rows of x)``; the n x n matrix is
+    dropped as soon as its triangle is taken (memory: n^2/2 pairs are the bulk of PARC's)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         r = np.corrcoef(x)
-    iu = np.triu_indices(x.shape[0], k=1)
-    return 1.0 - r[iu]
+    tri = r[iu]
+    del r
+    np.subtract(1.0, tri, out=tri)
+    return tri
+
+
+def _spearman_with_binary(values: np.ndarray, flag: np.ndarray) -> float:
+    """Spearman's rho of ``values`` against a two-valued variable (here the label
+    dissimilarity: 0 within a class, c/(c-1) across, i.e. ``flag``), as ``scipy.stats.
+    spearmanr`` computes it, in a fraction of its memory (n^2/2 pairs): the average ranks of
+    a two-valued variable are an affine, increasing function of its flag, so rho is the Pearson
+    correlation of the ranks of ``values`` with the flag, a difference of group means."""
+    ranks = stats.rankdata(values)
+    m, k = ranks.size, int(np.count_nonzero(flag))
+    if k in (0, m) or not ranks.std() > 0:
+        return float("nan")
+    p = k / m
+    mean_flagged = float(np.dot(ranks, flag)) / k
+    return (mean_flagged - (m + 1) / 2) * np.sqrt(p / (1 - p)) / float(ranks.std())
 
 
 @register("parc", needs={"features"})
@@ -72,16 +90,17 @@ def parc(
         ).fit_transform(x)
     sd = x.std(axis=0)
     x = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)  # StandardScaler: constant -> 0
-    feat = _dissimilarity_triangle(x)
+    iu = np.triu_indices(n, k=1)  # built once: two int64 arrays of n^2/2
+    feat = _dissimilarity_triangle(x, iu)
     # 1 - corrcoef of one-hot rows, in closed form: 0 within a class, c/(c-1) across (the
     # correlation of two different one-hot rows is -1/(c-1)). np.corrcoef gives the same up to
     # rounding, but its 1e-16 noise would break the many exact ties of the Spearman ranks
     # arbitrarily.
-    iu = np.triu_indices(n, k=1)
-    lab = np.where(y[iu[0]] == y[iu[1]], 0.0, c / (c - 1.0))
+    across = y[iu[0]] != y[iu[1]]
+    del iu
     if not np.all(np.isfinite(feat)):
         raise MetricError("parc: a feature row is constant after standardisation")
-    rho = stats.spearmanr(feat, lab).statistic
+    rho = _spearman_with_binary(feat, across)
     if not np.isfinite(rho):
         raise MetricError("parc: Spearman correlation undefined (constant dissimilarities)")
     return float(100.0 * rho)

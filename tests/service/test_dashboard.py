@@ -287,3 +287,34 @@ def test_zoo_page_lists_the_candidates(service_app, alice, zoo):
     for mid, arch in zip(zoo, ("test_resnet", "test_vit"), strict=True):
         row = re.search(rf'<tr data-model="{mid}">(.*?)</tr>', html, re.S).group(1)
         assert arch in row and "<td>7</td>" in row and "unit test" in row
+
+
+def test_jobs_page_shows_the_workers_heartbeat_status(service_app, alice):
+    """The dashboard reads the workers' heartbeats as /readyz does: a stalled worker shows."""
+    from datetime import timedelta
+
+    from sqlalchemy import delete
+
+    from zoopick.service.db.models import WorkerHeartbeat
+    from zoopick.service.db.session import session_scope
+    from zoopick.service.db.types import utcnow
+    from zoopick.service.liveness import worker_status
+
+    factory = service_app.state.sessionmaker
+    with session_scope(factory) as s:
+        s.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.name.like("dash-test/%")))
+        old = utcnow() - timedelta(minutes=10)
+        s.add(
+            WorkerHeartbeat(
+                name="dash-test/1", hostname="dash-test", pid=1, queues="cpu", seen_at=old
+            )
+        )
+    with factory() as s:
+        status = worker_status(s, service_app.state.settings)
+    assert "dash-test/1" in status.stale
+    page = sign_in(service_app, alice.token).get("/jobs")
+    assert page.status_code == 200
+    shown = re.search(r'<p class="workers[^"]*" role="status">Workers: ([^<]+)</p>', page.text)
+    head = shown.group(1).split(":")[0].split(" (")[0] if shown else None
+    assert head is not None and status.summary().startswith(head)
+    assert ("warn" in shown.group(0)) == (not status.live)
