@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 
 from tests.service.datafiles import npz_bytes
 from tests.service.procs import ROOT, Proc, free_port, poll, wait_http
+from zoopick.app.api.schemas import DEFAULT_METRICS
 from zoopick.service.db.models import ApiKey, Job, Score
 from zoopick.service.db.session import make_engine, make_sessionmaker
 
@@ -102,7 +103,7 @@ def test_serve_runs_a_job_with_no_external_service(tmp_path):
             n = session.scalar(
                 select(func.count()).select_from(Score).where(Score.job_id == uuid.UUID(jid))
             )
-            assert n == 2 * 3
+            assert n == 2 * len(DEFAULT_METRICS)  # one score per model and default metric
         # a second start keeps the same single local key
         assert bootstrap(settings, demo=False) == key
         with make_sessionmaker(engine)() as session:
