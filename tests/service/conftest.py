@@ -90,6 +90,32 @@ def redis_url() -> Iterator[tuple[str, str]]:
         client.delete(*keys)
 
 
+@pytest.fixture(scope="session")
+def isolated_settings(new_pg_database, redis_url, tmp_path_factory):
+    """``make(name, **overrides) -> Settings`` of a service of its own: a fresh PostgreSQL
+    database migrated to head, a private Redis key prefix and a data folder (made), for tests
+    that start their own API and worker processes."""
+    from zoopick.service.db import migrate
+    from zoopick.service.settings import Settings
+
+    url, prefix = redis_url
+
+    def make(name: str, **overrides):
+        db = new_pg_database()
+        migrate.upgrade(db)
+        settings = Settings(
+            data_dir=tmp_path_factory.mktemp(name),
+            database_url=db,
+            broker_url=url,
+            redis_key_prefix=f"{prefix}{name}:",
+            **overrides,
+        )
+        settings.ensure_dirs()
+        return settings
+
+    return make
+
+
 # -- app fixtures ------------------------------------------------------------------------------
 
 

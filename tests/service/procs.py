@@ -137,3 +137,17 @@ def poll(fn, until, timeout: float, interval: float = 0.3, what: str = "conditio
         time.sleep(interval)
         value = fn()
     return value
+
+
+def create_token(settings: Settings, tenant: str, *, admin: bool = False) -> str:
+    """A new API key for ``tenant`` in the database of ``settings``."""
+    from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
+    from zoopick.service.security import create_api_key
+
+    engine = make_engine(settings.database_url)
+    try:
+        with session_scope(make_sessionmaker(engine)) as session:
+            _, token = create_api_key(session, tenant=tenant, name=f"{tenant}-key", admin=admin)
+    finally:
+        engine.dispose()
+    return token

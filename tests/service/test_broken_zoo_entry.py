@@ -18,27 +18,15 @@ from tests.service.test_api import API
 
 
 @pytest.fixture(scope="module")
-def service(new_pg_database, redis_url, tmp_path_factory):
-    from zoopick.service.db import migrate
+def service(isolated_settings):
     from zoopick.service.db.models import ZooModel
     from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
-    from zoopick.service.security import create_api_key
-    from zoopick.service.settings import Settings
 
-    url, prefix = redis_url
-    db = new_pg_database()
-    migrate.upgrade(db)
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("broken-zoo"),
-        database_url=db,
-        broker_url=url,
-        redis_key_prefix=prefix + "broken:",
-    )
-    settings.ensure_dirs()
+    settings = isolated_settings("broken-zoo")
+    token = procs.create_token(settings, "zed")
     vit = write_checkpoint(settings.data_dir / "vit.safetensors", 10, arch="test_vit")
-    engine = make_engine(db)
+    engine = make_engine(settings.database_url)
     with session_scope(make_sessionmaker(engine)) as session:
-        _, token = create_api_key(session, tenant="zed", name="z")
         session.add(ZooModel(id="good", arch="test_resnet", weights="none", num_classes=10,
                              overrides={"input_size": [3, 32, 32]}))  # fmt: skip
         session.add(ZooModel(id="broken", arch="test_resnet", weights=str(vit), num_classes=10,

@@ -19,27 +19,9 @@ PAD = {"a/0.png": png_bytes(8, 8), "b/0.png": png_bytes(8, 8), "b/1.png": png_by
 
 
 @pytest.fixture(scope="module")
-def service(new_pg_database, redis_url, tmp_path_factory):
-    from zoopick.service.db import migrate
-    from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
-    from zoopick.service.security import create_api_key
-    from zoopick.service.settings import Settings
-
-    url, prefix = redis_url
-    db = new_pg_database()
-    migrate.upgrade(db)
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("hardening-datasets"),
-        database_url=db,
-        broker_url=url,
-        redis_key_prefix=prefix + "datasets:",
-        upload_max_bytes=8 * MiB,
-    )
-    settings.ensure_dirs()
-    engine = make_engine(db)
-    with session_scope(make_sessionmaker(engine)) as session:
-        _, token = create_api_key(session, tenant="mallory", name="m")
-    engine.dispose()
+def service(isolated_settings):
+    settings = isolated_settings("hardening-datasets", upload_max_bytes=8 * MiB)
+    token = procs.create_token(settings, "mallory")
     worker = procs.start_worker(settings, "cpu", settings.data_dir)
     api, base = procs.start_api(settings, settings.data_dir)
     try:

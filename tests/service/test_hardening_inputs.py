@@ -20,24 +20,14 @@ from tests.service.test_api import API, assert_problem
 
 
 @pytest.fixture(scope="module")
-def live(new_pg_database, redis_url, tmp_path_factory):
+def live(isolated_settings):
     """(base URL, settings, sessionmaker) of a real uvicorn on a fresh PostgreSQL database."""
-    from zoopick.service.db import migrate
     from zoopick.service.db.session import make_engine, make_sessionmaker
-    from zoopick.service.settings import Settings
 
-    url, prefix = redis_url
-    db = new_pg_database()
-    migrate.upgrade(db)
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("hardening-inputs"),
-        database_url=db,
-        broker_url=url,
-        redis_key_prefix=prefix + "inputs:",
-        validate_inline=True,
-        upload_max_bytes=4 * 1024 * 1024,
+    settings = isolated_settings(
+        "hardening-inputs", validate_inline=True, upload_max_bytes=4 * 1024 * 1024
     )
-    settings.ensure_dirs()
+    db = settings.database_url
     api, base = procs.start_api(settings, settings.data_dir)
     engine = make_engine(db)
     try:

@@ -13,26 +13,13 @@ from tests.service import procs
 from tests.service.test_api import API
 
 
-def start_service(new_pg_database, redis_url, tmp_path_factory, name: str, extra=None, **overrides):
+def start_service(isolated_settings, name: str, extra=None, **overrides):
     """(api proc, base URL, settings, sessionmaker) of a uvicorn on a fresh database."""
-    from zoopick.service.db import migrate
     from zoopick.service.db.session import make_engine, make_sessionmaker
-    from zoopick.service.settings import Settings
 
-    url, prefix = redis_url
-    db = new_pg_database()
-    migrate.upgrade(db)
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp(name),
-        database_url=db,
-        broker_url=url,
-        redis_key_prefix=f"{prefix}{name}:",
-        validate_inline=True,
-        **overrides,
-    )
-    settings.ensure_dirs()
+    settings = isolated_settings(name, validate_inline=True, **overrides)
     api, base = procs.start_api(settings, settings.data_dir, extra)
-    return api, base, settings, make_sessionmaker(make_engine(db))
+    return api, base, settings, make_sessionmaker(make_engine(settings.database_url))
 
 
 def new_key(factory, tenant: str) -> dict[str, str]:
@@ -64,9 +51,8 @@ def ready_dataset_and_model(factory, tenant: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def service(new_pg_database, redis_url, tmp_path_factory):
-    api, base, settings, factory = start_service(
-        new_pg_database, redis_url, tmp_path_factory, "quotas"
+def service(isolated_settings):
+    api, base, settings, factory = start_service(isolated_settings, "quotas"
     )
     try:
         yield base, settings, factory
@@ -105,9 +91,8 @@ LIMITED = {
 
 
 @pytest.fixture(scope="module")
-def limited(new_pg_database, redis_url, tmp_path_factory):
-    api, base, settings, factory = start_service(
-        new_pg_database, redis_url, tmp_path_factory, "limited", LIMITED
+def limited(isolated_settings):
+    api, base, settings, factory = start_service(isolated_settings, "limited", LIMITED
     )
     try:
         yield base, settings, factory
@@ -159,16 +144,12 @@ def test_failed_authentication_is_rate_limited(limited):
         assert c.get("/jobs", headers=good).status_code == 429
 
 
-def test_storage_quota_names_the_quota_and_invalid_uploads_are_not_kept(
-    new_pg_database, redis_url, tmp_path_factory
-):
+def test_storage_quota_names_the_quota_and_invalid_uploads_are_not_kept(isolated_settings):
     from tests.service.datafiles import not_a_dataset_zip_bytes, npz_bytes
     from tests.service.test_api import assert_problem
 
     extra = {"ZOOPICK_QUOTA_DATASETS": "2", "ZOOPICK_QUOTA_BYTES": "20000"}
-    api, base, settings, factory = start_service(
-        new_pg_database, redis_url, tmp_path_factory, "quota", extra
-    )
+    api, base, settings, factory = start_service(isolated_settings, "quota", extra)
     try:
         q = new_key(factory, "quota-t")
         with httpx.Client(base_url=base + API, timeout=60) as c:

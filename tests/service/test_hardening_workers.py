@@ -40,26 +40,13 @@ EXTRA = {
 
 
 @pytest.fixture(scope="module")
-def service(new_pg_database, redis_url, tmp_path_factory):
-    from zoopick.service.db import migrate
-    from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
-    from zoopick.service.security import create_api_key
-    from zoopick.service.settings import Settings
+def service(isolated_settings):
+    from zoopick.service.db.session import make_engine, make_sessionmaker
 
-    url, prefix = redis_url
-    db = new_pg_database()
-    migrate.upgrade(db)
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("hardening-workers"),
-        database_url=db,
-        broker_url=url,
-        redis_key_prefix=prefix + "workers:",
-    )
-    settings.ensure_dirs()
-    engine = make_engine(db)
+    settings = isolated_settings("hardening-workers")
+    token = procs.create_token(settings, "wendy")
+    engine = make_engine(settings.database_url)
     factory = make_sessionmaker(engine)
-    with session_scope(factory) as session:
-        _, token = create_api_key(session, tenant="wendy", name="w")
     worker = procs.start_worker(settings, "cpu", settings.data_dir, EXTRA)
     api, base = procs.start_api(settings, settings.data_dir, EXTRA)
     try:

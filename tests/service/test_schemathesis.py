@@ -19,28 +19,9 @@ MAX_EXAMPLES = 6
 
 
 @pytest.fixture(scope="module")
-def live_api(new_pg_database, redis_url, tmp_path_factory):
-    from zoopick.service.db import migrate
-    from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
-    from zoopick.service.security import create_api_key
-    from zoopick.service.settings import Settings
-
-    url, prefix = redis_url
-    db = new_pg_database()
-    migrate.upgrade(db)
-    cfg = Settings(
-        data_dir=tmp_path_factory.mktemp("schemathesis"),
-        database_url=db,
-        broker_url=url,
-        redis_key_prefix=prefix + "fuzz:",
-        validate_inline=True,
-        upload_max_bytes=1024 * 1024,
-    )
-    cfg.ensure_dirs()
-    engine = make_engine(db)
-    with session_scope(make_sessionmaker(engine)) as session:
-        _, token = create_api_key(session, tenant="fuzz", name="fuzz")
-    engine.dispose()
+def live_api(isolated_settings):
+    cfg = isolated_settings("schemathesis", validate_inline=True, upload_max_bytes=1024 * 1024)
+    token = procs.create_token(cfg, "fuzz")
     extra = {"ZOOPICK_RATE_UPLOADS": "100000/minute", "ZOOPICK_RATE_JOBS": "100000/minute"}
     api, base = procs.start_api(cfg, cfg.data_dir, extra)
     try:
