@@ -37,17 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.comm import netns, report  # noqa: E402
 
-HOOKS = (
-    "dense",
-    "powersgd",
-    "topk",
-    "gaussiank",
-    "spardl",
-    "spardl-t2",
-    "spardl-t4",
-    "exdyna",
-    "dfs",
-)
+HOOKS = report.ORDER  # the hooks benchmarked are the ones the report lays out, in its order
 # --mode iteration: torch's no-op hook is the baseline; "-async" = our FIFO comm thread
 ITERATION_HOOKS = ("noop", *HOOKS, "spardl-async", "topk-async")
 DENSE_HOOKS = ("noop", "dense", "powersgd")  # density does not apply: run once per (P, link)
