@@ -7,6 +7,7 @@ and ``zoopick serve`` pass their own :class:`~zoopick.service.settings.Settings`
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -37,7 +38,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     workers read theirs)."""
     settings = settings or get_settings()
     settings.ensure_dirs()
-    engine = make_engine(settings.database_url)
+    engine = make_engine(
+        settings.database_url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_timeout=settings.db_pool_timeout_seconds,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -62,6 +68,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
+    # one slot per connection the pool can give: a request waits here, holding no thread,
+    # until its session is sure of a connection (zoopick.app.api.deps.get_session)
+    app.state.session_slots = asyncio.Semaphore(settings.db_pool_size + settings.db_max_overflow)
     app.state.dispatcher = Dispatcher(settings)
     app.state.rate = RateLimits(settings)
     install_problems(app)

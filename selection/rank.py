@@ -8,7 +8,6 @@ metric's scores with fine-tuned accuracies the way the transferability literatur
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import numpy as np
 from scipy import stats
 
 from zoopick.selection.metrics import registry
+from zoopick.selection.ties import tie_groups
 
 Progress = Callable[[str, int, int], None]
 """``progress(model_id, done, total)`` is called after each model."""
@@ -61,24 +61,6 @@ class Ranking:
             "metrics": list(self.metrics),
             "models": [m.to_dict() for m in self.models],
         }
-
-
-def tie_groups(values: Sequence[float], *, rel_tol: float = 1e-9) -> list[list[int]]:
-    """Indices grouped by value, highest first; values equal within ``rel_tol`` share a group.
-
-    Equality is judged against the group's first value, so a slow drift never chains distinct
-    values into one group.
-    """
-    order = sorted(range(len(values)), key=lambda i: -values[i])
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and math.isclose(
-            values[i], values[groups[-1][0]], rel_tol=rel_tol, abs_tol=1e-12
-        ):
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
 
 
 def check_metrics(metrics: Sequence[str]) -> list[str]:

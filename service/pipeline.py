@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
+from zoopick.selection.ties import tie_groups
 from zoopick.service.db.models import (
     TERMINAL,
     Artefact,
@@ -195,8 +196,6 @@ def update_scoring_progress(session: Session, job: Job) -> float:
 def ranking(session: Session, job: Job) -> list[dict[str, Any]]:
     """The ranking so far: models with every metric scored, best first by ``select_by``
     (models the metric cannot tell apart share a rank)."""
-    from zoopick.selection.rank import tie_groups  # numpy/scipy: not at the API's import
-
     by_model: dict[str, dict[str, Any]] = {}
     for s in session.scalars(select(Score).where(Score.job_id == job.id)):
         entry = by_model.setdefault(s.model_id, {"model": s.model_id, "scores": {}, "seconds": {}})

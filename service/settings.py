@@ -137,6 +137,16 @@ class Settings(BaseSettings):
             raise ValueError(f"not a rate limit: {value!r} (e.g. '60/minute')") from None
         return value
 
+    # the API process' database connections: at most this many requests hold a session at
+    # once, the others wait for one without holding a thread (zoopick.app.api.deps)
+    db_pool_size: int = Field(10, ge=1, description="Database connections kept per API process.")
+    db_max_overflow: int = Field(
+        10, ge=0, description="Connections an API process may open beyond the pool under load."
+    )
+    db_pool_timeout_seconds: float = Field(
+        30.0, gt=0, description="Longest wait for a free database connection."
+    )
+
     # a task that kills its worker, and workers that stop running tasks
     max_deliveries: int = Field(
         3,

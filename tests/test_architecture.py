@@ -39,6 +39,38 @@ def test_importing_every_module_has_no_effect_on_disk(tmp_path):
     assert [p for p in home.rglob("*") if "zoopick" in str(p)] == []
 
 
+RANK_A_JOB = """
+import sys, uuid
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+import zoopick.app.main
+from zoopick.service import pipeline
+from zoopick.service.db.models import Base, Job
+engine = create_engine("sqlite://")
+Base.metadata.create_all(engine)
+with Session(engine) as session:
+    job = Job(tenant_id=uuid.uuid4(), dataset_id=uuid.uuid4(), status="scoring", request={},
+              models=["a", "b"], metrics=["m"], select_by="m", task_ids=[])
+    session.add(job)
+    session.flush()
+    for model, value in (("a", 0.1), ("b", 0.7)):
+        pipeline.upsert_scores(session, job.id, model, {"m": value}, {})
+    print([r["model"] for r in pipeline.ranking(session, job)])
+print([m for m in ("numpy", "scipy", "sklearn", "torch") if m in sys.modules])
+"""
+
+
+def test_the_api_ranks_a_job_without_importing_the_metrics():
+    """Every poll of a job ranks its stored scores (``pipeline.ranking``); if that pulled in
+    numpy, scipy and scikit-learn, the first poll of every API process would stall for
+    seconds."""
+    done = subprocess.run(
+        [sys.executable, "-c", RANK_A_JOB], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['b', 'a']", "[]"]
+
+
 def test_the_api_schema_and_the_cli_take_the_trainers_defaults():
     import typer
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
+import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
@@ -34,9 +35,25 @@ def get_dispatcher(request: Request) -> Dispatcher:
     return request.app.state.dispatcher
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with request.app.state.sessionmaker() as session:
-        yield session
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """The request's database session, opened only once a connection is sure to be free.
+
+    FastAPI runs each sync dependency and the endpoint in a separate thread-pool call, so a
+    session that got its connection in one call holds it while it waits for a thread for the
+    next. Under overload every thread could be waiting for a connection that such sessions
+    hold, and nothing would move until the pool's timeout (a 30 s freeze, then 500s). A slot
+    per pooled connection, taken here on the event loop before any thread is, rules that out:
+    the requests beyond the pool wait without a thread, and a thread never waits on the pool.
+    """
+    async with request.app.state.session_slots:
+        session = request.app.state.sessionmaker()
+        try:
+            yield session
+        finally:
+            if session.in_transaction():  # holds a connection: giving it back is a ROLLBACK
+                await anyio.to_thread.run_sync(session.close, limiter=anyio.CapacityLimiter(1))
+            else:
+                session.close()
 
 
 @dataclass(frozen=True)

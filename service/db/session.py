@@ -16,12 +16,20 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(
+    url: str, *, pool_size: int = 5, max_overflow: int = 10, pool_timeout: float = 30.0
+) -> Engine:
+    """An engine for ``url``. The pool arguments bound this process' connections (the API
+    sizes them from its settings and never lets more requests than that hold a session: see
+    ``zoopick.app.api.deps.get_session``)."""
     parsed = make_url(url)
+    pool = {"pool_size": pool_size, "max_overflow": max_overflow, "pool_timeout": pool_timeout}
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}, **pool
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record) -> None:  # pragma: no cover - trivial
@@ -32,7 +40,7 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, **pool)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
