@@ -108,6 +108,30 @@ def prepare(pg_admin: str, redis_url: str, data_dir: Path) -> tuple[dict[str, st
 MAX_CONNECTIONS = 64
 
 
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of ``root`` and all its descendants (the ``serve`` process
+    and its uvicorn workers), read from /proc: what the server spent, whatever else the
+    machine was doing."""
+    parents: dict[int, int] = {}
+    spent: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        spent[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += spent.get(pid, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return total
+
+
 async def _one(pool: asyncio.Queue, slots: asyncio.Semaphore, host: str, port: int,
                request: bytes) -> int:  # fmt: skip
     """Send ``request`` on a pooled keep-alive connection (at most ``MAX_CONNECTIONS`` open:
@@ -229,6 +253,7 @@ def main() -> None:
 
     import tempfile
 
+    load_at_start = os.getloadavg()
     data_dir = Path(tempfile.mkdtemp(prefix="zoopick-load-"))
     env, token, job_id = prepare(args.pg, args.redis, data_dir)
     statements = count_statements(env, token, job_id)
@@ -256,10 +281,13 @@ def main() -> None:
         asyncio.run(open_loop("127.0.0.1", port, job_path, token, 20, 2))  # warm-up
         for rate in args.rates:
             for name, path in (("healthz_baseline", "/healthz"), ("job_status", job_path)):
+                cpu_before = tree_cpu_seconds(server.pid)
                 lat, st, achieved = asyncio.run(
                     open_loop("127.0.0.1", port, path, token, rate, args.seconds)
                 )
+                cpu = tree_cpu_seconds(server.pid) - cpu_before
                 row = summarise(lat, st, rate, achieved)
+                row["server_cpu_ms_per_request"] = round(1000 * cpu / max(1, row["ok"]), 2)
                 results[name].append(row)
                 print(name, json.dumps(row), flush=True)
                 time.sleep(1.0)
@@ -296,6 +324,7 @@ def main() -> None:
         "server_workers": args.workers,
         "machine": {
             "cpus": os.cpu_count(),
+            "load_average_at_start": load_at_start,
             "load_average_at_end": os.getloadavg(),
             "python": platform.python_version(),
         },
@@ -314,19 +343,23 @@ def main() -> None:
         f"Goal: p99 < {GOAL_P99_MS:g} ms at {GOAL_RATE} requests/s: "
         f"**{'met' if met else 'not met'}**.",
         "",
-        "| rate /s | achieved /s | p50 ms | p99 ms | errors | p50 / healthz | p99 / healthz |",
-        "|---|---|---|---|---|---|---|",
+        "| rate /s | achieved /s | p50 ms | p99 ms | errors | p50 / healthz | p99 / healthz "
+        "| server CPU ms / request (healthz) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in results["job_status"]:
+    for r, base in zip(results["job_status"], results["healthz_baseline"], strict=True):
         lines.append(
             f"| {r['rate']:g} | {r['achieved_rate']:g} | {r['p50_ms']} | {r['p99_ms']} | "
-            f"{r['errors']} | {r['p50_over_baseline']} | {r['p99_over_baseline']} |"
+            f"{r['errors']} | {r['p50_over_baseline']} | {r['p99_over_baseline']} | "
+            f"{r['server_cpu_ms_per_request']} ({base['server_cpu_ms_per_request']}) |"
         )
     lines += [
         "",
-        f"Machine: {os.cpu_count()} CPUs, load average at the end "
-        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (shared with other work: absolute "
-        "numbers are noisy; the generator runs on the same cores as the server).",
+        f"Machine: {os.cpu_count()} CPUs; load average (1, 5, 15 min) "
+        f"{', '.join(f'{x:.1f}' for x in load_at_start)} at the start and "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end (a start above about "
+        "0.5 means other work shared the cores: latencies are then noisy, the CPU per request "
+        "much less so). The generator runs on the same cores as the server.",
         "",
     ]
     (args.out / "load.md").write_text("\n".join(lines))
