@@ -289,6 +289,40 @@ def test_cancel_a_queued_job(client, service_app, alice, zoo):
     assert all(j["status"] == "cancelled" for j in listed)
 
 
+def test_a_job_poll_runs_two_statements_and_keeps_401_before_404(
+    client, service_app, alice, bob, zoo
+):
+    """The most frequent request: the key and the job in one statement, the scores in a
+    second (issue 10, item 14). A bad key is 401 whatever the id; another tenant's job, or an
+    id that is not one, is 404."""
+    from sqlalchemy import event
+
+    ds = ready_dataset(service_app, "alice")
+    job = submit(client, alice, ds, models=zoo).json()
+    url = f"{API}/jobs/{job['id']}"
+    assert client.get(url, headers=alice.headers).status_code == 200  # last use recorded
+    seen: list[str] = []
+
+    def count(conn, cursor, statement, *args) -> None:
+        seen.append(statement)
+
+    event.listen(service_app.state.engine, "before_cursor_execute", count)
+    try:
+        polled = client.get(url, headers=alice.headers)
+    finally:
+        event.remove(service_app.state.engine, "before_cursor_execute", count)
+    assert polled.status_code == 200 and polled.json()["id"] == job["id"]
+    assert len(seen) == 2, seen
+    assert "api_keys" in seen[0] and "jobs" in seen[0]
+    bad = {"Authorization": "Bearer zp_not-a-key"}
+    assert_problem(client.get(url, headers=bad), 401)
+    assert_problem(client.get(f"{API}/jobs/not-an-id", headers=bad), 401)
+    assert client.get(url, headers=bob.headers).json()["type"].endswith("job-not-found")
+    assert_problem(client.get(f"{API}/jobs/not-an-id", headers=bob.headers), 404)
+    assert_problem(client.get(f"{API}/datasets/{ds}", headers=bob.headers), 404)
+    assert client.get(f"{API}/datasets/{ds}", headers=alice.headers).status_code == 200
+
+
 def test_model_download_of_a_scoring_only_job_is_404(client, service_app, alice, zoo):
     ds = ready_dataset(service_app, "alice")
     job = submit(client, alice, ds, models=zoo).json()
