@@ -64,6 +64,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url="/docs",
         openapi_url="/openapi.json",
         lifespan=lifespan,
+        # JSON and form bodies are read whole: 413 beyond this (uploads stream, uncapped here)
+        max_body_size=settings.body_max_bytes,
     )
     app.state.settings = settings
     app.state.engine = engine

@@ -112,6 +112,9 @@ def install(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no such endpoint: {request.method} {request.url.path}"
+        elif exc.status_code == 413:  # Starlette's body cap (FastAPI's max_body_size)
+            limit = request.app.state.settings.body_max_bytes
+            detail = f"the request body is over {limit} bytes (ZOOPICK_BODY_MAX_BYTES)"
         return problem_response(request, exc.status_code, detail, headers=dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)

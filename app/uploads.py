@@ -20,6 +20,10 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from zoopick.app.problems import Problem
 
 MAX_FIELD_BYTES = 4096
+UNCAPPED_BODY = 2**62
+"""The upload routes' own ``max_body_size``: they lift the app's cap on bodies
+(``ZOOPICK_BODY_MAX_BYTES``, for JSON and forms) because :func:`receive_file` streams the body
+and stops it at ``ZOOPICK_UPLOAD_MAX_BYTES`` itself."""
 MAX_FIELDS = 16
 FILE_FIELD = "file"
 

@@ -46,6 +46,12 @@ class Settings(BaseSettings):
 
     # uploads
     upload_max_bytes: int = Field(2 * 1024**3, gt=0)
+    body_max_bytes: int = Field(
+        1024**2,
+        gt=0,
+        description="Largest JSON or form body (jobs, zoo entries, dashboard forms); uploads "
+        "stream under upload_max_bytes instead.",
+    )
     upload_chunk_bytes: int = Field(1024 * 1024, gt=0)
     validate_inline: bool = Field(
         False,

@@ -15,7 +15,7 @@ from zoopick.app.api import pagination
 from zoopick.app.api.deps import CallerDep, DatasetDep, DispatcherDep, SessionDep, SettingsDep
 from zoopick.app.api.schemas import DatasetOut, Page
 from zoopick.app.problems import Problem, responses
-from zoopick.app.uploads import receive_file
+from zoopick.app.uploads import UNCAPPED_BODY, receive_file
 from zoopick.service import datasets as store
 from zoopick.service import pipeline, quotas
 from zoopick.service.db.models import Dataset, DatasetStatus
@@ -56,6 +56,7 @@ UPLOAD_BODY = {
     responses={201: {"model": DatasetOut, "description": "Validated in the request"}, **ERRORS},
     openapi_extra=UPLOAD_BODY,
     summary="Upload a dataset",
+    max_body_size=UNCAPPED_BODY,
 )
 async def upload_dataset(
     request: Request,

@@ -29,6 +29,7 @@ from zoopick.app.api.deps import Caller, SessionDep, get_owned
 from zoopick.app.api.schemas import DEFAULT_METRICS, FinetuneSpec, JobCreate, JobOut
 from zoopick.app.dashboard import auth, charts
 from zoopick.app.problems import Problem, problem_response
+from zoopick.app.uploads import UNCAPPED_BODY
 from zoopick.service.db.models import Dataset, Job
 from zoopick.service.liveness import worker_status
 from zoopick.service.thumbnails import thumbnail_path, thumbnails
@@ -474,7 +475,7 @@ def _wants_json(request: Request) -> bool:
     return "application/json" in request.headers.get("accept", "")
 
 
-@router.post("/datasets/upload")
+@router.post("/datasets/upload", max_body_size=UNCAPPED_BODY)
 async def datasets_upload(request: Request, session: SessionDep) -> Response:
     """The upload form posts here (the page's script with progress, or a plain form post):
     the API's own streaming upload handler does the work."""
