@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import (
-    worker_init,
-    worker_process_init,
-    worker_process_shutdown,
-    worker_ready,
-)
+from celery.signals import worker_init, worker_ready, worker_shutdown
 from sqlalchemy.orm import Session, sessionmaker
 
 from zoopick.service import datasets as store
@@ -105,12 +102,32 @@ def _heartbeat_name() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"
 
 
-@worker_process_init.connect
-def start_heartbeat(**_: Any) -> None:
-    """Each pool process beats (see ``zoopick.service.liveness``): a worker whose pool died
-    stops beating even though its main process still reserves tasks."""
+def _concurrency(consumer: Any) -> Callable[[], int]:
+    def concurrency() -> int:
+        return int(getattr(consumer.pool, "num_processes", None) or consumer.controller.concurrency)
+
+    return concurrency
+
+
+@worker_ready.connect
+def start_heartbeat(sender: Any = None, **_: Any) -> None:
+    """The worker's main process beats while it can run tasks (see
+    ``zoopick.service.liveness``): a worker whose pool no longer gets its tasks stops beating
+    even though all its processes live."""
     global _heartbeat
     cfg = settings()
+    if sender is None:  # not a worker's consumer: nothing to check
+        return
+    check = liveness.DispatchCheck(_concurrency(sender), cfg.heartbeat_timeout_seconds)
+
+    def problem() -> str | None:
+        found = check.problem()
+        sender.call_soon(check.loop_tick)  # the event loop runs it by the next check
+        return found
+
+    def on_problem(_: str) -> None:
+        sender.call_soon(_give_back_and_stop, sender)
+
     _heartbeat = liveness.Heartbeat(
         factory(),
         _heartbeat_name(),
@@ -118,10 +135,39 @@ def start_heartbeat(**_: Any) -> None:
         os.getpid(),
         os.environ.get("ZOOPICK_WORKER_QUEUES", ""),
         cfg.heartbeat_seconds,
+        problem,
+        on_problem,
     ).start()
 
 
-@worker_process_shutdown.connect
+def _give_back_and_stop(consumer: Any) -> None:
+    """In the worker's event loop, once it found itself stalled: stop taking tasks, hand
+    every task it reserved but did not start back to the broker (the file broker and Redis
+    re-queue a rejected message at once), stop beating and shut down warmly (tasks running in
+    the pool finish). A worker that cannot run tasks must not hold them; ``zoopick serve``
+    restarts its local worker, and in distributed mode the other workers (or a restarted one)
+    run them."""
+    from celery.worker import state
+
+    try:
+        consumer.task_consumer.cancel()  # or a shutting-down worker reserves them again
+    except Exception:  # noqa: BLE001 - give back what it holds anyway
+        log.warning("could not stop consuming", exc_info=True)
+    active = set(state.active_requests)
+    waiting = [r for r in list(state.reserved_requests) if r not in active]
+    for request in waiting:
+        try:
+            request.reject(requeue=True)
+        except Exception:  # noqa: BLE001 - the sweepers recover what could not be given back
+            log.warning("could not give task %s back", request.id, exc_info=True)
+        state.task_ready(request)
+    if _heartbeat is not None:
+        _heartbeat.stop()
+    log.error("gave %d reserved task(s) back; shutting this stalled worker down", len(waiting))
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@worker_shutdown.connect
 def stop_heartbeat(**_: Any) -> None:
     if _heartbeat is not None:
         _heartbeat.stop()
