@@ -22,7 +22,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_init, worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 from sqlalchemy.orm import Session, sessionmaker
 
 from zoopick.service import datasets as store
@@ -177,6 +177,17 @@ def stop_heartbeat(**_: Any) -> None:
             log.debug("could not remove the heartbeat row", exc_info=True)
 
 
+@worker_process_init.connect
+def preload_scoring(**_: Any) -> None:
+    """With ``ZOOPICK_PRELOAD_SCORING``, a pool process imports the scoring libraries when it
+    starts (after the fork: no CUDA state is inherited)."""
+    if settings().preload_scoring:
+        import timm.data  # noqa: F401
+
+        import zoopick.selection.extract  # noqa: F401
+        import zoopick.selection.rank  # noqa: F401
+
+
 # -- datasets ---------------------------------------------------------------------------------
 
 
@@ -222,14 +233,16 @@ def score_model(self, job_id: str, model_id: str) -> str:
         if job is None:
             return "skipped"
         pipeline.transition(session, jid, JobStatus.scoring)
-        if model_id in pipeline.scored_models(session, job):  # a re-delivered message
+        if model_id in pipeline.scored_models(session, job) or model_id in (
+            job.model_errors or {}
+        ):  # a re-delivered message, or a re-queued job: this model is settled
             pipeline.update_scoring_progress(session, job)
-            return "already scored"
+            return "already settled"
         count = liveness.count_delivery(session, f"score:{jid}:{model_id}")
-        error = liveness.died_too_often(count, cfg, f"scoring model {model_id!r}")
-        if error is not None:
-            pipeline.fail(session, jid, error)
-            return "failed"
+        error = liveness.died_too_often(count, cfg, "scoring")
+        if error is not None:  # this model kills its worker: skip it, score the others
+            _model_failed(session, jid, model_id, error)
+            return "model failed"
         row = session.get(ZooModel, model_id)
         ds = session.get(Dataset, job.dataset_id) if job.dataset_id else None
         if row is None or ds is None:
@@ -241,22 +254,21 @@ def score_model(self, job_id: str, model_id: str) -> str:
 
     try:
         result = score_one(entry, path, metrics, cfg)
-    except SoftTimeLimitExceeded:
+    except SoftTimeLimitExceeded:  # this model is too slow: skip it, score the others
+        log.warning("job %s: scoring model %s hit its time limit", jid, model_id)
         with session_scope(factory()) as session:
-            pipeline.fail(
+            _model_failed(
                 session,
                 jid,
-                f"scoring model {model_id!r} exceeded the time limit of "
-                f"{cfg.score_soft_time_limit} s",
+                model_id,
+                f"scoring exceeded the time limit of {cfg.score_soft_time_limit} s "
+                "(ZOOPICK_SCORE_SOFT_TIME_LIMIT)",
             )
-        raise
+        return "model failed"
     except Exception as exc:  # a broken zoo entry: skip this model, score the others
         log.warning("job %s: scoring model %s failed", jid, model_id, exc_info=True)
         with session_scope(factory()) as session:
-            pipeline.record_model_error(session, jid, model_id, f"scoring failed: {exc}")
-            job = session.get(Job, jid)
-            if job is not None:
-                pipeline.update_scoring_progress(session, job)
+            _model_failed(session, jid, model_id, f"scoring failed: {exc}")
         return "model failed"
 
     with session_scope(factory()) as session:
@@ -268,6 +280,16 @@ def score_model(self, job_id: str, model_id: str) -> str:
         if job.cancel_requested:  # checked between models
             pipeline.finish_cancelled(session, jid)
     return "scored"
+
+
+def _model_failed(session: Session, jid: uuid.UUID, model_id: str, error: str) -> None:
+    """Settle one model of the job as failed with ``error`` (``jobs.model_errors``); the job
+    goes on with the others and fails only when no model could be scored
+    (:func:`select_model`)."""
+    pipeline.record_model_error(session, jid, model_id, error)
+    job = session.get(Job, jid)
+    if job is not None:
+        pipeline.update_scoring_progress(session, job)
 
 
 # -- selection --------------------------------------------------------------------------------
