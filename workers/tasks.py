@@ -23,6 +23,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from zoopick.service import datasets as store
@@ -178,9 +179,15 @@ def stop_heartbeat(**_: Any) -> None:
 
 
 @worker_process_init.connect
-def preload_scoring(**_: Any) -> None:
-    """With ``ZOOPICK_PRELOAD_SCORING``, a pool process imports the scoring libraries when it
-    starts (after the fork: no CUDA state is inherited)."""
+def prepare_pool_process(**_: Any) -> None:
+    """A pool process connects to the database when it starts, so its first task's time limit
+    is not spent on that; with ``ZOOPICK_PRELOAD_SCORING`` it also imports the scoring
+    libraries (after the fork: no CUDA state is inherited)."""
+    try:
+        with factory()() as session:
+            session.execute(text("SELECT 1"))
+    except Exception:  # noqa: BLE001 - the first task connects (or reports) instead
+        log.warning("could not connect to the database", exc_info=True)
     if settings().preload_scoring:
         import timm.data  # noqa: F401
 
