@@ -23,6 +23,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
+from celery.worker.request import Request
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -226,11 +227,57 @@ def score_one(entry: Any, dataset_path: str, metrics: list[str], cfg: Settings) 
     )
 
 
+class ScoreRequest(Request):
+    """A scoring task's request in the worker's main process: a hard time limit costs the model,
+    not the job.
+
+    A model normally stops at its soft limit (``SoftTimeLimitExceeded``, caught in
+    :func:`score_model`). One stuck where that exception cannot reach it (in native code, or a
+    process that stopped running) is killed at the hard limit; Celery would then record the
+    task as failed, which fails the job's whole chord. Here (the pool reports the hard limit
+    to ``on_failure``, then to ``on_timeout``) the model's error is recorded instead and the
+    message handed back: its next delivery finds the model settled and returns at once, so
+    the chord goes on with the other models."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False):
+        from billiard.exceptions import TimeLimitExceeded
+
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)  # unwrap the pool's
+        if not isinstance(exc, TimeLimitExceeded) or self.acknowledged:
+            return super().on_failure(exc_info, send_failed_event, return_ok)
+        from celery.worker import state
+
+        state.task_ready(self)
+        limit = settings().score_hard_time_limit
+        log.error("scoring task %s exceeded its hard time limit (%s s)", self.id, limit)
+        try:
+            job_id, model_id = self.args[0], self.args[1]
+            with session_scope(factory()) as session:
+                _model_failed(
+                    session,
+                    uuid.UUID(job_id),
+                    model_id,
+                    f"scoring exceeded the hard time limit of {limit} s "
+                    "(ZOOPICK_SCORE_HARD_TIME_LIMIT); its process was killed",
+                )
+        except Exception:  # noqa: BLE001 - the re-delivery counts it as a worker death
+            log.warning("could not record the hard time limit of %s", self.id, exc_info=True)
+        self.reject(requeue=True)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        from celery.worker import state
+
+        if soft or state.should_terminate or not self.acknowledged:
+            return super().on_timeout(soft, timeout)
+        # the hard limit: settled by on_failure, which the pool called first
+
+
 @shared_task(
     name=SCORE,
     bind=True,
     soft_time_limit=_settings.score_soft_time_limit,
     time_limit=_settings.score_hard_time_limit,
+    Request=ScoreRequest,
 )
 def score_model(self, job_id: str, model_id: str) -> str:
     jid = uuid.UUID(job_id)
