@@ -159,18 +159,23 @@ class DispatchCheck:
     each check). A task reserved but not yet accepted by a pool process normally waits
     milliseconds, or until a busy pool frees a process; waiting longer than ``timeout``
     seconds while a pool process is free means the worker reserves work it will never run.
+    ``pool()`` gives the pool's process ids: a process counts only once it has been there for
+    ``start_grace`` seconds (a new one may still be starting: importing torch, say).
     An event loop that ran no tick for ``timeout`` seconds is stuck. Both spans are measured
     from what this thread saw, and start afresh after a gap in the checks themselves (the
     whole process was stopped or suspended: nothing could be seen then)."""
 
     def __init__(
         self,
-        concurrency: Callable[[], int],
+        pool: Callable[[], Iterable[int]],
         timeout: float,
+        start_grace: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.concurrency, self.timeout, self.clock = concurrency, timeout, clock
+        self.pool, self.timeout, self.clock = pool, timeout, clock
+        self.start_grace = timeout if start_grace is None else start_grace
         self.waiting_since: dict[str, float] = {}
+        self.pool_seen: dict[int, float] = {}
         self.ticks = 0
         self._ticks_seen = 0
         self._quiet_since: float | None = None
@@ -194,7 +199,10 @@ class DispatchCheck:
             return f"its event loop has not run for {now - self._quiet_since:.0f} s"
         active = _ids(state.active_requests)
         waiting = _ids(state.reserved_requests) - active
-        free = self.concurrency() - len(active)
+        pids = set(self.pool())
+        self.pool_seen = {pid: self.pool_seen.get(pid, now) for pid in pids}
+        started = [pid for pid, seen in self.pool_seen.items() if now - seen >= self.start_grace]
+        free = len(started) - len(active)
         if free <= 0:  # every pool process is busy: waiting is normal, start counting later
             self.waiting_since = {}
             return None

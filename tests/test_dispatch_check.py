@@ -30,7 +30,10 @@ def check():
     state.reserved_requests.clear()
     state.active_requests.clear()
     clock = Clock()
-    yield DispatchCheck(lambda: 2, timeout=10, clock=clock), clock
+    chk = DispatchCheck(lambda: [11, 12], timeout=10, clock=clock)
+    chk.problem()  # the pool's processes are first seen...
+    clock.now += 10  # ...and have been there for the start grace
+    yield chk, clock
     state.reserved_requests.clear()
     state.active_requests.clear()
 
@@ -46,7 +49,7 @@ def test_a_reserved_task_left_waiting_with_a_free_pool_is_a_stall(check):
     chk, clock = check
     waiting = FakeRequest("a")
     state.reserved_requests.add(waiting)
-    assert chk.problem() is None
+    assert tick_and_check(chk, clock, 0) is None
     for _ in range(2):
         assert tick_and_check(chk, clock, 5) is None  # 5 s, then 10 s: not longer than 10
     problem = tick_and_check(chk, clock, 1)
@@ -97,9 +100,34 @@ def test_a_gap_in_the_checks_themselves_starts_afresh(check):
     """The whole process was stopped (SIGSTOP, a suspended machine): nothing ran, neither the
     loop nor the pool nor this thread, so nothing seen before the gap counts."""
     chk, clock = check
-    state.reserved_requests.add(FakeRequest("a"))
+    waiting = FakeRequest("a")
+    state.reserved_requests.add(waiting)
     assert tick_and_check(chk, clock, 5) is None
     clock.now += 60  # stopped: no check, no tick
     assert chk.problem() is None  # not "waited 65 s", not "loop quiet for 60 s"
     state.reserved_requests.clear()
     assert tick_and_check(chk, clock, 1) is None
+
+
+def test_a_new_pool_process_is_not_free_until_it_had_time_to_start():
+    """A killed pool process is replaced by one that may import torch for a while before it
+    takes the task waiting for it: waiting counts only once it has been there ``start_grace``
+    seconds."""
+    state.reserved_requests.clear()
+    state.active_requests.clear()
+    clock = Clock()
+    pool = [21]
+    chk = DispatchCheck(lambda: pool, timeout=10, start_grace=30, clock=clock)
+    waiting = FakeRequest("a")  # the set holds weak references: keep one
+    try:
+        state.reserved_requests.add(waiting)
+        for _ in range(9):  # seen at 5 s; 30 s of start grace, then 10 s of waiting
+            assert tick_and_check(chk, clock, 5) is None
+        assert tick_and_check(chk, clock, 5) == (
+            "1 reserved task(s) not started for 15 s while 1 pool process(es) are free"
+        )
+        pool[:] = [22]  # replaced: a new grace
+        for _ in range(8):
+            assert tick_and_check(chk, clock, 5) is None
+    finally:
+        state.reserved_requests.clear()

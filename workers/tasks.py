@@ -31,7 +31,14 @@ from zoopick.service import datasets as store
 from zoopick.service import liveness, pipeline, recovery, zoo_catalog
 from zoopick.service.db.models import TERMINAL, Dataset, Job, JobStatus, ZooModel
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
-from zoopick.service.queue import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED
+from zoopick.service.queue import (
+    FINETUNE,
+    PRELOAD_ALIVE_TIMEOUT,
+    SCORE,
+    SELECT,
+    VALIDATE,
+    WORKFLOW_FAILED,
+)
 from zoopick.service.settings import Settings, get_settings
 from zoopick.training.config import DEFAULT_WORKERS, FINAL_WEIGHTS, EpochRecord, default
 from zoopick.workers import training_runner
@@ -104,11 +111,15 @@ def _heartbeat_name() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"
 
 
-def _concurrency(consumer: Any) -> Callable[[], int]:
-    def concurrency() -> int:
-        return int(getattr(consumer.pool, "num_processes", None) or consumer.controller.concurrency)
+def _pool_pids(consumer: Any) -> Callable[[], list[int]]:
+    """The prefork pool's process ids (Celery's own ``inspect stats`` reads them the same way);
+    none for a pool without processes, which then never counts as stalled."""
 
-    return concurrency
+    def pids() -> list[int]:
+        processes = getattr(getattr(consumer.pool, "_pool", None), "_pool", None) or []
+        return [p.pid for p in processes if p.pid]
+
+    return pids
 
 
 @worker_ready.connect
@@ -120,7 +131,10 @@ def start_heartbeat(sender: Any = None, **_: Any) -> None:
     cfg = settings()
     if sender is None:  # not a worker's consumer: nothing to check
         return
-    check = liveness.DispatchCheck(_concurrency(sender), cfg.heartbeat_timeout_seconds)
+    grace = cfg.heartbeat_timeout_seconds
+    if cfg.preload_scoring:  # a new pool process imports torch before it takes a task
+        grace = max(grace, PRELOAD_ALIVE_TIMEOUT)
+    check = liveness.DispatchCheck(_pool_pids(sender), cfg.heartbeat_timeout_seconds, grace)
 
     def problem() -> str | None:
         found = check.problem()
