@@ -6,6 +6,9 @@ PostgreSQL and Redis.
   model too large for the machine; here the test SIGKILLs the pool process as soon as the
   task has counted its start) is delivered ``ZOOPICK_MAX_DELIVERIES`` times, then skipped with
   "worker died N times while scoring" in ``model_errors``; the job ranks the other models.
+* When the worker dies outright with the message (Redis keeps it unacknowledged for hours),
+  the lost-job sweeper re-queues the job, and the deliveries before count: the model is
+  skipped just the same.
 * A model that runs past ``ZOOPICK_SCORE_SOFT_TIME_LIMIT``, or past the hard limit where the
   soft one cannot stop it, is skipped the same way, and the dashboard lists it with the
   reason.
@@ -78,7 +81,7 @@ def service(isolated_settings):
         with httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60
         ) as http:
-            yield http, factory, start, base, token
+            yield http, factory, start, base, token, settings
     finally:
         api.stop()
         engine.dispose()
@@ -109,7 +112,7 @@ def deliveries(factory, key: str) -> int:
 
 
 def test_a_model_whose_scoring_kills_its_worker_is_skipped_after_max_deliveries(service):
-    http, factory, start, _, _ = service
+    http, factory, start, _, _, _ = service
     with start(KILLS) as (worker, ds):
         job_id = submit(http, ds, ["slow", "good"])
         key = f"score:{uuid.UUID(job_id)}:slow"
@@ -142,7 +145,7 @@ def test_a_model_past_its_soft_or_hard_time_limit_is_skipped_and_the_dashboard_s
     """Soft: ``slow`` runs into the 2 s limit. Hard: its pool process is stopped (SIGSTOP, as a
     process stuck in native code looks: the soft limit's exception cannot reach it), so Celery
     kills it at the 4 s limit. Either way the job ranks ``good`` and names ``slow``."""
-    http, factory, start, base, token = service
+    http, factory, start, base, token, _ = service
     with start(LIMITS) as (worker, ds):
         soft = finished(http, submit(http, ds, ["slow", "good"]))
         hard_id = submit(http, ds, ["slow", "good"])
@@ -168,3 +171,44 @@ def test_a_model_past_its_soft_or_hard_time_limit_is_skipped_and_the_dashboard_s
     assert page.status_code == 200
     assert 'data-model-error="slow"' in page.text
     assert "exceeded the hard time limit of 4 s" in page.text
+
+
+def test_the_sweeper_requeues_a_job_whose_worker_died_scoring_and_the_deaths_still_count(
+    service,
+):
+    """The whole worker is killed (main process too) while ``slow`` is scored: its message
+    stays unacknowledged in Redis until the visibility timeout, so only the sweeper moves the
+    job on. One pass (as the API's thread or ``zoopick sweep`` runs it, at a time past the
+    stall timeout) re-queues it; the next start of ``slow`` is its second, and with
+    ``ZOOPICK_MAX_DELIVERIES=1`` that is one death too many: skipped, and ``good`` wins."""
+    from datetime import timedelta
+
+    from zoopick.service.db.types import utcnow
+    from zoopick.service.dispatch import Dispatcher
+    from zoopick.service.recovery import sweep
+
+    http, factory, start, _, _, settings = service
+    once = {"ZOOPICK_MAX_DELIVERIES": "1"}
+    with start(once) as (worker, ds):
+        job_id = submit(http, ds, ["slow", "good"])
+        key = f"score:{uuid.UUID(job_id)}:slow"
+        procs.poll(lambda: deliveries(factory, key), lambda n: n >= 1, 60, interval=0.02,
+                   what="slow to start")  # fmt: skip
+        os.killpg(worker.proc.pid, signal.SIGKILL)  # the main process and its pool
+        worker.proc.wait()
+    replacement = procs.start_worker(settings, "cpu,gpu", settings.data_dir, once)
+    try:
+        procs.wait_worker_ready(replacement)
+        assert http.get(f"{API}/jobs/{job_id}").json()["status"] == "scoring"
+        later = utcnow() + timedelta(seconds=settings.stall_timeout + 1)
+        actions = sweep(factory, Dispatcher(settings), settings, now=later)
+        assert [(str(a.job_id), a.action) for a in actions] == [(job_id, "requeued")]
+        job = finished(http, job_id)
+        log = replacement.tail()
+    finally:
+        replacement.stop()
+    assert job["status"] == "succeeded", (job, log)
+    assert job["chosen_model"] == "good"
+    assert set(job["model_errors"]) == {"slow"}
+    assert "worker died 1 times while scoring" in job["model_errors"]["slow"]
+    assert deliveries(factory, key) == 2
