@@ -105,10 +105,19 @@ def sweep_on_start(**_: Any) -> None:
 # -- heartbeats -------------------------------------------------------------------------------
 
 _heartbeat: liveness.Heartbeat | None = None
+_stalled = False
 
 
 def _heartbeat_name() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def _queues(consumer: Any) -> str:
+    """The queues this worker consumes, e.g. ``cpu,gpu``."""
+    try:
+        return ",".join(sorted(consumer.app.amqp.queues.consume_from))
+    except Exception:  # noqa: BLE001 - only shown to operators
+        return ""
 
 
 def _pool_pids(consumer: Any) -> Callable[[], list[int]]:
@@ -149,7 +158,7 @@ def start_heartbeat(sender: Any = None, **_: Any) -> None:
         _heartbeat_name(),
         socket.gethostname(),
         os.getpid(),
-        os.environ.get("ZOOPICK_WORKER_QUEUES", ""),
+        _queues(sender),
         cfg.heartbeat_seconds,
         problem,
         on_problem,
@@ -177,6 +186,8 @@ def _give_back_and_stop(consumer: Any) -> None:
         except Exception:  # noqa: BLE001 - the sweepers recover what could not be given back
             log.warning("could not give task %s back", request.id, exc_info=True)
         state.task_ready(request)
+    global _stalled
+    _stalled = True  # its heartbeat row stays, going stale: /readyz reports the stall
     if _heartbeat is not None:
         _heartbeat.stop()
     log.error("gave %d reserved task(s) back; shutting this stalled worker down", len(waiting))
@@ -185,7 +196,9 @@ def _give_back_and_stop(consumer: Any) -> None:
 
 @worker_shutdown.connect
 def stop_heartbeat(**_: Any) -> None:
-    if _heartbeat is not None:
+    """A worker stopping cleanly removes its row (it is gone, not stalled); one that stopped
+    itself for a stall leaves it to go stale."""
+    if _heartbeat is not None and not _stalled:
         _heartbeat.stop()
         try:
             liveness.forget(factory(), _heartbeat_name())
