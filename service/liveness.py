@@ -7,17 +7,28 @@ its start under a key for its piece of work (:func:`count_delivery`); past
 ``settings.max_deliveries`` starts the previous ones all died, and the task fails the work with
 "worker died N times while ..." instead of running it again.
 
-*Heartbeats.* A worker's main process keeps reserving tasks even when its pool can no longer
-run them, so a process being alive proves nothing. Every pool process writes a heartbeat row
-every ``heartbeat_seconds`` from a thread (:class:`Heartbeat`); ``/readyz`` (and the
-dashboard) report the workers seen within ``heartbeat_timeout_seconds``
-(:func:`worker_status`), and ``zoopick serve`` restarts a local worker that has none.
+*Heartbeats.* A worker's main process can be alive, and its pool processes too, while no task
+runs: after both prefork pool processes of a worker were SIGKILLed, Celery replaces them but
+its main process goes on reserving tasks that it never hands to them (reproduced with the
+embedded file broker, ``tests/service/test_serve_watch.py``). So neither a live process nor a
+thread beating in a pool process proves anything. The heartbeat is written by the worker's
+main process (:class:`Heartbeat`, every ``heartbeat_seconds``) and only while that worker is
+healthy (:class:`DispatchCheck`): its event loop runs, and no task it reserved has waited
+longer than ``heartbeat_timeout_seconds`` for a pool process while one is free. ``/readyz``
+(and the dashboard) report the workers seen within ``heartbeat_timeout_seconds``
+(:func:`worker_status`). A worker that finds itself stalled hands the tasks it reserved back
+to the broker and shuts down (``zoopick.workers.tasks``): a worker that cannot run tasks must
+not hold them, where another worker (or its own restart) can run them; ``zoopick serve``
+restarts a local worker that exited or stopped beating (:class:`LocalWorkerWatch`). Work lost
+otherwise (a worker killed outright) is recovered by the sweepers.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -79,13 +90,14 @@ def beat(factory: sessionmaker[Session], name: str, hostname: str, pid: int, que
 
 
 def forget(factory: sessionmaker[Session], name: str) -> None:
-    """Remove a heartbeat row (a pool process shutting down cleanly)."""
+    """Remove a heartbeat row (a worker shutting down cleanly)."""
     with session_scope(factory) as session:
         session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.name == name))
 
 
 class Heartbeat:
-    """A daemon thread beating for one process every ``interval`` seconds."""
+    """A daemon thread beating for one process every ``interval`` seconds, while ``problem()``
+    finds nothing wrong (a worker that cannot run tasks must look dead from outside)."""
 
     def __init__(
         self,
@@ -95,9 +107,12 @@ class Heartbeat:
         pid: int,
         queues: str,
         interval: float,
+        problem: Callable[[], str | None] = lambda: None,
+        on_problem: Callable[[str], None] | None = None,
     ) -> None:
         self.args = (factory, name, hostname, pid, queues)
         self.interval = interval
+        self.problem, self.on_problem = problem, on_problem
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="zoopick-heartbeat", daemon=True)
 
@@ -109,12 +124,96 @@ class Heartbeat:
         self._stop.set()
 
     def _loop(self) -> None:
+        reported = None
         while not self._stop.is_set():
             try:
-                beat(*self.args)
+                problem = self.problem()
+                if problem is None:
+                    beat(*self.args)
+                elif reported is None:
+                    log.error("this worker cannot run tasks, so it stops beating: %s", problem)
+                    if self.on_problem is not None:
+                        self.on_problem(problem)
+                reported = problem
             except Exception:  # the database is away: try again next time
                 log.warning("worker heartbeat failed", exc_info=True)
             self._stop.wait(self.interval)
+
+
+def _ids(requests: Iterable[object]) -> set[str]:
+    """Ids of a ``celery.worker.state`` request set, read from another thread (the worker's
+    event loop may change the set meanwhile: read it again)."""
+    for _ in range(100):
+        try:
+            return {r.id for r in list(requests)}  # type: ignore[attr-defined]
+        except RuntimeError:  # changed size during iteration
+            continue
+    return set()
+
+
+class DispatchCheck:
+    """Whether a Celery worker's main process still hands the tasks it reserved to its pool.
+
+    :meth:`problem` is called from the heartbeat thread of the worker's main process, and
+    :meth:`loop_tick` from the worker's event loop (the caller asks the loop to run it after
+    each check). A task reserved but not yet accepted by a pool process normally waits
+    milliseconds, or until a busy pool frees a process; waiting longer than ``timeout``
+    seconds while a pool process is free means the worker reserves work it will never run.
+    ``pool()`` gives the pool's process ids: a process counts only once it has been there for
+    ``start_grace`` seconds (a new one may still be starting: importing torch, say).
+    An event loop that ran no tick for ``timeout`` seconds is stuck. Both spans are measured
+    from what this thread saw, and start afresh after a gap in the checks themselves (the
+    whole process was stopped or suspended: nothing could be seen then)."""
+
+    def __init__(
+        self,
+        pool: Callable[[], Iterable[int]],
+        timeout: float,
+        start_grace: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool, self.timeout, self.clock = pool, timeout, clock
+        self.start_grace = timeout if start_grace is None else start_grace
+        self.waiting_since: dict[str, float] = {}
+        self.pool_seen: dict[int, float] = {}
+        self.ticks = 0
+        self._ticks_seen = 0
+        self._quiet_since: float | None = None
+        self._last_check: float | None = None
+
+    def loop_tick(self) -> None:
+        self.ticks += 1
+
+    def problem(self) -> str | None:
+        from celery.worker import state
+
+        now = self.clock()
+        if self._last_check is not None and now - self._last_check > self.timeout:
+            self.waiting_since, self._quiet_since = {}, None
+        self._last_check = now
+        if self.ticks != self._ticks_seen:
+            self._ticks_seen, self._quiet_since = self.ticks, None
+        elif self._quiet_since is None:
+            self._quiet_since = now
+        elif now - self._quiet_since > self.timeout:
+            return f"its event loop has not run for {now - self._quiet_since:.0f} s"
+        active = _ids(state.active_requests)
+        waiting = _ids(state.reserved_requests) - active
+        pids = set(self.pool())
+        self.pool_seen = {pid: self.pool_seen.get(pid, now) for pid in pids}
+        started = [pid for pid, seen in self.pool_seen.items() if now - seen >= self.start_grace]
+        free = len(started) - len(active)
+        if free <= 0:  # every pool process is busy: waiting is normal, start counting later
+            self.waiting_since = {}
+            return None
+        self.waiting_since = {i: self.waiting_since.get(i, now) for i in waiting}
+        oldest = min(self.waiting_since.values(), default=now)
+        if now - oldest > self.timeout:
+            return (
+                f"{len(waiting)} reserved task(s) not started for {now - oldest:.0f} s while "
+                f"{free} pool process(es) are free"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -130,12 +229,12 @@ class WorkerStatus:
         ago = (utcnow() - self.last_seen).total_seconds() if self.last_seen else 0
         return (
             f"no live worker: the last heartbeat was {ago:.0f} s ago "
-            f"({len(self.stale)} worker process(es) stopped or stalled)"
+            f"({len(self.stale)} worker(s) stopped or stalled)"
         )
 
     def summary(self) -> str:
         if self.live:
-            return f"ok ({len(self.live)} live worker process(es))"
+            return f"ok ({len(self.live)} live worker(s))"
         return self.problem() or "no worker has been seen"
 
 
@@ -160,17 +259,23 @@ def worker_status(
 
 
 class LocalWorkerWatch:
-    """``zoopick serve``'s watch over its own local worker: when no pool process on this host
-    has beaten for ``heartbeat_timeout_seconds`` (after a start-up grace of twice that), the
-    worker is stalled (its pool died while its main process keeps reserving tasks, or it
-    hangs): ``restart`` is called. Its reserved work is recovered by the sweepers (lost jobs
-    and lost dataset validations)."""
+    """``zoopick serve``'s watch over its own local worker: when no worker on this host has
+    beaten for ``heartbeat_timeout_seconds`` (after a start-up grace of twice that), the
+    worker is stalled (it reserves tasks it does not run, or it hangs): ``restart`` is
+    called, as it is at once when the worker ``exited()`` (a stalled worker gives its reserved
+    tasks back and exits). Work lost with a worker killed outright is recovered by the
+    sweepers (lost jobs and lost dataset validations)."""
 
-    def __init__(self, settings: Settings, restart) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        restart: Callable[[], None],
+        exited: Callable[[], bool] = lambda: False,
+    ) -> None:
         from zoopick.service.db.session import make_engine, make_sessionmaker
 
         self.settings = settings
-        self.restart = restart
+        self.restart, self.exited = restart, exited
         self.engine = make_engine(settings.database_url)
         self.factory = make_sessionmaker(self.engine)
         self.started = utcnow()
@@ -207,13 +312,17 @@ class LocalWorkerWatch:
         interval = max(1.0, self.settings.heartbeat_timeout_seconds / 3)
         while not self._stop.wait(interval):
             try:
-                if self.stalled():
+                if self.exited():
+                    log.warning("the local worker exited: restarting it")
+                elif self.stalled():
                     log.warning(
                         "the local worker has not beaten for %s s: restarting it",
                         self.settings.heartbeat_timeout_seconds,
                     )
-                    self.restart()
-                    self.restarts += 1
-                    self.started = utcnow()
+                else:
+                    continue
+                self.restart()
+                self.restarts += 1
+                self.started = utcnow()
             except Exception:  # noqa: BLE001 - the watch must outlive a database hiccup
                 log.warning("watching the local worker failed", exc_info=True)

@@ -169,7 +169,9 @@ def scored_models(session: Session, job: Job) -> set[str]:
 
 def record_model_error(session: Session, job_id: uuid.UUID, model_id: str, error: str) -> None:
     """Remember that ``model_id`` could not be scored for the job (the others go on)."""
-    job = session.get(Job, job_id, with_for_update=True)
+    # locked and re-read: another model's task may have added its error since this session
+    # loaded the job
+    job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
     if job is None:
         return
     job.model_errors = {**(job.model_errors or {}), model_id: error[:2000]}

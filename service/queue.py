@@ -47,6 +47,11 @@ ROUTES = {
 }
 
 
+PRELOAD_ALIVE_TIMEOUT = 300.0
+"""Seconds a pool process may take to start when it preloads the scoring libraries (Celery's
+default, 4 s, would count a slow import as a failed start)."""
+
+
 def broker_options(settings: Settings) -> dict[str, Any]:
     if settings.embedded_broker:
         folder = settings.broker_dir
@@ -96,6 +101,8 @@ def make_celery(settings: Settings, *, include_tasks: bool = False) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
         timezone="UTC",
     )
+    if settings.preload_scoring:  # a pool process imports torch before it reports ready
+        app.conf.worker_proc_alive_timeout = PRELOAD_ALIVE_TIMEOUT
     return app
 
 

@@ -92,6 +92,12 @@ class Settings(BaseSettings):
         None, gt=0, description="Score on a deterministic per-class subsample of this size."
     )
     score_batch_size: int = Field(64, gt=0)
+    preload_scoring: bool = Field(
+        False,
+        description="Import the scoring libraries (torch, timm, the metrics) in each worker "
+        "pool process when it starts, not in its first scoring task: that task then starts at "
+        "once, and its time limit measures the scoring alone.",
+    )
     retry_after_seconds: int = Field(2, ge=1)
     page_size_default: int = Field(20, gt=0)
     page_size_max: int = Field(100, gt=0)

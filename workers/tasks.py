@@ -11,28 +11,34 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import (
-    worker_init,
-    worker_process_init,
-    worker_process_shutdown,
-    worker_ready,
-)
+from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
+from celery.worker.request import Request
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from zoopick.service import datasets as store
 from zoopick.service import liveness, pipeline, recovery, zoo_catalog
 from zoopick.service.db.models import TERMINAL, Dataset, Job, JobStatus, ZooModel
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
-from zoopick.service.queue import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED
+from zoopick.service.queue import (
+    FINETUNE,
+    PRELOAD_ALIVE_TIMEOUT,
+    SCORE,
+    SELECT,
+    VALIDATE,
+    WORKFLOW_FAILED,
+)
 from zoopick.service.settings import Settings, get_settings
 from zoopick.training.config import DEFAULT_WORKERS, FINAL_WEIGHTS, EpochRecord, default
 from zoopick.workers import training_runner
@@ -99,36 +105,122 @@ def sweep_on_start(**_: Any) -> None:
 # -- heartbeats -------------------------------------------------------------------------------
 
 _heartbeat: liveness.Heartbeat | None = None
+_stalled = False
 
 
 def _heartbeat_name() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"
 
 
-@worker_process_init.connect
-def start_heartbeat(**_: Any) -> None:
-    """Each pool process beats (see ``zoopick.service.liveness``): a worker whose pool died
-    stops beating even though its main process still reserves tasks."""
+def _queues(consumer: Any) -> str:
+    """The queues this worker consumes, e.g. ``cpu,gpu``."""
+    try:
+        return ",".join(sorted(consumer.app.amqp.queues.consume_from))
+    except Exception:  # noqa: BLE001 - only shown to operators
+        return ""
+
+
+def _pool_pids(consumer: Any) -> Callable[[], list[int]]:
+    """The prefork pool's process ids (Celery's own ``inspect stats`` reads them the same way);
+    none for a pool without processes, which then never counts as stalled."""
+
+    def pids() -> list[int]:
+        processes = getattr(getattr(consumer.pool, "_pool", None), "_pool", None) or []
+        return [p.pid for p in processes if p.pid]
+
+    return pids
+
+
+@worker_ready.connect
+def start_heartbeat(sender: Any = None, **_: Any) -> None:
+    """The worker's main process beats while it can run tasks (see
+    ``zoopick.service.liveness``): a worker whose pool no longer gets its tasks stops beating
+    even though all its processes live."""
     global _heartbeat
     cfg = settings()
+    if sender is None:  # not a worker's consumer: nothing to check
+        return
+    grace = cfg.heartbeat_timeout_seconds
+    if cfg.preload_scoring:  # a new pool process imports torch before it takes a task
+        grace = max(grace, PRELOAD_ALIVE_TIMEOUT)
+    check = liveness.DispatchCheck(_pool_pids(sender), cfg.heartbeat_timeout_seconds, grace)
+
+    def problem() -> str | None:
+        found = check.problem()
+        sender.call_soon(check.loop_tick)  # the event loop runs it by the next check
+        return found
+
+    def on_problem(_: str) -> None:
+        sender.call_soon(_give_back_and_stop, sender)
+
     _heartbeat = liveness.Heartbeat(
         factory(),
         _heartbeat_name(),
         socket.gethostname(),
         os.getpid(),
-        os.environ.get("ZOOPICK_WORKER_QUEUES", ""),
+        _queues(sender),
         cfg.heartbeat_seconds,
+        problem,
+        on_problem,
     ).start()
 
 
-@worker_process_shutdown.connect
-def stop_heartbeat(**_: Any) -> None:
+def _give_back_and_stop(consumer: Any) -> None:
+    """In the worker's event loop, once it found itself stalled: stop taking tasks, hand
+    every task it reserved but did not start back to the broker (the file broker and Redis
+    re-queue a rejected message at once), stop beating and shut down warmly (tasks running in
+    the pool finish). A worker that cannot run tasks must not hold them; ``zoopick serve``
+    restarts its local worker, and in distributed mode the other workers (or a restarted one)
+    run them."""
+    from celery.worker import state
+
+    try:
+        consumer.task_consumer.cancel()  # or a shutting-down worker reserves them again
+    except Exception:  # noqa: BLE001 - give back what it holds anyway
+        log.warning("could not stop consuming", exc_info=True)
+    active = set(state.active_requests)
+    waiting = [r for r in list(state.reserved_requests) if r not in active]
+    for request in waiting:
+        try:
+            request.reject(requeue=True)
+        except Exception:  # noqa: BLE001 - the sweepers recover what could not be given back
+            log.warning("could not give task %s back", request.id, exc_info=True)
+        state.task_ready(request)
+    global _stalled
+    _stalled = True  # its heartbeat row stays, going stale: /readyz reports the stall
     if _heartbeat is not None:
+        _heartbeat.stop()
+    log.error("gave %d reserved task(s) back; shutting this stalled worker down", len(waiting))
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@worker_shutdown.connect
+def stop_heartbeat(**_: Any) -> None:
+    """A worker stopping cleanly removes its row (it is gone, not stalled); one that stopped
+    itself for a stall leaves it to go stale."""
+    if _heartbeat is not None and not _stalled:
         _heartbeat.stop()
         try:
             liveness.forget(factory(), _heartbeat_name())
         except Exception:  # noqa: BLE001 - shutting down anyway
             log.debug("could not remove the heartbeat row", exc_info=True)
+
+
+@worker_process_init.connect
+def prepare_pool_process(**_: Any) -> None:
+    """A pool process connects to the database when it starts, so its first task's time limit
+    is not spent on that; with ``ZOOPICK_PRELOAD_SCORING`` it also imports the scoring
+    libraries (after the fork: no CUDA state is inherited)."""
+    try:
+        with factory()() as session:
+            session.execute(text("SELECT 1"))
+    except Exception:  # noqa: BLE001 - the first task connects (or reports) instead
+        log.warning("could not connect to the database", exc_info=True)
+    if settings().preload_scoring:
+        import timm.data  # noqa: F401
+
+        import zoopick.selection.extract  # noqa: F401
+        import zoopick.selection.rank  # noqa: F401
 
 
 # -- datasets ---------------------------------------------------------------------------------
@@ -162,11 +254,57 @@ def score_one(entry: Any, dataset_path: str, metrics: list[str], cfg: Settings) 
     )
 
 
+class ScoreRequest(Request):
+    """A scoring task's request in the worker's main process: a hard time limit costs the model,
+    not the job.
+
+    A model normally stops at its soft limit (``SoftTimeLimitExceeded``, caught in
+    :func:`score_model`). One stuck where that exception cannot reach it (in native code, or a
+    process that stopped running) is killed at the hard limit; Celery would then record the
+    task as failed, which fails the job's whole chord. Here (the pool reports the hard limit
+    to ``on_failure``, then to ``on_timeout``) the model's error is recorded instead and the
+    message handed back: its next delivery finds the model settled and returns at once, so
+    the chord goes on with the other models."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False):
+        from billiard.exceptions import TimeLimitExceeded
+
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)  # unwrap the pool's
+        if not isinstance(exc, TimeLimitExceeded) or self.acknowledged:
+            return super().on_failure(exc_info, send_failed_event, return_ok)
+        from celery.worker import state
+
+        state.task_ready(self)
+        limit = settings().score_hard_time_limit
+        log.error("scoring task %s exceeded its hard time limit (%s s)", self.id, limit)
+        try:
+            job_id, model_id = self.args[0], self.args[1]
+            with session_scope(factory()) as session:
+                _model_failed(
+                    session,
+                    uuid.UUID(job_id),
+                    model_id,
+                    f"scoring exceeded the hard time limit of {limit} s "
+                    "(ZOOPICK_SCORE_HARD_TIME_LIMIT); its process was killed",
+                )
+        except Exception:  # noqa: BLE001 - the re-delivery counts it as a worker death
+            log.warning("could not record the hard time limit of %s", self.id, exc_info=True)
+        self.reject(requeue=True)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        from celery.worker import state
+
+        if soft or state.should_terminate or not self.acknowledged:
+            return super().on_timeout(soft, timeout)
+        # the hard limit: settled by on_failure, which the pool called first
+
+
 @shared_task(
     name=SCORE,
     bind=True,
     soft_time_limit=_settings.score_soft_time_limit,
     time_limit=_settings.score_hard_time_limit,
+    Request=ScoreRequest,
 )
 def score_model(self, job_id: str, model_id: str) -> str:
     jid = uuid.UUID(job_id)
@@ -176,14 +314,16 @@ def score_model(self, job_id: str, model_id: str) -> str:
         if job is None:
             return "skipped"
         pipeline.transition(session, jid, JobStatus.scoring)
-        if model_id in pipeline.scored_models(session, job):  # a re-delivered message
+        if model_id in pipeline.scored_models(session, job) or model_id in (
+            job.model_errors or {}
+        ):  # a re-delivered message, or a re-queued job: this model is settled
             pipeline.update_scoring_progress(session, job)
-            return "already scored"
+            return "already settled"
         count = liveness.count_delivery(session, f"score:{jid}:{model_id}")
-        error = liveness.died_too_often(count, cfg, f"scoring model {model_id!r}")
-        if error is not None:
-            pipeline.fail(session, jid, error)
-            return "failed"
+        error = liveness.died_too_often(count, cfg, "scoring")
+        if error is not None:  # this model kills its worker: skip it, score the others
+            _model_failed(session, jid, model_id, error)
+            return "model failed"
         row = session.get(ZooModel, model_id)
         ds = session.get(Dataset, job.dataset_id) if job.dataset_id else None
         if row is None or ds is None:
@@ -195,22 +335,21 @@ def score_model(self, job_id: str, model_id: str) -> str:
 
     try:
         result = score_one(entry, path, metrics, cfg)
-    except SoftTimeLimitExceeded:
+    except SoftTimeLimitExceeded:  # this model is too slow: skip it, score the others
+        log.warning("job %s: scoring model %s hit its time limit", jid, model_id)
         with session_scope(factory()) as session:
-            pipeline.fail(
+            _model_failed(
                 session,
                 jid,
-                f"scoring model {model_id!r} exceeded the time limit of "
-                f"{cfg.score_soft_time_limit} s",
+                model_id,
+                f"scoring exceeded the time limit of {cfg.score_soft_time_limit} s "
+                "(ZOOPICK_SCORE_SOFT_TIME_LIMIT)",
             )
-        raise
+        return "model failed"
     except Exception as exc:  # a broken zoo entry: skip this model, score the others
         log.warning("job %s: scoring model %s failed", jid, model_id, exc_info=True)
         with session_scope(factory()) as session:
-            pipeline.record_model_error(session, jid, model_id, f"scoring failed: {exc}")
-            job = session.get(Job, jid)
-            if job is not None:
-                pipeline.update_scoring_progress(session, job)
+            _model_failed(session, jid, model_id, f"scoring failed: {exc}")
         return "model failed"
 
     with session_scope(factory()) as session:
@@ -222,6 +361,16 @@ def score_model(self, job_id: str, model_id: str) -> str:
         if job.cancel_requested:  # checked between models
             pipeline.finish_cancelled(session, jid)
     return "scored"
+
+
+def _model_failed(session: Session, jid: uuid.UUID, model_id: str, error: str) -> None:
+    """Settle one model of the job as failed with ``error`` (``jobs.model_errors``); the job
+    goes on with the others and fails only when no model could be scored
+    (:func:`select_model`)."""
+    pipeline.record_model_error(session, jid, model_id, error)
+    job = session.get(Job, jid)
+    if job is not None:
+        pipeline.update_scoring_progress(session, job)
 
 
 # -- selection --------------------------------------------------------------------------------

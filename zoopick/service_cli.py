@@ -163,8 +163,11 @@ def serve(
     try:
         if worker:
             proc = start_worker()
-            # a worker whose pool stopped running tasks stops beating: restart it
-            watch = LocalWorkerWatch(settings, restart_worker).start()
+            # a worker that stopped running tasks stops beating (or exits): restart it
+            def exited() -> bool:
+                return proc is not None and proc.poll() is not None
+
+            watch = LocalWorkerWatch(settings, restart_worker, exited).start()
         if workers == 1:
             uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
         else:

@@ -69,3 +69,74 @@ def test_serve_restarts_a_stalled_embedded_worker_and_recovers_its_work(tmp_path
         for pid in started:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_whose_pool_children_were_killed_gives_its_tasks_back_and_is_restarted(
+    tmp_path,
+):
+    """The case of issue 10, item 4: with the file broker, SIGKILL both prefork pool processes
+    of serve's local worker. Celery starts two new ones, but its main process only reserves
+    the tasks that arrive after that and never runs them (all its processes live, so neither
+    a live process nor a beating pool process tells). The worker sees its reserved tasks wait
+    while its pool is free: it stops beating (/readyz 503), gives the tasks back and exits;
+    serve starts a new worker, which runs them. The validation time limits keep their
+    defaults, so the sweeper (which re-sends a dataset only after twice that) plays no part."""
+    from tests.service.test_serve_signals import SERVE, descendants
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
+    env.update(
+        ZOOPICK_DATA_DIR=str(tmp_path / "data"),
+        OMP_NUM_THREADS="1",
+        ZOOPICK_HEARTBEAT_SECONDS="0.5",
+        ZOOPICK_HEARTBEAT_TIMEOUT_SECONDS="4",
+        ZOOPICK_SWEEP_INTERVAL_SECONDS="1",
+    )
+    port = procs.free_port()
+    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
+    serve = procs.Proc("serve", cmd + ["--concurrency", "2"], env, tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    started: set[int] = set()
+    try:
+        procs.wait_http(serve, f"{base}/healthz", timeout=90)
+        key = (tmp_path / "data" / "api-key").read_text().strip()
+        http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+        def dataset(name: str, seed: int) -> str:
+            files = {"file": (name, npz_bytes(seed=seed), "x")}
+            resp = http.post(f"{API}/datasets", files=files)
+            assert resp.status_code == 202, resp.text
+            return resp.json()["id"]
+
+        def statuses(ids: list[str]) -> list[str]:
+            return [http.get(f"{API}/datasets/{i}").json()["status"] for i in ids]
+
+        first = dataset("first.npz", 0)  # the pool has run a task before it is killed
+        procs.poll(lambda: statuses([first]), lambda s: s == ["ready"], 60, what="first")
+        started = descendants(serve.proc.pid)
+        leader = min(started)
+        pool = started - {leader}
+        assert len(pool) == 2, started
+        for pid in pool:
+            os.kill(pid, signal.SIGKILL)
+        procs.poll(  # Celery replaces them
+            lambda: descendants(serve.proc.pid) - started, lambda new: len(new) >= 2, 30,
+            what="new pool processes",
+        )  # fmt: skip
+        late = [dataset(f"late{i}.npz", i) for i in range(1, 4)]
+        resp = procs.poll(lambda: http.get("/readyz"), lambda r: r.status_code == 503, 30,
+                          what="/readyz to report the stalled worker")  # fmt: skip
+        assert "no live worker" in resp.json()["detail"]
+        final = procs.poll(lambda: statuses(late), lambda s: s == ["ready"] * 3, 90,
+                           what="the datasets the stalled worker had taken")  # fmt: skip
+        assert final == ["ready"] * 3
+        assert leader not in descendants(serve.proc.pid)  # a new worker ran them
+        log = serve.log.read_text(errors="replace")
+        assert "reserved task(s) not started" in log and "reserved task(s) back" in log, log
+        procs.poll(lambda: http.get("/readyz").status_code, lambda s: s == 200, 30, what="200")
+        http.close()
+    finally:
+        started |= descendants(serve.proc.pid)
+        serve.stop()
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
