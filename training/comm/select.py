@@ -51,6 +51,17 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(x.abs(), k, sorted=False).indices
 
 
+TINY = torch.finfo(torch.float32).tiny * torch.finfo(torch.float32).eps  # least subnormal
+
+
+def _positive(threshold: torch.Tensor | float) -> torch.Tensor | float:
+    """``threshold`` raised to the least positive float32, so ``|x| >= threshold`` also means
+    ``x != 0`` (one comparison pass instead of two and an ``&``)."""
+    if isinstance(threshold, torch.Tensor):
+        return threshold.clamp_min(TINY)
+    return max(threshold, TINY)
+
+
 def _shortcut(x: torch.Tensor) -> bool:
     return CPU_SHORTCUTS and x.device.type == "cpu"
 
@@ -95,7 +106,7 @@ def capped_indices(
     masked magnitudes; the CPU shortcut gathers the candidates first (cheaper, a host
     read of their count)."""
     mag = x.abs()
-    mask = (mag >= threshold) & (mag > 0)
+    mask = mag >= _positive(threshold)
     passing = mask.sum()
     cap = min(cap, x.numel())
     if _shortcut(x):
@@ -133,17 +144,16 @@ def gaussian_threshold(
         return x.new_zeros(()), torch.tensor(n, device=x.device)
     mean = x.mean()
     std = x.std() if n > 1 else torch.zeros_like(mean)
-    thr = mean.abs() + std * normal_quantile(1.0 - rho / 2.0)
+    thr = _positive(mean.abs() + std * normal_quantile(1.0 - rho / 2.0))
     mag = x.abs()
-    nonzero = mag > 0
-    count = ((mag >= thr) & nonzero).sum()
+    count = (mag >= thr).sum()
     one = torch.ones_like(thr)
     for _ in range(refine):
         low, high = count < 2 * k / 3, count > 4 * k / 3
         if _shortcut(x) and not bool(low | high):
             break
         thr = thr * torch.where(low, 0.5 * one, torch.where(high, 1.5 * one, one))
-        count = ((mag >= thr) & nonzero).sum()
+        count = (mag >= thr).sum()
     return thr, count
 
 
