@@ -9,7 +9,10 @@ accelerator, by intercepting the ops themselves (in this process and thread only
   ``bincount``, ``repeat_interleave`` by a tensor) and indexing with a boolean mask
   (``x[mask]``, ``x[mask] = v``, which run ``nonzero`` inside);
 * at the Python level (``TorchFunctionMode``): ``Tensor.tolist`` and ``Tensor.numpy``,
-  which read memory without any dispatcher op.
+  which read memory without any dispatcher op, and ``torch.tensor`` / ``as_tensor`` /
+  ``new_tensor`` (a tensor from host data: on an accelerator a copy from pageable memory
+  that torch follows with a stream synchronisation). Python scalars as op arguments
+  (``x * 0.5``, ``torch.full``) are kernel arguments, not copies, and pass.
 
 Reads inside ``zoopick.training.comm.hostread.sanctioned()`` (deferred values) pass. What
 it cannot see on a CPU: a ``.cpu()`` / ``.to("cpu")`` of a tensor that is already on the
@@ -47,6 +50,9 @@ SIZE_FROM_DATA = {
 }
 INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
 PY_READS = {torch.Tensor.tolist, torch.Tensor.numpy}
+# a tensor built from host data: on an accelerator a copy from pageable memory, after which
+# torch synchronises the stream (``torch.tensor(..., device="cuda")``)
+FROM_HOST = {torch.tensor, torch.as_tensor, torch.Tensor.new_tensor}
 
 
 def _where() -> str:
@@ -93,6 +99,8 @@ class _Function(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in PY_READS and not hostread.reading():
             self.found.append(f"{func.__name__} at {_where()}")
+        elif func in FROM_HOST:
+            self.found.append(f"{func.__name__} (from host data) at {_where()}")
         return func(*args, **(kwargs or {}))
 
 

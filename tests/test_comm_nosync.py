@@ -50,6 +50,8 @@ WARM, GUARDED = 3, 3
         lambda x: x.__setitem__(x > 0, 0.0),
         lambda x: torch.unique(x),
         lambda x: torch.bincount((x > 0).long()),
+        lambda x: torch.tensor([1.0, 2.0], device=x.device),
+        lambda x: x.new_tensor([1.0]),
     ],
 )
 def test_guard_catches_host_reads(read):
@@ -65,6 +67,8 @@ def test_guard_passes_device_ops_and_sanctioned_reads():
         idx = torch.topk(x.abs(), 4).indices
         x.index_add_(0, idx, -x[idx])
         x.masked_fill_(x > 1, 0.0)
+        x[idx] = 0.0  # a scalar value: filled on the device, no copy
+        torch.full((), 3.0) * x
         with hostread.sanctioned():
             x.sum().item()
         hostread.Deferred(x.sum()).get()

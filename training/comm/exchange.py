@@ -1,7 +1,7 @@
 """Communication primitives shared by the hooks, with byte accounting.
 
 Only operations that both gloo (CPU) and NCCL (GPU) implement are used: ``all_gather`` (of
-equal-size tensors: variable payloads are padded after an exchange of sizes), ``all_reduce``
+equal-size tensors: the hooks send fixed capacities, see ``hostread``), ``all_reduce``
 and point-to-point ``isend``/``irecv`` batched with ``batch_isend_irecv`` (NCCL needs the
 batch when two workers send to each other in the same round). All calls are synchronous: the
 hooks return already-completed futures, which keeps multi-round schemes simple and makes every
@@ -68,8 +68,9 @@ def allgather_parts(
     """All-gather 1-D tensors; returns ``out[r][i]`` = rank r's ``parts[i]``.
 
     ``lengths[r][i]``, when every rank already knows it, is the length of rank r's part i (no
-    header is sent). Otherwise the lengths are all-gathered first (one int64 per part). Parts
-    are padded to the longest and trimmed after."""
+    header is sent). Otherwise the lengths are all-gathered first (one int64 per part) and
+    read on the host, a host sync that no hook's steady state uses. Parts are padded to the
+    longest and trimmed after."""
     P = state.size
     if P == 1:
         return [list(parts)]

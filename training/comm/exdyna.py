@@ -88,6 +88,17 @@ class _Partitioning:
     # the last iteration's gathered headers and per-block counts, read when the bucket
     # comes back (see ``_apply_pending``): (headers, per-block counts, iteration, k)
     pending: tuple[Deferred, Deferred | None, int, int] | None = None
+    # device copies of constants, made on a bucket's first iteration (a host-to-device copy
+    # in the steady state would synchronise the stream): inner block edges, probe factors
+    consts: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def const(
+        self, name: str, values: list, device: torch.device, dtype: torch.dtype = torch.int64
+    ) -> torch.Tensor:
+        t = self.consts.get(name)
+        if t is None or t.device != device:
+            t = self.consts[name] = torch.tensor(values, dtype=dtype, device=device)
+        return t
 
 
 class ExDynaState(HookState):
@@ -284,17 +295,18 @@ def _exchange(state: ExDynaState, layout: BucketLayout, acc: torch.Tensor, densi
         if k >= n:
             idx = torch.arange(seg.numel(), device=dev)
             valid = torch.ones_like(idx, dtype=torch.bool)
-            passing = torch.tensor(seg.numel(), device=dev)
+            passing = torch.full((), seg.numel(), device=dev)
         elif part.threshold is None:
             idx = topk_indices(seg, k_for(density, seg.numel()) if seg.numel() else 0)
             valid = torch.ones_like(idx, dtype=torch.bool)
-            passing = torch.tensor(idx.numel(), device=dev)
+            passing = torch.full((), idx.numel(), device=dev)
             if idx.numel():
                 seed = seg[idx].abs().min()
         else:
             mag = seg.abs()
             if state.controller == "probes":
-                levels = torch.tensor([part.threshold * s for s in PROBES], device=dev)
+                probes_t = part.const("probes", list(PROBES), dev, torch.float64)
+                levels = (probes_t * part.threshold).to(mag.dtype)
                 above = torch.bucketize(mag, levels, right=True)  # number of levels <= |x|
                 hist = torch.zeros(nprobe + 1, dtype=torch.int64, device=dev)
                 hist.index_add_(0, above, torch.ones_like(above))
@@ -326,7 +338,7 @@ def _exchange(state: ExDynaState, layout: BucketLayout, acc: torch.Tensor, densi
     with stats.timer("select_s"):
         per_block = None
         if k < n and state.max_shift and len(part.block_edges) - 1 >= P:
-            edges_t = torch.tensor(part.block_edges[1:-1], device=dev)
+            edges_t = part.const("edges", part.block_edges[1:-1], dev)
             block_of = torch.bucketize(pos, edges_t, right=True)
             counts = torch.zeros(len(part.block_edges) - 1, dtype=torch.int64, device=dev)
             per_block = Deferred(counts.index_add_(0, block_of, inside.long()))

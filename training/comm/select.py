@@ -141,7 +141,7 @@ def gaussian_threshold(
     n = x.numel()
     rho = min(1.0, k / n)
     if rho >= 1.0:
-        return x.new_zeros(()), torch.tensor(n, device=x.device)
+        return x.new_zeros(()), torch.full((), n, device=x.device)
     mean = x.mean()
     std = x.std() if n > 1 else torch.zeros_like(mean)
     thr = _positive(mean.abs() + std * normal_quantile(1.0 - rho / 2.0))
