@@ -54,12 +54,15 @@ def raw_configs(P: int) -> dict[str, tuple[str, dict]]:
         "spardl_halving": ("spardl", {"split": "halving"}),
         "spardl_dense": ("spardl", {"density": 1.0}),
         "spardl_d20": ("spardl", {"density": 0.2}),
+        "spardl_p16": ("spardl", {"pairs16": "fp16"}),
+        "spardl_p16bf": ("spardl", {"pairs16": "bf16"}),
     }
     for d in range(2, P + 1):
         if P % d == 0:
             configs[f"spardl_teams{d}"] = ("spardl", {"teams": d})
             configs[f"spardl_teams{d}_fp16"] = ("spardl", {"teams": d, "fp16": True})
             configs[f"spardl_teams{d}_dense"] = ("spardl", {"teams": d, "density": 1.0})
+            configs[f"spardl_teams{d}_p16bf"] = ("spardl", {"teams": d, "pairs16": "bf16"})
     return configs
 
 
@@ -165,6 +168,7 @@ def _dfs_adapt(rank: int, P: int) -> dict:
             avg = hook(state, comm.SimpleBucket(params, [g])).wait()
             if it == 0:
                 out[f"{kind}_first"] = avg.clone()
+        state.settle()  # the last iteration's adaptation is read when the bucket returns
         out[kind] = next(iter(state.sizes.values()))
     return out
 
@@ -237,7 +241,7 @@ def check_conservation(run, key: str) -> None:
     """sum_w residual_after = sum_w (input + residual_before) - P * average, per parameter."""
     P = len(run)
     name, options = raw_configs(P)[key]
-    fp16 = options.get("fp16", False)
+    fp16 = options.get("fp16", False) or options.get("pairs16") is not None
     momentum = options.get("momentum", 0.0)
     for it in range(ITERS):
         recs = [res["raw"][key]["records"][it] for res in run]

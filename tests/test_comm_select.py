@@ -65,7 +65,7 @@ def test_gaussian_threshold_matches_plain_numpy(dist, scale):
     k = 200
     thr, count = gaussian_threshold(torch.from_numpy(a).float(), k)
     ref_thr, ref_count = _plain_gaussian(a.astype(np.float32).astype(np.float64), k)
-    assert thr == pytest.approx(ref_thr, rel=1e-4)
+    assert float(thr) == pytest.approx(ref_thr, rel=1e-4)
     assert abs(count - ref_count) <= 2
     idx = gaussiank_indices(torch.from_numpy(a).float(), k)
     assert idx.numel() == count
@@ -115,3 +115,29 @@ def test_sampled_topk_is_the_exact_top_k():
             else:
                 assert set(got.tolist()) == expect
             assert set(topk_indices(x, k).tolist()) == set(got.tolist()) or x is spiky
+
+
+@pytest.mark.parametrize("cap", [5, 60, 400])
+def test_capped_indices_device_path_matches_the_cpu_shortcut(monkeypatch, cap):
+    """The fixed-capacity selection gives the same positions with and without the CPU
+    shortcut (the device path is the one an accelerator runs), checked against a plain
+    sort: all positions passing the threshold when they fit, else the ``cap`` largest."""
+    from zoopick.training.comm import select
+
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    x[::7] = 0.0
+    thr = 1.5
+    a = x.abs().numpy()
+    passing = np.flatnonzero((a >= thr) & (a > 0))
+    expect = set(passing[np.argsort(-a[passing])][:cap].tolist())
+    for shortcut in (True, False):
+        monkeypatch.setattr(select, "CPU_SHORTCUTS", shortcut)
+        idx, valid, count = select.capped_indices(x, thr, cap)
+        assert idx.numel() == valid.numel() == cap
+        assert set(idx[valid].tolist()) == expect and int(count) == passing.size
+        assert torch.all(idx[~valid] == 0)
+        heavy = torch.from_numpy(np.random.default_rng(0).standard_t(1.0, 5000)).float()
+        thr_t, n_t = select.gaussian_threshold(heavy, 50)  # Cauchy: refined 3 times
+        assert (float(thr_t), int(n_t)) == pytest.approx(
+            _plain_gaussian(heavy.numpy().astype(np.float64), 50), rel=1e-5
+        )

@@ -153,8 +153,11 @@ def _buckets(split, tensors):
     return [torch.cat([tensors[i] for i in members]) for members in split]
 
 
-def _spardl_reference(accs: list[torch.Tensor], k: int) -> torch.Tensor:
-    """SparDL with one team, played in one process on float64 copies."""
+def _spardl_reference(
+    accs: list[torch.Tensor], k: int, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """SparDL with one team, played in one process on float64 copies; every value sent is
+    rounded to ``dtype`` and the rounding stays behind (error feedback)."""
     P = len(accs)
     n = accs[0].numel()
     bounds = [j * n // P for j in range(P + 1)]
@@ -165,8 +168,8 @@ def _spardl_reference(accs: list[torch.Tensor], k: int) -> torch.Tensor:
         lo, hi = bounds[j], bounds[j + 1]
         out = torch.zeros(n, dtype=torch.float64)
         top = torch.argsort(-W[w][lo:hi].abs())[: min(kb, hi - lo)] + lo
-        out[top] = W[w][top]
-        W[w][top] = 0
+        out[top] = W[w][top].to(dtype).double()
+        W[w][top] -= out[top]
         return out
 
     for rnd in comm.spardl_schedule(P):
@@ -190,6 +193,47 @@ def test_matches_plain_reference(run):
             k = math.ceil(DENSITY * per_rank[0].numel() - 1e-9)
             expect = _spardl_reference(list(per_rank), k)
             np.testing.assert_allclose(got[b].numpy(), expect.numpy() / P, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("key", "dtype"), [("spardl_p16", torch.float16), ("spardl_p16bf", torch.bfloat16)]
+)
+def test_sixteen_bit_pairs_match_the_rounded_reference(run, key, dtype):
+    """``pairs16``: the same sums as the plain reference with every sent value rounded to
+    the 16-bit type (up to that rounding where float32 and float64 partial sums round
+    differently)."""
+    P = len(run)
+    eps = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
+    for it in range(ITERS):
+        recs = [res["raw"][key]["records"][it] for res in run]
+        split = recs[0]["split"]
+        got = _buckets(split, recs[0]["avg"])
+        accs = [
+            _buckets(split, [g + b for g, b in zip(r["grads"], r["before"], strict=True)])
+            for r in recs
+        ]
+        for b, per_rank in enumerate(zip(*accs, strict=True)):
+            k = math.ceil(DENSITY * per_rank[0].numel() - 1e-9)
+            expect = _spardl_reference(list(per_rank), k, dtype).numpy() / P
+            np.testing.assert_allclose(got[b].numpy(), expect, atol=2 * eps * abs(expect).max())
+            assert np.array_equal(got[b].numpy() != 0, expect != 0)
+
+
+def test_sixteen_bit_pairs_halve_the_bytes(run):
+    """``pairs16``: 4 bytes a pair plus one 4-byte chunk count per block and message (every
+    block here is under 65,536 elements). One team sends (P - 1) blocks of kb pairs in the
+    reduce-scatter and its own block to P - 1 workers in the spread, and receives as much:
+    half the 32-bit form's 8-byte pairs, plus the counts."""
+    P = len(run)
+    for key in ("spardl_p16", "spardl_p16bf"):
+        for it in range(ITERS):
+            kbs = [math.ceil(k / P) for k in _ks(run, key, it, DENSITY)]
+            expect = sum(2 * (P - 1) * (4 * kb + 4) for kb in kbs)
+            for res in run:
+                rec = res["raw"][key]["stats"][it]
+                assert rec["bytes_sent"] == rec["bytes_recv"] == expect, key
+                full = res["raw"]["spardl"]["stats"][it]["bytes_sent"]
+                assert rec["bytes_sent"] == full / 2 + 8 * (P - 1) * len(kbs)
 
 
 def test_density_one_is_the_dense_average(run):

@@ -55,3 +55,26 @@ def test_exponential_warmup_schedule():
     assert [state.density_at(t) for t in range(6)] == [0.25, 0.0625, 0.015625, 0.01, 0.01, 0.01]
     state, _ = make_hook("topk", density=0.1, warmup=2, warmup_mode="dense")
     assert [state.density_at(t) for t in range(3)] == [None, None, 0.1]
+
+
+def test_tensor_amounts_are_read_late():
+    """A count only the device knows is kept as a deferred value: on a CPU it lands in its
+    record at ``finish``; elsewhere (here the meta device stands for an accelerator) only at
+    ``resolve``, together with the cumulative total."""
+    stats = CommStats()
+    stats.begin(0, torch.device("cpu"))
+    stats.add(nnz=torch.tensor(5), bytes_sent=3)
+    stats.finish()
+    assert (stats[0]["nnz"], stats.cumulative["nnz"]) == (5, 5)
+
+    late = CommStats()
+    late.begin(0, torch.device("meta"))
+    late.add(nnz=torch.tensor(7), bytes_sent=3)
+    late.finish()
+    late.begin(1, torch.device("meta"))
+    late.add(nnz=torch.tensor(2))
+    assert (late[0]["nnz"], late.cumulative["nnz"]) == (0, 0)  # not read yet
+    late.resolve()
+    assert (late[0]["nnz"], late.cumulative["nnz"], late.current["nnz"]) == (7, 7, 2)
+    late.finish()
+    assert late.cumulative["nnz"] == 9 and late.cumulative["bytes_sent"] == 3

@@ -42,6 +42,8 @@ from zoopick.training.config import FinetuneConfig  # noqa: E402
 from zoopick.training.launch import epoch_records, spawn_local  # noqa: E402
 
 HOOKS = ("dense", "topk", "gaussiank", "spardl", "spardl-t2", "exdyna", "dfs")
+# not run by default: spardl with 4-byte pairs (16-bit block-relative index + 16-bit value)
+PAIRS16_LABELS = {"spardl-p16": "fp16", "spardl-p16bf": "bf16"}
 GOAL_HOOKS = ("spardl", "topk")
 GOAL_POINTS = 1.0
 FMNIST_CLASSES = (
@@ -62,7 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="fashion-mnist.npz (Keras layout)")
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--hooks", default=",".join(HOOKS), help="subset of " + ",".join(HOOKS))
+    ap.add_argument(
+        "--hooks",
+        default=",".join(HOOKS),
+        help="subset of " + ",".join((*HOOKS, *PAIRS16_LABELS)),
+    )
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--arch", default="test_resnet", help="timm architecture (random init)")
     ap.add_argument("--max-per-class", type=int, default=600, help="training images a class")
@@ -98,9 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hooks = [h for h in args.hooks.split(",") if h]
     args.dense_seeds = [int(v) for v in args.dense_seeds.split(",") if v.strip()]
     args.spardl_seeds = [int(v) for v in args.spardl_seeds.split(",") if v.strip()]
-    bad = sorted(set(args.hooks) - set(HOOKS))
+    bad = sorted(set(args.hooks) - set(HOOKS) - set(PAIRS16_LABELS))
     if bad:
-        ap.error(f"unknown hooks {bad}; choose from {', '.join(HOOKS)}")
+        ap.error(f"unknown hooks {bad}; choose from {', '.join((*HOOKS, *PAIRS16_LABELS))}")
     return args
 
 
@@ -160,6 +166,8 @@ def hook_config(hook: str, args: argparse.Namespace) -> tuple[str, dict[str, Any
     name = hook
     if hook.startswith("spardl-t"):
         name, options["teams"] = "spardl", int(hook[len("spardl-t") :])
+    if hook in PAIRS16_LABELS:
+        name, options["pairs16"] = "spardl", PAIRS16_LABELS[hook]
     if args.warmup:
         options.update(warmup=args.warmup, warmup_mode=args.warmup_mode)
     return name, options

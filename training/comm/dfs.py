@@ -18,7 +18,8 @@ Dynamic block size from the observed density: each worker measures the in-block 
 what it sent, the fraction of the sent values that are at least the element-wise top-k
 magnitude (estimated on a strided sample of at most 4096 elements). The value rides along at
 the end of the value payload, so every rank sees every worker's figure and applies the same
-rule to the mean: above ``grow_at`` (blocks are mostly significant) the block size doubles,
+rule to the mean (read when the bucket comes back at the next iteration, so no host sync;
+see ``hostread``): above ``grow_at`` (blocks are mostly significant) the block size doubles,
 below ``shrink_at`` it halves, within ``[1, max_block]``. With ``B = 1`` the scheme is exact
 top-k. All workers always use the same ``B`` and ``m``, so payloads have equal sizes.
 """
@@ -31,6 +32,7 @@ import torch.distributed as dist
 
 from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import INDEX_DTYPE, allgather_parts, to_wire
+from zoopick.training.comm.hostread import Deferred
 from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import k_for, topk_indices
 from zoopick.training.comm.state import HookState, id_key, named_key, run_hook
@@ -65,10 +67,17 @@ class DFSState(HookState):
         self.grow_at = grow_at
         self.shrink_at = shrink_at
         self.sizes: dict[tuple[int, ...], int] = {}
+        # per bucket: (every worker's fill, block size, numel) of the last iteration
+        self.fills: dict[tuple[int, ...], tuple[Deferred, int, int]] = {}
 
     def reset_state(self) -> None:
         super().reset_state()
         self.sizes.clear()
+        self.fills.clear()
+
+    def settle(self) -> None:
+        for key in list(self.fills):
+            _adapt(self, key)
 
     def scheme_state(self, names: dict[int, str]) -> dict[Any, Any]:
         """The block size per bucket (a resumed run continues with the adapted sizes)."""
@@ -78,19 +87,38 @@ class DFSState(HookState):
         self.sizes = {id_key(named, params): int(b) for named, b in blob.items()}
 
 
-def topk_magnitude_estimate(x: torch.Tensor, k: int) -> float:
-    """Approximate k-th largest ``|x|`` from a strided sample (no full sort)."""
+def topk_magnitude_estimate(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Approximate k-th largest ``|x|`` from a strided sample (no full sort), a 0-d tensor."""
     n = x.numel()
     step = max(1, n // SAMPLE)
     sample = x[::step].abs()
     rank = min(sample.numel(), max(1, round(k / n * sample.numel())))
-    return float(torch.topk(sample, rank, sorted=False).values.min())
+    return torch.topk(sample, rank, sorted=False).values.min()
+
+
+def _adapt(state: DFSState, key: tuple[int, ...]) -> None:
+    """Next block size from the mean fill of the bucket's previous iteration (deferred:
+    read when the bucket comes back, see ``hostread``)."""
+    pending = state.fills.pop(key, None)
+    if pending is None:
+        return
+    fills, B, n = pending
+    values = fills.get()
+    mean_fill = sum(values) / len(values)
+    grown = 2 * B
+    if mean_fill > state.grow_at and grown <= min(state.max_block, n):
+        state.sizes[key] = grown
+    elif mean_fill < state.shrink_at and B > 1:
+        state.sizes[key] = B // 2
+    else:
+        state.sizes[key] = B
 
 
 def _exchange(state: DFSState, layout: BucketLayout, acc: torch.Tensor, density: float):
     P = state.size
     n = acc.numel()
     k = k_for(density, n)
+    _adapt(state, layout.key)
     B = min(state.sizes.get(layout.key, state.block_size), n)
     nb = math.ceil(n / B)
     m = min(nb, math.ceil(k / B))
@@ -103,31 +131,23 @@ def _exchange(state: DFSState, layout: BucketLayout, acc: torch.Tensor, density:
         values = rows[ids].flatten()
         if k < n:
             thr = topk_magnitude_estimate(acc, k)
-            fill = float((values.abs() >= thr).sum()) / max(1, values.numel())
+            fill = (values.abs() >= thr).sum().to(values.dtype) / max(1, values.numel())
         else:
-            fill = 1.0
-        payload, seen = to_wire(torch.cat([values, values.new_tensor([fill])]), state.fp16)
+            fill = values.new_ones(())
+        payload, seen = to_wire(torch.cat([values, fill.reshape(1)]), state.fp16)
     gathered = allgather_parts(state, [ids.to(INDEX_DTYPE), payload], [[m, m * B + 1]] * P)
     offsets = torch.arange(B, device=dev)
     total = torch.zeros(nb * B, device=dev)
-    fills = []
     for g_ids, g_vals in gathered:
         pos = (g_ids.long()[:, None] * B + offsets).flatten()
         total.index_add_(0, pos, g_vals[:-1].float())
-        fills.append(float(g_vals[-1]))
     mine = (ids[:, None] * B + offsets).flatten()
     padded.index_add_(0, mine, -seen[:-1])
-    keep = mine < n
-    mean_fill = sum(fills) / len(fills)
-    grown = 2 * B
-    if mean_fill > state.grow_at and grown <= min(state.max_block, n):
-        state.sizes[layout.key] = grown
-    elif mean_fill < state.shrink_at and B > 1:
-        state.sizes[layout.key] = B // 2
-    else:
-        state.sizes[layout.key] = B
+    sent = torch.zeros(nb, B, dtype=torch.bool, device=dev)
+    sent[ids] = True
+    state.fills[layout.key] = (Deferred(torch.stack([g[-1] for _, g in gathered])), B, n)
     state.stats.add(nnz=P * m * B)
-    return total[:n], padded[:n], mine[keep]
+    return total[:n], padded[:n], sent.flatten()[:n]
 
 
 def dfs_hook(state: DFSState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

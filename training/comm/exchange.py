@@ -1,7 +1,7 @@
 """Communication primitives shared by the hooks, with byte accounting.
 
 Only operations that both gloo (CPU) and NCCL (GPU) implement are used: ``all_gather`` (of
-equal-size tensors: variable payloads are padded after an exchange of sizes), ``all_reduce``
+equal-size tensors: the hooks send fixed capacities, see ``hostread``), ``all_reduce``
 and point-to-point ``isend``/``irecv`` batched with ``batch_isend_irecv`` (NCCL needs the
 batch when two workers send to each other in the same round). All calls are synchronous: the
 hooks return already-completed futures, which keeps multi-round schemes simple and makes every
@@ -30,31 +30,19 @@ def to_wire(values: torch.Tensor, fp16: bool) -> tuple[torch.Tensor, torch.Tenso
     """(payload to send, float32 value the receiver will see). With ``fp16`` the payload is
     half precision (clamped to its range); the caller keeps ``values - seen`` as residual, so
     rounding is fed back instead of lost."""
-    if not fp16:
+    return round_to(values, torch.float16 if fp16 else torch.float32)
+
+
+def round_to(values: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`to_wire` for a value type: float32, float16 (clamped to its range) or
+    bfloat16 (float32's range, 8 significant bits)."""
+    if dtype == torch.float32:
         v = values.float()
         return v, v
-    payload = values.clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
+    if dtype == torch.float16:
+        values = values.clamp(-FP16_MAX, FP16_MAX)
+    payload = values.to(dtype)
     return payload, payload.float()
-
-
-def pack_pairs(idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """One byte buffer holding int32 ``idx`` then ``values`` (float32 or float16), so a
-    message of pairs is one send instead of two (both sides know the pair count)."""
-    return torch.cat(
-        [idx.to(INDEX_DTYPE).contiguous().view(torch.uint8), values.contiguous().view(torch.uint8)]
-    )
-
-
-def pair_bytes(count: int, wire_dtype: torch.dtype) -> int:
-    """Size of :func:`pack_pairs`'s buffer for ``count`` pairs."""
-    return count * (4 + torch.empty(0, dtype=wire_dtype).element_size())
-
-
-def unpack_pairs(buf: torch.Tensor, wire_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`pack_pairs` (views into ``buf``)."""
-    width = 4 + torch.empty(0, dtype=wire_dtype).element_size()
-    count = buf.numel() // width
-    return buf[: 4 * count].view(INDEX_DTYPE), buf[4 * count :].view(wire_dtype)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -80,8 +68,9 @@ def allgather_parts(
     """All-gather 1-D tensors; returns ``out[r][i]`` = rank r's ``parts[i]``.
 
     ``lengths[r][i]``, when every rank already knows it, is the length of rank r's part i (no
-    header is sent). Otherwise the lengths are all-gathered first (one int64 per part). Parts
-    are padded to the longest and trimmed after."""
+    header is sent). Otherwise the lengths are all-gathered first (one int64 per part) and
+    read on the host, a host sync that no hook's steady state uses. Parts are padded to the
+    longest and trimmed after."""
     P = state.size
     if P == 1:
         return [list(parts)]

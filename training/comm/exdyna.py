@@ -7,9 +7,11 @@ worker's residual is visited), so the selections of different workers never over
 
 1. selection: ``|acc| >= threshold`` inside the own partition (the first iteration of a
    bucket: the exact top-``k * len / numel`` of the partition, whose smallest magnitude seeds
-   the threshold); a worker keeps at most ``4 k / P`` (largest first) as a safety cap;
-2. a fixed-size header (count, seed threshold, counts above 9 probe thresholds) is
-   all-gathered, then the selected int32 indices (padded to the largest count);
+   the threshold); a worker sends a fixed capacity of ``ceil(1.5 k / P)`` indices (the
+   largest first when more pass; the rest stays in its residual), padded with index -1;
+2. a fixed-size header (kept count, passing count, seed threshold, counts above 9 probe
+   thresholds) and the fixed-capacity int32 indices are all-gathered together (no size
+   exchange first);
 3. every worker all-reduces its own ``acc`` at the union of the indices (no overlap, so the
    union is exactly the concatenation and ``sum`` is a true sum over workers there); the
    residual keeps ``acc`` minus what it contributed, i.e. unselected values stay with the
@@ -17,12 +19,19 @@ worker's residual is visited), so the selections of different workers never over
    at density 1 it is exactly the dense average.) With ``fp16`` the all-reduce sums in half
    precision, so conservation holds up to the rounding of that sum.
 
+No host sync in the steady state: the control step below needs the gathered header on the
+host, so it is read (``hostread.Deferred``) when the bucket comes back at the next
+iteration, just before the threshold and partitions it produces are used: the same
+sequence of thresholds and partitions as reading it at once. The controllers count what
+*passed* the threshold (before the capacity trims it), so a trim does not look like a low
+count.
+
 Online threshold scaling, ``controller="paper"``: the paper's multiplicative rule. With
-``r`` = the global count selected at the previous iteration over ``k``, the threshold is
-multiplied by 1.005 when ``r > 1.1``, by 0.995 when ``r <= 1/1.1`` and by 1.00125 in between
-(a slow upward drift that offsets the growing residual). Deviation: the first threshold is
-seeded from an exact top-k of the own partition (below), not the authors' ``1 / (2 sqrt
-k)``, which depends on the gradient's scale.
+``r`` = the global count that passed the threshold at the previous iteration over ``k``, the
+threshold is multiplied by 1.005 when ``r > 1.1``, by 0.995 when ``r <= 1/1.1`` and by
+1.00125 in between (a slow upward drift that offsets the growing residual). Deviation: the
+first threshold is seeded from an exact top-k of the own partition (below), not the authors'
+``1 / (2 sqrt k)``, which depends on the gradient's scale.
 
 ``controller="probes"`` (the default) is this project's variant: the header's probe counts
 (how many elements of each partition exceed ``threshold * 2^(e/2)``, ``e = -4..4``) summed
@@ -33,8 +42,8 @@ achieved)^0.3`` every iteration (integral action: the next owner of a partition 
 residual that grew meanwhile, which the probes cannot see), so the achieved density settles
 at the user's density without a sort. It reacts within a few iterations where the paper's
 0.5 % steps need dozens: on i.i.d. normal gradients (4000 elements, density 1 %, one worker,
-40 iterations) the paper's rule stays at the 4k safety cap throughout while the residual
-grows, the variant averages 1.02 % over the last 30 iterations; hence the default.
+40 iterations, measured with the earlier 4k cap) the paper's rule stayed at that safety cap
+while the residual grew, the variant averages 1.02 % over the last 30 iterations; hence the default.
 
 Partition balancing (a variant of the paper's, which moves one block between neighbours
 whose counts are above 1.05 and below 1/1.05 of their share): the union of indices tells
@@ -54,13 +63,14 @@ import torch.distributed as dist
 
 from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import INDEX_DTYPE, allgather_parts, allreduce_sum, to_wire
+from zoopick.training.comm.hostread import Deferred
 from zoopick.training.comm.registry import register
-from zoopick.training.comm.select import even_bounds, k_for, topk_indices
+from zoopick.training.comm.select import capped_indices, even_bounds, k_for, topk_indices
 from zoopick.training.comm.state import HookState, id_key, named_key, run_hook
 from zoopick.training.comm.store import BucketLayout
 
 PROBES = tuple(2.0 ** (e / 2) for e in range(-4, 5))
-CAP_FACTOR = 4.0
+CAP_FACTOR = 1.5
 RATIO_LIMIT = 16.0
 TARGET_GAIN = 0.3
 CONTROLLERS = ("paper", "probes")
@@ -75,6 +85,20 @@ class _Partitioning:
     threshold: float | None = None
     target_ratio: float = 1.0
     history: list[dict[str, float]] = field(default_factory=list)
+    # the last iteration's gathered headers and per-block counts, read when the bucket
+    # comes back (see ``_apply_pending``): (headers, per-block counts, iteration, k)
+    pending: tuple[Deferred, Deferred | None, int, int] | None = None
+    # device copies of constants, made on a bucket's first iteration (a host-to-device copy
+    # in the steady state would synchronise the stream): inner block edges, probe factors
+    consts: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def const(
+        self, name: str, values: list, device: torch.device, dtype: torch.dtype = torch.int64
+    ) -> torch.Tensor:
+        t = self.consts.get(name)
+        if t is None or t.device != device:
+            t = self.consts[name] = torch.tensor(values, dtype=dtype, device=device)
+        return t
 
 
 class ExDynaState(HookState):
@@ -105,6 +129,10 @@ class ExDynaState(HookState):
     def reset_state(self) -> None:
         super().reset_state()
         self.partitions.clear()
+
+    def settle(self) -> None:
+        for part in self.partitions.values():
+            _apply_pending(self, part)
 
     def scheme_state(self, names: dict[int, str]) -> dict[Any, Any]:
         """Partitions and thresholds per bucket (a resumed run continues the same control)."""
@@ -202,11 +230,57 @@ def next_threshold(threshold: float, probe_counts: list[int], k: float) -> float
     return threshold
 
 
+def _capacity(state: ExDynaState, part: _Partitioning, k: int, n: int, density: float) -> int:
+    """Indices every worker sends this iteration (the same on all ranks: partitions and
+    thresholds are shared): the whole largest partition at density 1, the largest seeding
+    top-k on a bucket's first iteration, else ``ceil(CAP_FACTOR * k / P)``."""
+    P = state.size
+    lengths = [
+        part.block_edges[part.part_edges[p + 1]] - part.block_edges[part.part_edges[p]]
+        for p in range(P)
+    ]
+    if k >= n:
+        return max(lengths)
+    if part.threshold is None:
+        return max(k_for(density, m) if m else 0 for m in lengths)
+    return min(max(lengths), math.ceil(CAP_FACTOR * k / P))
+
+
+def _apply_pending(state: ExDynaState, part: _Partitioning) -> None:
+    """The control step of the bucket's previous iteration, from its gathered headers and
+    per-block counts (deferred: read now, when the bucket comes back, not when produced)."""
+    if part.pending is None:
+        return
+    headers, per_block, it, k = part.pending
+    part.pending = None
+    rows = headers.get()
+    kept = int(sum(r[0] for r in rows))
+    passing = int(sum(r[1] for r in rows))
+    if part.threshold is None:
+        seeds = [r[2] for r in rows if r[2] > 0]
+        part.threshold = sum(seeds) / len(seeds) if seeds else None
+    elif state.controller == "paper":
+        part.threshold = paper_threshold(part.threshold, passing, k)
+    else:
+        # integral correction: the probes see this iteration's partitions, but the next owner
+        # of a partition brings residual that has grown meanwhile, so aim the probe
+        # interpolation at a target that drifts until the achieved count is k
+        ratio = part.target_ratio * (k / max(passing, 1)) ** TARGET_GAIN
+        part.target_ratio = min(RATIO_LIMIT, max(1.0 / RATIO_LIMIT, ratio))
+        global_probes = [int(sum(r[3 + e] for r in rows)) for e in range(len(PROBES))]
+        part.threshold = next_threshold(part.threshold, global_probes, k * part.target_ratio)
+    if per_block is not None:
+        part.part_edges = rebalance(part.part_edges, per_block.get(), state.max_shift)
+    part.history.append({"iteration": it, "selected": kept, "k": k})
+    del part.history[:-16]
+
+
 def _exchange(state: ExDynaState, layout: BucketLayout, acc: torch.Tensor, density: float):
     P, rank, it = state.size, state.rank, state.iteration
     n = acc.numel()
     k = k_for(density, n)
     part = _partitioning(state, layout, P)
+    _apply_pending(state, part)
     stats = state.stats
     p = (rank + it) % P
     lo = part.block_edges[part.part_edges[p]]
@@ -214,66 +288,64 @@ def _exchange(state: ExDynaState, layout: BucketLayout, acc: torch.Tensor, densi
     seg = acc[lo:hi]
     dev = acc.device
     nprobe = len(PROBES)
+    cap = _capacity(state, part, k, n, density)
     with stats.timer("select_s"):
-        seed = 0.0
-        probes = [0] * nprobe
+        seed = acc.new_zeros(())
+        probes = acc.new_zeros(nprobe)
         if k >= n:
             idx = torch.arange(seg.numel(), device=dev)
+            valid = torch.ones_like(idx, dtype=torch.bool)
+            passing = torch.full((), seg.numel(), device=dev)
         elif part.threshold is None:
             idx = topk_indices(seg, k_for(density, seg.numel()) if seg.numel() else 0)
+            valid = torch.ones_like(idx, dtype=torch.bool)
+            passing = torch.full((), idx.numel(), device=dev)
             if idx.numel():
-                seed = float(seg[idx].abs().min())
+                seed = seg[idx].abs().min()
         else:
             mag = seg.abs()
             if state.controller == "probes":
-                levels = torch.tensor([part.threshold * s for s in PROBES], device=dev)
+                probes_t = part.const("probes", list(PROBES), dev, torch.float64)
+                levels = (probes_t * part.threshold).to(mag.dtype)
                 above = torch.bucketize(mag, levels, right=True)  # number of levels <= |x|
-                hist = torch.bincount(above, minlength=nprobe + 1)
-                probes = hist.flip(0).cumsum(0).flip(0)[1:].tolist()
-            idx = torch.nonzero((mag >= part.threshold) & (mag > 0)).flatten()
-            cap = math.ceil(CAP_FACTOR * k / P)
-            if idx.numel() > cap:
-                idx = idx[topk_indices(seg[idx], cap)]
-        idx = idx + lo
-        header = torch.tensor([float(idx.numel()), seed, *probes], dtype=torch.float64)
-    headers = allgather_parts(state, [header.to(dev)], [[header.numel()]] * P)
-    rows = [h[0].tolist() for h in headers]
-    counts = [int(r[0]) for r in rows]
-    gathered = allgather_parts(state, [idx.to(INDEX_DTYPE)], [[c] for c in counts])
-    union = torch.cat([g[0] for g in gathered]).long()
-    payload, seen = to_wire(acc[union], state.fp16)
+                hist = torch.zeros(nprobe + 1, dtype=torch.int64, device=dev)
+                hist.index_add_(0, above, torch.ones_like(above))
+                probes = hist.flip(0).cumsum(0).flip(0)[1:].to(acc.dtype)
+            idx, valid, passing = capped_indices(seg, part.threshold, cap)
+        pad = cap - idx.numel()  # fixed capacity: index -1 marks padding
+        wire = torch.cat([torch.where(valid, idx + lo, -1), idx.new_full((pad,), -1)])
+        header = torch.cat(
+            [
+                valid.sum().reshape(1).to(acc.dtype),
+                passing.reshape(1).to(acc.dtype),
+                seed.reshape(1).to(acc.dtype),
+                probes,
+            ]
+        ).double()
+    headers, gathered = zip(
+        *allgather_parts(state, [header, wire.to(INDEX_DTYPE)], [[header.numel(), cap]] * P),
+        strict=True,
+    )
+    union = torch.cat(gathered).long()
+    inside = union >= 0
+    pos = union.clamp(min=0)
+    payload, seen = to_wire(acc[pos] * inside, state.fp16)
     summed = allreduce_sum(state, payload.clone()).float()
-    total = torch.zeros_like(acc)
-    total[union] = summed
-    residual = acc.index_add_(0, union, -seen)
+    total = torch.zeros_like(acc).index_add_(0, pos, summed)
+    residual = acc.index_add_(0, pos, -seen)
+    sent = torch.zeros_like(acc).index_add_(0, pos, inside.to(acc.dtype)) > 0
 
     with stats.timer("select_s"):
-        selected = int(union.numel())
+        per_block = None
+        if k < n and state.max_shift and len(part.block_edges) - 1 >= P:
+            edges_t = part.const("edges", part.block_edges[1:-1], dev)
+            block_of = torch.bucketize(pos, edges_t, right=True)
+            counts = torch.zeros(len(part.block_edges) - 1, dtype=torch.int64, device=dev)
+            per_block = Deferred(counts.index_add_(0, block_of, inside.long()))
         if k < n:
-            if part.threshold is None:
-                seeds = [r[1] for r in rows if r[1] > 0]
-                part.threshold = sum(seeds) / len(seeds) if seeds else None
-            elif state.controller == "paper":
-                part.threshold = paper_threshold(part.threshold, selected, k)
-            else:
-                # integral correction: the probes see this iteration's partitions, but the next
-                # owner of a partition brings residual that has grown meanwhile, so aim the
-                # probe interpolation at a target that drifts until the achieved count is k
-                ratio = part.target_ratio * (k / max(selected, 1)) ** TARGET_GAIN
-                part.target_ratio = min(RATIO_LIMIT, max(1.0 / RATIO_LIMIT, ratio))
-                global_probes = [int(sum(r[2 + e] for r in rows)) for e in range(nprobe)]
-                part.threshold = next_threshold(
-                    part.threshold, global_probes, k * part.target_ratio
-                )
-            if state.max_shift and len(part.block_edges) - 1 >= P:
-                edges_t = torch.tensor(part.block_edges[1:-1], device=dev)
-                block_of = torch.bucketize(union, edges_t, right=True)
-                per_block = torch.bincount(block_of, minlength=len(part.block_edges) - 1)
-                part.part_edges = rebalance(part.part_edges, per_block.tolist(), state.max_shift)
-        part.history.append({"iteration": it, "selected": selected, "k": k})
-        del part.history[:-16]
-    stats.add(nnz=selected)
-    return total, residual, union
+            part.pending = (Deferred(torch.stack(headers)), per_block, it, k)
+    stats.add(nnz=inside.sum())
+    return total, residual, sent
 
 
 def exdyna_hook(state: ExDynaState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -3,8 +3,10 @@
 Instead of an exact top-k, the threshold comes from the mean and std of
 ``acc = gradient + residual`` through the normal quantile for the wanted density (two-sided:
 ``|mean| + std * z(1 - density / 2)``), refined up to 3 times (halved if fewer than 2k/3 pass,
-x1.5 if more than 4k/3 pass). Counts differ between workers, so the exchange all-gathers the
-sizes first and pads (see ``exchange.allgather_parts``).
+x1.5 if more than 4k/3 pass), all on the device. Counts differ between workers, so every
+worker sends a fixed capacity of ``ceil(4k / 3)`` pairs (the top of the refinement band; the
+largest ones when more pass, the rest stays in the residual), padded with index -1, and no
+size header is exchanged: no host sync in the steady state (see ``hostread``).
 """
 
 from typing import Any
@@ -14,7 +16,12 @@ import torch.distributed as dist
 
 from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.registry import register
-from zoopick.training.comm.select import gaussiank_indices, k_for
+from zoopick.training.comm.select import (
+    capped_indices,
+    gaussian_threshold,
+    gaussiank_capacity,
+    k_for,
+)
 from zoopick.training.comm.sparse import allgather_exchange
 from zoopick.training.comm.state import HookState, run_hook
 from zoopick.training.comm.store import BucketLayout
@@ -38,9 +45,14 @@ class GaussianKState(HookState):
 
 
 def _exchange(state: GaussianKState, layout: BucketLayout, acc: torch.Tensor, density: float):
+    n = acc.numel()
+    k = k_for(density, n)
+    if k >= n:
+        return allgather_exchange(state, acc, torch.arange(n, device=acc.device))
     with state.stats.timer("select_s"):
-        idx = gaussiank_indices(acc, k_for(density, acc.numel()), state.refine)
-    return allgather_exchange(state, acc, idx, fixed=False)
+        thr, _ = gaussian_threshold(acc, k, state.refine)
+        idx, valid, _ = capped_indices(acc, thr, gaussiank_capacity(k))
+    return allgather_exchange(state, acc, idx, valid)
 
 
 def gaussiank_hook(

@@ -2,6 +2,12 @@
 
 Every selector treats ``k >= numel`` as "everything", so density 1.0 degenerates to a dense
 exchange and reproduces the dense average exactly.
+
+No host syncs: what a hook calls in its steady state keeps counts and thresholds on the
+device and returns fixed-size results (``capped_indices``: a capacity and a validity mask
+instead of a data-dependent length). The exceptions are CPU-only shortcuts that read a count
+on the host, which costs nothing on a CPU and would stall an accelerator; they run only for
+CPU tensors while ``CPU_SHORTCUTS`` is true (tests switch it off to check the device path).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ def k_for(density: float, numel: int) -> int:
     return max(1, min(numel, math.ceil(round(density * numel, 9))))
 
 
+CPU_SHORTCUTS = True
+"""Allow the CPU-only selection shortcuts (host reads of counts); see the module doc."""
+
 SAMPLED_MIN_NUMEL = 1 << 16  # below this, torch.topk is cheap enough
 SAMPLE_STRIDE = 97
 SAMPLE_MARGIN = 1.3
@@ -37,9 +46,24 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
         return torch.arange(n, device=x.device)
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=x.device)
-    if x.device.type == "cpu" and n >= SAMPLED_MIN_NUMEL and 8 * k <= n:
+    if _shortcut(x) and n >= SAMPLED_MIN_NUMEL and 8 * k <= n:
         return sampled_topk_indices(x, k)
     return torch.topk(x.abs(), k, sorted=False).indices
+
+
+TINY = torch.finfo(torch.float32).tiny * torch.finfo(torch.float32).eps  # least subnormal
+
+
+def _positive(threshold: torch.Tensor | float) -> torch.Tensor | float:
+    """``threshold`` raised to the least positive float32, so ``|x| >= threshold`` also means
+    ``x != 0`` (one comparison pass instead of two and an ``&``)."""
+    if isinstance(threshold, torch.Tensor):
+        return threshold.clamp_min(TINY)
+    return max(threshold, TINY)
+
+
+def _shortcut(x: torch.Tensor) -> bool:
+    return CPU_SHORTCUTS and x.device.type == "cpu"
 
 
 def sampled_topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -64,9 +88,37 @@ def sampled_topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def threshold_indices(x: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Positions with ``|x| >= threshold`` and ``x != 0`` (zeros are never worth sending)."""
+    """Positions with ``|x| >= threshold`` and ``x != 0`` (zeros are never worth sending).
+    A data-dependent length: for tests and references, not for a hook's steady state."""
     mag = x.abs()
     return torch.nonzero((mag >= threshold) & (mag > 0), as_tuple=False).flatten()
+
+
+def capped_indices(
+    x: torch.Tensor, threshold: torch.Tensor | float, cap: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fixed-capacity threshold selection: ``(positions[cap], valid[cap], passing)``.
+
+    The valid entries are the positions with ``|x| >= threshold`` and ``x != 0`` (all of
+    them when at most ``cap`` pass, else the ``cap`` largest); the others are padding at
+    position 0. ``passing`` (a 0-d int64 tensor) counts all positions that pass, capped or
+    not. Nothing is read on the host: on the device path one ``topk`` of ``cap`` over the
+    masked magnitudes; the CPU shortcut gathers the candidates first (cheaper, a host
+    read of their count)."""
+    mag = x.abs()
+    mask = mag >= _positive(threshold)
+    passing = mask.sum()
+    cap = min(cap, x.numel())
+    if _shortcut(x):
+        cand = torch.nonzero(mask).flatten()
+        if cand.numel() > cap:
+            cand = cand[torch.topk(mag[cand], cap, sorted=False).indices]
+        pad = cap - cand.numel()
+        valid = torch.arange(cap, device=x.device) < cand.numel()
+        return torch.cat([cand, cand.new_zeros(pad)]), valid, passing
+    vals, idx = torch.topk(torch.where(mask, mag, torch.zeros_like(mag)), cap, sorted=False)
+    valid = vals > 0
+    return torch.where(valid, idx, torch.zeros_like(idx)), valid, passing
 
 
 def normal_quantile(p: float) -> float:
@@ -74,35 +126,46 @@ def normal_quantile(p: float) -> float:
     return NormalDist().inv_cdf(p)
 
 
-def gaussian_threshold(x: torch.Tensor, k: int, refine: int = 3) -> tuple[float, int]:
-    """GaussianK threshold (Shi et al. 2019) and the number of elements that pass it.
+def gaussian_threshold(
+    x: torch.Tensor, k: int, refine: int = 3
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GaussianK threshold (Shi et al. 2019) and the number of elements that pass it, as
+    0-d tensors (no host read).
 
     Models ``x`` as normal with its sample mean and std and takes the two-sided threshold
     ``|mean| + std * z(1 - rho / 2)`` that a fraction ``rho = k / n`` of ``|x|`` exceeds. The
     estimate is refined up to ``refine`` times: halved when fewer than 2k/3 pass, times 1.5
-    when more than 4k/3 pass."""
+    when more than 4k/3 pass, and left alone once the count is inside that band. The steps
+    are taken on the device with ``where`` (no branch on the count), so every refinement
+    costs a pass; the CPU shortcut stops early instead."""
     n = x.numel()
     rho = min(1.0, k / n)
     if rho >= 1.0:
-        return 0.0, n
-    mean = float(x.mean())
-    std = float(x.std()) if n > 1 else 0.0
-    thr = abs(mean) + std * normal_quantile(1.0 - rho / 2.0)
+        return x.new_zeros(()), torch.full((), n, device=x.device)
+    mean = x.mean()
+    std = x.std() if n > 1 else torch.zeros_like(mean)
+    thr = _positive(mean.abs() + std * normal_quantile(1.0 - rho / 2.0))
     mag = x.abs()
-    count = int(((mag >= thr) & (mag > 0)).sum())
+    count = (mag >= thr).sum()
+    one = torch.ones_like(thr)
     for _ in range(refine):
-        if count < 2 * k / 3:
-            thr *= 0.5
-        elif count > 4 * k / 3:
-            thr *= 1.5
-        else:
+        low, high = count < 2 * k / 3, count > 4 * k / 3
+        if _shortcut(x) and not bool(low | high):
             break
-        count = int(((mag >= thr) & (mag > 0)).sum())
+        thr = thr * torch.where(low, 0.5 * one, torch.where(high, 1.5 * one, one))
+        count = (mag >= thr).sum()
     return thr, count
 
 
+def gaussiank_capacity(k: int) -> int:
+    """Pairs a GaussianK payload holds: ``ceil(4k / 3)``, the top of the refinement band,
+    so a converged threshold is never trimmed."""
+    return math.ceil(4 * k / 3)
+
+
 def gaussiank_indices(x: torch.Tensor, k: int, refine: int = 3) -> torch.Tensor:
-    """Positions selected by the GaussianK threshold (variable count, about ``k``)."""
+    """Positions selected by the GaussianK threshold (variable count, about ``k``; for
+    references: the hook uses ``capped_indices`` with ``gaussiank_capacity``)."""
     if k >= x.numel():
         return torch.arange(x.numel(), device=x.device)
     thr, _ = gaussian_threshold(x, k, refine)

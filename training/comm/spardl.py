@@ -65,15 +65,21 @@ the whole union). ``h`` starts at ``ceil(kb / d)`` and adapts online from the un
 (overlapping selections make the union smaller than ``d h``; ``h`` grows by
 ``sqrt(kb / union)`` until the union is near ``kb``, within ``[ceil(kb / d), kb]``). What an
 owner did not send stays in its residual. Finally the owners spread their block's ``kb``
-pairs (fixed capacity, zero-padded) to their team by direct messages. Per worker and bucket
+pairs (fixed capacity: when the union is smaller, the rest are zero-valued repeats of chosen
+positions) to their team by direct messages. Per worker and bucket
 this sends ``(t - 1) kb`` pairs in SRS, ``(d - 1) h`` across teams and ``(t - 1) kb`` in the
 spread: with ``h = k / P`` about ``k (2P - d - 1) / P`` pairs, ``(d - 1) k / P`` fewer than
 one team's ``2 k (P - 1) / P``, in ``log2(t) + 2`` phases instead of ``log2(P)`` plus a
-``P``-way all-gather (fewer message steps on latency-bound links). The union size needs one
-host sync per bucket (teams only: ``torch.unique``).
+``P``-way all-gather (fewer message steps on latency-bound links). No host sync: the union
+is found by sorting the ``d h`` positions (fixed size), and its size, which steers ``h``, is
+read one iteration later, when the bucket comes back (``hostread.Deferred``), so ``h``
+follows exactly the same sequence as if it were read at once.
 
-Every message carries its int32 indices and values in one packed byte buffer
-(``exchange.pack_pairs``): one send per peer and round.
+Every message carries its indices and values in one packed byte buffer (``pairs.PairCodec``):
+one send per peer and round. Pairs take 8 bytes (int32 index, float32 value), 6 with
+``fp16=True``, or 4 with ``pairs16="fp16"`` / ``"bf16"``: a 16-bit index relative to the
+block start (blocks longer than 65,536 elements carry one int32 count per 65,536-element
+chunk) and a 16-bit value, rounded like ``fp16`` with the rounding kept in the residual.
 
 Global residual collection
 --------------------------
@@ -95,22 +101,16 @@ import torch
 import torch.distributed as dist
 
 from zoopick.training.comm.errors import CommError
-from zoopick.training.comm.exchange import (
-    INDEX_DTYPE,
-    add_pairs,
-    allgather_parts,
-    p2p_exchange,
-    pack_pairs,
-    pair_bytes,
-    to_wire,
-    unpack_pairs,
-)
+from zoopick.training.comm.exchange import add_pairs, allgather_parts, p2p_exchange, round_to
+from zoopick.training.comm.hostread import Deferred
+from zoopick.training.comm.pairs import PairCodec
 from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import even_bounds, k_for, topk_indices
 from zoopick.training.comm.state import HookState, id_key, named_key, run_hook
 from zoopick.training.comm.store import BucketLayout
 
 SPLITS = ("gap", "halving", "pow2")
+PAIRS16 = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -234,6 +234,7 @@ class SparDLState(HookState):
         *,
         teams: int = 1,
         split: str = "gap",
+        pairs16: str | None = None,
         **common: Any,
     ) -> None:
         """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
@@ -242,13 +243,31 @@ class SparDLState(HookState):
             raise CommError(f"spardl: teams must be a positive int, got {teams!r}")
         if split not in SPLITS:
             raise CommError(f"spardl: split must be one of {SPLITS}, got {split!r}")
+        if pairs16 is not None and pairs16 not in PAIRS16:
+            raise CommError(
+                f"spardl: pairs16 must be one of {sorted(PAIRS16)} or None, got {pairs16!r}"
+            )
+        if pairs16 == "bf16" and self.fp16:
+            raise CommError("spardl: pairs16='bf16' sends bfloat16 values; drop fp16=True")
         self.teams = teams
         self.split = split
+        self.pairs16 = pairs16
+        if pairs16 is not None:
+            self.codec = PairCodec(PAIRS16[pairs16], index16=True)
+        else:
+            self.codec = PairCodec(torch.float16 if self.fp16 else torch.float32)
         self.shares: dict[tuple[int, ...], int] = {}  # cross-team share h per bucket
+        # per bucket: (union size of the last iteration, its h, kbq, d), read when it returns
+        self.unions: dict[tuple[int, ...], tuple[Deferred, int, int, int]] = {}
 
     def reset_state(self) -> None:
         super().reset_state()
         self.shares.clear()
+        self.unions.clear()
+
+    def settle(self) -> None:
+        for key in list(self.unions):
+            _adapt_pending(self, key)
 
     def scheme_state(self, names: dict[int, str]) -> dict[Any, Any]:
         """The adapted cross-team shares per bucket."""
@@ -271,10 +290,40 @@ def _adapt_share(state: "SparDLState", key, h: int, union: int, kbq: int, d: int
     state.shares[key] = max(min(kbq, math.ceil(kbq / d)), min(kbq, scaled))
 
 
+def _merge(
+    pos: torch.Tensor, block_sum: torch.Tensor, kbq: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The owner's final selection from the ``d`` pieces' positions ``pos`` (block-relative,
+    with repeats where pieces overlap): ``(positions[cap], valid[cap], union size)``, with
+    ``cap = min(kbq, len(pos))``, the top-``kbq`` of the merged union by ``|block_sum|``
+    (all of it when it is smaller). Fixed sizes, nothing read on the host: the positions
+    are sorted, repeats marked invalid (they become zero-valued pairs at a position already
+    chosen) and ranked below every real entry."""
+    spos, _ = torch.sort(pos)
+    first = torch.ones_like(spos, dtype=torch.bool)
+    first[1:] = spos[1:] != spos[:-1]
+    union = first.sum()
+    cap = min(kbq, spos.numel())
+    if cap == spos.numel():
+        return spos, first, union
+    score = torch.where(first, block_sum[spos].abs(), torch.full_like(block_sum[spos], -1.0))
+    top = torch.topk(score, cap, sorted=False).indices
+    return spos[top], first[top], union
+
+
+def _adapt_pending(state: "SparDLState", key: tuple[int, ...]) -> None:
+    """Adapt ``h`` from the union size of this bucket's previous iteration (deferred)."""
+    pending = state.unions.pop(key, None)
+    if pending is not None:
+        union, h, kbq, d = pending
+        _adapt_share(state, key, h, int(union.get()), kbq, d)
+
+
 def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, density: float):
     P, d = state.size, state.teams
     if P % d:
         raise CommError(f"spardl: teams={d} does not divide the {P} workers")
+    _adapt_pending(state, layout.key)
     t = P // d
     team, q = divmod(state.rank, t)
     base = team * t  # group rank of team position 0
@@ -283,10 +332,19 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
     bounds = even_bounds(n, t)
     kb = math.ceil(k / t) if k else 0
     kbs = [min(kb, bounds[j + 1] - bounds[j]) for j in range(t)]
-    wire_dtype = torch.float16 if state.fp16 else torch.float32
+    codec = state.codec
     stats = state.stats
     W = acc  # becomes this worker's residual
     sent = torch.zeros(n, dtype=torch.bool, device=acc.device)
+
+    def extent(j: int, count: int | None = None) -> tuple[int, int, int]:
+        """(pairs, first element, length) of block j, for the codec."""
+        return (kbs[j] if count is None else count), bounds[j], bounds[j + 1] - bounds[j]
+
+    def size(j: int, count: int | None = None) -> int:
+        """Bytes of block j's pairs on the wire."""
+        pairs, _, length = extent(j, count)
+        return codec.nbytes(pairs, length)
 
     def take(j: int, cap: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Remove the top-``cap`` (default kb) pairs of block j from W: (positions, payload,
@@ -294,26 +352,35 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
         lo, hi = bounds[j], bounds[j + 1]
         with stats.timer("select_s"):
             idx = topk_indices(W[lo:hi], kbs[j] if cap is None else cap) + lo
-            payload, seen = to_wire(W[idx], state.fp16)
+            payload, seen = round_to(W[idx], codec.value_dtype)
             W.index_add_(0, idx, -seen)
             sent[idx] = True
         return idx, payload, seen
 
+    def pack(j: int, idx: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        return codec.pack(idx, payload, bounds[j], bounds[j + 1] - bounds[j])
+
     # Spar-Reduce-Scatter inside the team: one packed message per peer and round.
     for rnd in spardl_schedule(t, state.split):
-        sends, recvs = [], []
+        sends, recvs, layouts = [], [], []
         for tr in rnd:
             if tr.src == q:
-                taken = [take(j) for j in tr.blocks]
-                idx = torch.cat([i for i, _, _ in taken])
-                buf = pack_pairs(idx, torch.cat([p for _, p, _ in taken]))
+                buf = torch.cat([pack(j, *take(j)[:2]) for j in tr.blocks])
                 sends.append((base + tr.dst, [buf]))
             if tr.dst == q:
-                length = sum(kbs[j] for j in tr.blocks)
-                recvs.append((base + tr.src, [(pair_bytes(length, wire_dtype), torch.uint8)]))
+                length = sum(size(j) for j in tr.blocks)
+                recvs.append((base + tr.src, [(length, torch.uint8)]))
+                layouts.append([extent(j) for j in tr.blocks])
         if sends or recvs:
             got = p2p_exchange(state, sends, recvs)
-            add_pairs(W, [unpack_pairs(g[0], wire_dtype) for g in got])
+            add_pairs(
+                W,
+                [
+                    pair
+                    for g, lay in zip(got, layouts, strict=True)
+                    for pair in codec.split(g[0], lay)
+                ],
+            )
 
     # The owned block: this team's sum, then (d > 1) merged across teams.
     lo = bounds[q]
@@ -324,50 +391,46 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
         peers = [s * t + q for s in range(d) if s != team]
         got = p2p_exchange(
             state,
-            [(peer, [pack_pairs(own_idx, own_payload)]) for peer in peers],
-            [(peer, [(pair_bytes(h, wire_dtype), torch.uint8)]) for peer in peers],
+            [(peer, [pack(q, own_idx, own_payload)]) for peer in peers],
+            [(peer, [(size(q, h), torch.uint8)]) for peer in peers],
         )
-        pieces = [unpack_pairs(g[0], wire_dtype) for g in got]
+        pieces = [codec.unpack(g[0], *extent(q, h)) for g in got]
         pieces.insert(team, (own_idx, own_payload))  # team order: same sum on every owner
         with stats.timer("select_s"):
             block_sum = torch.zeros(bounds[q + 1] - lo, device=acc.device)
             add_pairs(block_sum, [(i.long() - lo, v) for i, v in pieces])
-            # the merged union: only its positions can be non-zero (selecting among them,
-            # not over the whole mostly-zero block)
-            cand = torch.unique(torch.cat([i.long() for i, _ in pieces])) - lo
-            if k < n:
-                _adapt_share(state, layout.key, h, int(cand.numel()), kbq, d)
-            fin = cand if cand.numel() <= kbq else cand[topk_indices(block_sum[cand], kbq)]
-            kept = torch.zeros_like(block_sum, dtype=torch.bool)
-            kept[fin] = True
+            fin, fin_valid, union = _merge(
+                torch.cat([i.long() for i, _ in pieces]) - lo, block_sum, kbq
+            )
+            if k < n:  # read (and h adapted) when this bucket comes back: no host sync
+                state.unions[layout.key] = (Deferred(union), h, kbq, d)
+            kept = torch.zeros_like(block_sum).index_add_(0, fin, fin_valid.float()) > 0
             dropped = ~kept[own_idx - lo]
-            W.index_add_(0, own_idx[dropped], own_seen[dropped])
-            vals = block_sum[fin]
-            fin_payload, fin_seen = to_wire(vals, state.fp16)
-            if team == 0 and state.fp16:
+            W.index_add_(0, own_idx, own_seen * dropped)
+            vals = block_sum[fin] * fin_valid
+            fin_payload, fin_seen = round_to(vals, codec.value_dtype)
+            if team == 0 and codec.value_dtype != torch.float32:
                 W.index_add_(0, fin + lo, vals - fin_seen)
-            pad = kbq - fin.numel()  # fixed capacity: zero-valued pairs at the block start
-            fin = torch.cat([fin, fin.new_zeros(pad)])
-            fin_payload = torch.cat([fin_payload, fin_payload.new_zeros(pad)])
         final = (fin + lo, fin_payload)
     else:
         final = take(q)[:2]
 
     # Spread the final blocks to the team (everyone, when there is one team).
     blocks: list[tuple[torch.Tensor, torch.Tensor]]
-    mine = pack_pairs(*final)
+    mine = pack(q, *final)
     if d == 1:
-        sizes = [[pair_bytes(m, wire_dtype)] for m in kbs]
-        blocks = [unpack_pairs(g[0], wire_dtype) for g in allgather_parts(state, [mine], sizes)]
+        sizes = [[size(j)] for j in range(t)]
+        gathered = allgather_parts(state, [mine], sizes)
+        blocks = [codec.unpack(g[0], *extent(j)) for j, g in enumerate(gathered)]
     else:
-        mates = [base + j for j in range(t) if j != q]
+        mates = [j for j in range(t) if j != q]
         got = p2p_exchange(
             state,
-            [(mate, [mine]) for mate in mates],
-            [(mate, [(pair_bytes(kbs[mate - base], wire_dtype), torch.uint8)]) for mate in mates],
+            [(base + j, [mine]) for j in mates],
+            [(base + j, [(size(j), torch.uint8)]) for j in mates],
         )
-        blocks = [unpack_pairs(g[0], wire_dtype) for g in got]
-        blocks.insert(q, (final[0].to(INDEX_DTYPE), final[1]))
+        blocks = [codec.unpack(g[0], *extent(j)) for j, g in zip(mates, got, strict=True)]
+        blocks.insert(q, final)
     total = torch.zeros_like(acc)
     add_pairs(total, blocks)
     stats.add(nnz=sum(int(i.numel()) for i, _ in blocks))

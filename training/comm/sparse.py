@@ -14,17 +14,29 @@ from zoopick.training.comm.state import HookState
 
 
 def allgather_exchange(
-    state: HookState, acc: torch.Tensor, idx: torch.Tensor, fixed: bool
+    state: HookState, acc: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exchange this worker's selected positions ``idx`` of ``acc``.
 
-    ``fixed``: every worker selects the same number of pairs (no size header needed).
-    Returns (sum over workers, residual, sent positions)."""
-    payload, seen = to_wire(acc[idx], state.fp16)
-    lengths = [[idx.numel()] * 2] * state.size if fixed else None
-    gathered = allgather_parts(state, [idx.to(INDEX_DTYPE), payload], lengths)
+    Every worker sends the same number of pairs (a fixed capacity, so no size header and no
+    host read): ``valid`` marks the real ones (``None``: all). Padding travels as index -1
+    with value 0, so the count is inside the payload (the stats' pair count is read from it
+    later, see ``CommStats``) and a padding pair adds nothing. Returns (sum over workers,
+    residual, sent positions: the indices, or a mask when some were padding)."""
+    if valid is None:
+        values, wire_idx = acc[idx], idx
+    else:
+        values = acc[idx] * valid
+        wire_idx = torch.where(valid, idx, torch.full_like(idx, -1))
+    payload, seen = to_wire(values, state.fp16)
+    lengths = [[idx.numel()] * 2] * state.size
+    gathered = allgather_parts(state, [wire_idx.to(INDEX_DTYPE), payload], lengths)
     total = torch.zeros_like(acc)
-    add_pairs(total, [(i, v) for i, v in gathered])
+    add_pairs(total, [(i.clamp(min=0), v) for i, v in gathered])
     residual = acc.index_add_(0, idx, -seen)
-    state.stats.add(nnz=sum(int(i.numel()) for i, _ in gathered))
-    return total, residual, idx
+    if valid is None:
+        state.stats.add(nnz=state.size * idx.numel())
+        return total, residual, idx
+    state.stats.add(nnz=sum((i >= 0).sum() for i, _ in gathered))
+    hit = torch.zeros_like(acc).index_add_(0, idx, valid.to(acc.dtype))
+    return total, residual, hit > 0

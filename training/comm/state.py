@@ -9,8 +9,8 @@ what stays behind":
    DGC-style local momentum ``u <- m u + g`` (momentum correction, Lin et al. 2018: use it with
    a momentum-free optimizer);
 3. the scheme's exchange: returns the summed update over all workers (identical on every
-   rank), this worker's new residual and the positions it sent (for momentum factor masking:
-   ``u`` is zeroed there);
+   rank), this worker's new residual and the positions it sent, as indices or a boolean
+   mask (for momentum factor masking: ``u`` is zeroed there);
 4. the bucket buffer becomes the sum divided by P (the average, like DDP's default), and
    residuals are stored per parameter (see ``store.py``).
 
@@ -128,6 +128,7 @@ class HookState:
         """Residuals, momenta and the iteration counter, by parameter name of ``model`` (what a
         resumed run needs to continue the same error-feedback sequence)."""
         names = {id(p): n for n, p in model.named_parameters()}
+        self.settle()
         return {
             "iteration": self.iteration,
             "residuals": self.residuals.named(names),
@@ -141,6 +142,10 @@ class HookState:
         self.residuals.load_named(params, blob["residuals"])
         self.momenta.load_named(params, blob["momenta"])
         self.load_scheme_state(params, blob.get("scheme", {}))  # absent in older checkpoints
+
+    def settle(self) -> None:
+        """Apply the control steps still waiting for a deferred read (``hostread``): a host
+        read, for checkpoints and inspection, never needed by training itself."""
 
     def scheme_state(self, names: dict[int, str]) -> dict[Any, Any]:
         """A scheme's own per-bucket state (thresholds, partitions, block sizes) keyed by
@@ -274,8 +279,10 @@ def _run(
     if state.momentum > 0.0:
         if sent is None:  # everything was sent
             u.zero_()
+        elif sent.dtype == torch.bool:  # a mask (no boolean indexing: that is a host sync)
+            u.masked_fill_(sent, 0.0)
         else:
-            u[sent] = 0.0
+            u.index_fill_(0, sent, 0.0)
         state.momenta.scatter(layout, u)
     stats.add(numel=acc.numel(), buckets=1)
     buf.copy_(total.div_(state.size))

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 
 import torch
 
+from zoopick.training.comm.hostread import Deferred
+
 FIELDS = ("bytes_sent", "bytes_recv", "select_s", "comm_s", "numel", "nnz", "buckets")
 
 
@@ -71,7 +73,12 @@ class CommStats(list):
     blocking at every ``finish``; :meth:`resolve` waits for the rest and is called by
     :meth:`total`). ``sync_cuda=True`` synchronises the device at both ends of each block
     instead (exact wall time per block, but it stalls the GPU: benchmarks of one block only).
-    The CUDA paths have not been executed in this project's CI (no GPU)."""
+    The CUDA paths have not been executed in this project's CI (no GPU).
+
+    Amounts given as tensors (e.g. a pair count that only the device knows) are not read at
+    ``add``: they are kept as :class:`~zoopick.training.comm.hostread.Deferred` values and
+    added to their record at ``finish`` on a CPU, or at :meth:`resolve` on an accelerator
+    (the same place the CUDA timing events are waited for), so counting never stalls."""
 
     def __init__(self, sync_cuda: bool = False, keep: int = 1000) -> None:
         super().__init__()
@@ -84,6 +91,8 @@ class CommStats(list):
         self._device: torch.device | None = None
         # (record, field, start event, end event) not yet added to their record
         self._pending: list[tuple[dict[str, float], str, object, object]] = []
+        # (record, field, value) given as tensors, not yet added to their record
+        self._deferred: list[tuple[dict[str, float], str, Deferred]] = []
 
     def begin(self, iteration: int, device: torch.device) -> dict[str, float]:
         """Open the record for ``iteration`` unless one is already open."""
@@ -97,6 +106,9 @@ class CommStats(list):
         if self.current is None:
             return
         rec = self.current
+        dev = self._device
+        if dev is None or dev.type == "cpu":
+            self._read_deferred()  # nothing to wait for on a CPU
         self.current = None
         self.append(rec)
         for f in FIELDS:
@@ -110,7 +122,18 @@ class CommStats(list):
         if self.current is None:
             raise RuntimeError("CommStats.add outside an iteration")
         for key, value in amounts.items():
-            self.current[key] += value
+            if isinstance(value, torch.Tensor):
+                self._deferred.append((self.current, key, Deferred(value)))
+            else:
+                self.current[key] += value
+
+    def _read_deferred(self) -> None:
+        for rec, field, value in self._deferred:
+            amount = value.get()
+            rec[field] += amount
+            if rec is not self.current:  # already summed into the cumulative total
+                self.cumulative[field] += amount
+        self._deferred = []
 
     def _sync(self) -> None:
         dev = self._device
@@ -161,9 +184,11 @@ class CommStats(list):
         self._pending = left
 
     def resolve(self) -> None:
-        """Wait for the outstanding CUDA timing events and add their times (a host sync: call
-        it where one is harmless, e.g. at the end of an epoch)."""
+        """Wait for the outstanding CUDA timing events and add their times, and read the
+        deferred counts (a host sync: call it where one is harmless, e.g. at the end of an
+        epoch)."""
         self._resolve(block=True)
+        self._read_deferred()
 
     def reset(self) -> None:
         """Forget finished records (an open record keeps being filled; ``cumulative`` too)."""

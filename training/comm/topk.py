@@ -22,7 +22,7 @@ class TopKState(HookState):
 def _exchange(state: HookState, layout: BucketLayout, acc: torch.Tensor, density: float):
     with state.stats.timer("select_s"):
         idx = topk_indices(acc, k_for(density, acc.numel()))
-    return allgather_exchange(state, acc, idx, fixed=True)
+    return allgather_exchange(state, acc, idx)
 
 
 def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
