@@ -12,13 +12,15 @@ import pytest
 import zoopick.selection as selection
 
 
-def plain_fsms(labels: np.ndarray, features: np.ndarray, dim: int = 64) -> float:
+def plain_fsms(
+    labels: np.ndarray, features: np.ndarray, dim: int = 64, whiten: bool = False
+) -> float:
     n = len(labels)
     z = features - features.mean(axis=0)
     _, s, vt = np.linalg.svd(z, full_matrices=False)
     var = s**2 / n
     keep = [k for k in range(min(dim, len(var), n // 2)) if var[k] > var[0] * 1e-10]
-    x = z @ vt[keep].T / np.sqrt(var[keep])
+    x = z @ vt[keep].T / np.sqrt(var[keep] if whiten else var[keep].mean())
     m = x.shape[1]
     classes = np.unique(labels)
     stats, pooled = {}, np.zeros((m, m))
@@ -60,15 +62,35 @@ def rng():
     return np.random.default_rng(7)
 
 
+@pytest.mark.parametrize("whiten", [False, True])
 @pytest.mark.parametrize(
     ("sizes", "d", "dim"),
     [([30, 30, 30, 30], 20, 64), ([5, 40, 1, 14], 100, 64), ([25, 25, 25], 300, 8)],
 )
-def test_fsms_matches_plain_implementation(rng, sizes, d, dim):
+def test_fsms_matches_plain_implementation(rng, sizes, d, dim, whiten):
     labels = np.repeat(np.arange(len(sizes)), sizes)
-    f = class_features(rng, labels, d)
-    got = selection.score("fsms", labels=labels, features=f, dim=dim)
-    assert got == pytest.approx(plain_fsms(labels, f, dim), rel=1e-6)
+    f = class_features(rng, labels, d) * rng.uniform(0.2, 3.0, size=d)  # an uneven spectrum
+    got = selection.score("fsms", labels=labels, features=f, dim=dim, whiten=whiten)
+    assert got == pytest.approx(plain_fsms(labels, f, dim, whiten), rel=1e-6)
+
+
+def test_fsms_keeps_the_spectrum():
+    """Issue 11, second round: the same class signal scores lower when it sits in directions
+    with 1e-2 of the variance of pure-noise directions (a fresh linear head trained by
+    gradient descent, and LogME's isotropic prior, barely use it); the whitened first-round
+    form cannot tell the two apart."""
+    rng = np.random.default_rng(3)
+    labels = np.repeat(np.arange(4), 40)
+    signal = class_features(rng, labels, 4, strength=1.0)
+    noise = rng.standard_normal((160, 12))
+    loud, quiet = np.hstack([signal, noise]), np.hstack([1e-2 * signal, noise])
+
+    def score(f, **kw):
+        return selection.score("fsms", labels=labels, features=f, **kw)
+
+    assert score(loud) > 0.5
+    assert score(quiet) < 0.5 * score(loud)
+    assert score(quiet, whiten=True) == pytest.approx(score(loud, whiten=True), rel=1e-6)
 
 
 def test_fsms_does_not_move_with_head_size(rng):
@@ -85,23 +107,27 @@ def test_fsms_does_not_move_with_head_size(rng):
     assert max(smsp) - min(smsp) > 0.1 * max(smsp)  # the confound the test guards against
 
 
-def test_fsms_scale_rotation_and_noise(rng):
+@pytest.mark.parametrize("whiten", [False, True])
+def test_fsms_scale_rotation_and_noise(rng, whiten):
+    """Noise appended to features of the common dimension (64) never raises the score."""
     labels = np.repeat(np.arange(5), 40)
-    f = class_features(rng, labels, 16)
-    base = selection.score("fsms", labels=labels, features=f)
+    f = class_features(rng, labels, 64, strength=0.3)
+    base = selection.score("fsms", labels=labels, features=f, whiten=whiten)
     assert base > 0.5
-    q, _ = np.linalg.qr(rng.standard_normal((16, 16)))
-    assert selection.score("fsms", labels=labels, features=3.0 * f @ q + 5.0) == pytest.approx(
-        base, rel=1e-8
-    )
+    q, _ = np.linalg.qr(rng.standard_normal((64, 64)))
+    moved = selection.score("fsms", labels=labels, features=3.0 * f @ q + 5.0, whiten=whiten)
+    assert moved == pytest.approx(base, rel=1e-8)
     padded = [
         selection.score(
-            "fsms", labels=labels, features=np.hstack([f, rng.standard_normal((200, k))])
+            "fsms",
+            labels=labels,
+            features=np.hstack([f, rng.standard_normal((200, k))]),
+            whiten=whiten,
         )
-        for k in (48, 496)
+        for k in (48, 448, 1216)
     ]
-    assert base >= padded[0] >= padded[1]  # noise padding never raises the score
-    shuffled = selection.score("fsms", labels=rng.permutation(labels), features=f)
+    assert base >= padded[0] >= padded[1] >= padded[2]
+    shuffled = selection.score("fsms", labels=rng.permutation(labels), features=f, whiten=whiten)
     assert shuffled < 0.2 * base
 
 
@@ -119,4 +145,6 @@ def test_fsms_degenerate_inputs(rng):
 def test_fsms_registry_entry():
     assert "fsms" in selection.available()
     assert selection.needs("fsms") == frozenset({"features"})
-    assert selection.metrics.get("fsms").options == ["dim", "seed"]
+    assert selection.metrics.get("fsms").options == ["dim", "seed", "whiten"]
+    with pytest.raises(selection.MetricError, match="whiten"):
+        selection.score("fsms", labels=np.repeat(np.arange(2), 5), features=np.eye(10), whiten=1)

@@ -285,10 +285,12 @@ def isms(
 # ---------------------------------------------------------------- SMS+
 
 
-def _principal_whitened(z: np.ndarray, dim: int, seed: int) -> np.ndarray:
+def _principal_whitened(z: np.ndarray, dim: int, seed: int, *, whiten: bool = True) -> np.ndarray:
     """Project the rows of ``z`` (already centred) on their top ``dim`` principal directions and
-    scale each to unit variance. Directions with (numerically) no variance are dropped, so the
-    result may have fewer than ``dim`` columns, or none. At most ``n // 2`` directions are kept:
+    scale each to unit variance (``whiten=False``: scale all of them by one factor, so that their
+    mean variance is 1 and their spectrum is kept). Directions with (numerically) no variance
+    are dropped, so the result may have fewer than ``dim`` columns, or none. At most ``n // 2``
+    directions are kept:
     whitening every direction a small sample spans maps *any* sample onto the same regular
     simplex, which would erase the classes (every model would score the same).
 
@@ -312,7 +314,7 @@ def _principal_whitened(z: np.ndarray, dim: int, seed: int) -> np.ndarray:
     if evals.size == 0 or evals[0] <= 0:
         return np.zeros((n, 0))
     ok = evals > evals[0] * 1e-10
-    return scores[:, ok] / np.sqrt(evals[ok])
+    return scores[:, ok] / np.sqrt(evals[ok] if whiten else np.mean(evals[ok]))
 
 
 def _oas(scatter: np.ndarray, dof: float) -> np.ndarray:
