@@ -106,7 +106,6 @@ def make_celery(settings: Settings, *, include_tasks: bool = False) -> Celery:
     return app
 
 
-
 def worker_argv(
     queues: str,
     concurrency: int,

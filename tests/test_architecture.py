@@ -164,7 +164,7 @@ def test_error_lines_of_ranks_sharing_a_pipe_never_interleave():
         "    write_line(sys.stderr, TrainerError('ValueError: ' + 'x' * 200, int(sys.argv[1]))"
         ".to_json())\n"
     )
-    shell = " & ".join(f"{sys.executable} -c \"$W\" {rank}" for rank in range(3)) + " & wait"
+    shell = " & ".join(f'{sys.executable} -c "$W" {rank}' for rank in range(3)) + " & wait"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "W": writer}
     done = subprocess.run(
         ["bash", "-c", shell], env=env, capture_output=True, text=True, timeout=120

@@ -228,9 +228,9 @@ def train(
     workers: Annotated[
         int | None, typer.Option(min=1, help="Local workers [one per GPU, else 2]")
     ] = None,
-    compressor: Annotated[
-        str, typer.Option(help="Comm hook: dense, topk, spardl ...")
-    ] = default("compressor"),
+    compressor: Annotated[str, typer.Option(help="Comm hook: dense, topk, spardl ...")] = default(
+        "compressor"
+    ),
     density: Annotated[float, typer.Option(min=0.0, max=1.0)] = default("density"),
     epochs: Annotated[int, typer.Option(min=1)] = default("epochs"),
     batch_size: Annotated[int, typer.Option(min=1)] = default("batch_size"),

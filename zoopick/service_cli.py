@@ -163,6 +163,7 @@ def serve(
     try:
         if worker:
             proc = start_worker()
+
             # a worker that stopped running tasks stops beating (or exits): restart it
             def exited() -> bool:
                 return proc is not None and proc.poll() is not None

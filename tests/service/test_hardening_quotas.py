@@ -52,8 +52,7 @@ def ready_dataset_and_model(factory, tenant: str) -> str:
 
 @pytest.fixture(scope="module")
 def service(isolated_settings):
-    api, base, settings, factory = start_service(isolated_settings, "quotas"
-    )
+    api, base, settings, factory = start_service(isolated_settings, "quotas")
     try:
         yield base, settings, factory
     finally:
@@ -92,8 +91,7 @@ LIMITED = {
 
 @pytest.fixture(scope="module")
 def limited(isolated_settings):
-    api, base, settings, factory = start_service(isolated_settings, "limited", LIMITED
-    )
+    api, base, settings, factory = start_service(isolated_settings, "limited", LIMITED)
     try:
         yield base, settings, factory
     finally:
