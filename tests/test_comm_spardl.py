@@ -179,17 +179,22 @@ def _spardl_reference(
     return sum(take(w, w) for w in range(P))
 
 
+def _reduced_and_accumulated(run, key: str, it: int):
+    """Iteration ``it`` of hook ``key``: the averaged buckets every rank got, and per bucket
+    each rank's accumulated gradient (its gradient plus the residual it carried in)."""
+    recs = [res["raw"][key]["records"][it] for res in run]
+    split = recs[0]["split"]
+    accs = [
+        _buckets(split, [g + b for g, b in zip(r["grads"], r["before"], strict=True)]) for r in recs
+    ]
+    return _buckets(split, recs[0]["avg"]), list(zip(*accs, strict=True))
+
+
 def test_matches_plain_reference(run):
     P = len(run)
     for it in range(ITERS):
-        recs = [res["raw"]["spardl"]["records"][it] for res in run]
-        split = recs[0]["split"]
-        got = _buckets(split, recs[0]["avg"])
-        accs = [
-            _buckets(split, [g + b for g, b in zip(r["grads"], r["before"], strict=True)])
-            for r in recs
-        ]
-        for b, per_rank in enumerate(zip(*accs, strict=True)):
+        got, per_bucket = _reduced_and_accumulated(run, "spardl", it)
+        for b, per_rank in enumerate(per_bucket):
             k = math.ceil(DENSITY * per_rank[0].numel() - 1e-9)
             expect = _spardl_reference(list(per_rank), k)
             np.testing.assert_allclose(got[b].numpy(), expect.numpy() / P, atol=1e-5)
@@ -205,14 +210,8 @@ def test_sixteen_bit_pairs_match_the_rounded_reference(run, key, dtype):
     P = len(run)
     eps = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
     for it in range(ITERS):
-        recs = [res["raw"][key]["records"][it] for res in run]
-        split = recs[0]["split"]
-        got = _buckets(split, recs[0]["avg"])
-        accs = [
-            _buckets(split, [g + b for g, b in zip(r["grads"], r["before"], strict=True)])
-            for r in recs
-        ]
-        for b, per_rank in enumerate(zip(*accs, strict=True)):
+        got, per_bucket = _reduced_and_accumulated(run, key, it)
+        for b, per_rank in enumerate(per_bucket):
             k = math.ceil(DENSITY * per_rank[0].numel() - 1e-9)
             expect = _spardl_reference(list(per_rank), k, dtype).numpy() / P
             np.testing.assert_allclose(got[b].numpy(), expect, atol=2 * eps * abs(expect).max())
