@@ -7,6 +7,8 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 
@@ -16,30 +18,52 @@ from tests.service.test_api import API
 from tests.service.test_hardening_workers import EXTRA
 
 
+@contextlib.contextmanager
+def serving(
+    tmp_path: Path, extra: dict[str, str], concurrency: int
+) -> Iterator[tuple[procs.Proc, httpx.Client, set[int]]]:
+    """``zoopick serve`` on the embedded setup in ``tmp_path`` (its local worker has
+    ``concurrency`` pool processes) and a client with its key. On exit serve is stopped and
+    every process in the yielded set, plus serve's descendants then, is killed: a test adds
+    the processes it saw to that set."""
+    from tests.service.test_serve_signals import SERVE, descendants
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
+    env.update(extra, ZOOPICK_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1")
+    port = procs.free_port()
+    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
+    serve = procs.Proc("serve", cmd + ["--concurrency", str(concurrency)], env, tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    seen: set[int] = set()
+    try:
+        procs.wait_http(serve, f"{base}/healthz", timeout=90)
+        key = (tmp_path / "data" / "api-key").read_text().strip()
+        headers = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=base, headers=headers, timeout=30) as http:
+            yield serve, http, seen
+    finally:
+        seen |= descendants(serve.proc.pid)
+        serve.stop()
+        for pid in seen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_serve_restarts_a_stalled_embedded_worker_and_recovers_its_work(tmp_path):
     """Embedded mode (SQLite, file broker): the local worker of ``zoopick serve`` stops
     (SIGSTOP on its process group, as a hung pool looks from outside); /readyz reports it,
     serve restarts it, and a dataset uploaded meanwhile (its message taken by the stalled
     worker, or still queued) ends ready."""
-    from tests.service.test_serve_signals import SERVE, descendants
+    from tests.service.test_serve_signals import descendants
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
-    env.update(EXTRA, ZOOPICK_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1")
     # re-sending a lost validation every 12 s, up to 5 times, covers the stall and restart
-    env.update(
-        ZOOPICK_MAX_DELIVERIES="5",
-        ZOOPICK_LIGHT_SOFT_TIME_LIMIT="5",
-        ZOOPICK_LIGHT_HARD_TIME_LIMIT="6",
-    )
-    port = procs.free_port()
-    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
-    serve = procs.Proc("serve", cmd + ["--concurrency", "1"], env, tmp_path)
-    base = f"http://127.0.0.1:{port}"
-    started: set[int] = set()
-    try:
-        procs.wait_http(serve, f"{base}/healthz", timeout=90)
-        key = (tmp_path / "data" / "api-key").read_text().strip()
-        http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    extra = {
+        **EXTRA,
+        "ZOOPICK_MAX_DELIVERIES": "5",
+        "ZOOPICK_LIGHT_SOFT_TIME_LIMIT": "5",
+        "ZOOPICK_LIGHT_HARD_TIME_LIMIT": "6",
+    }
+    with serving(tmp_path, extra, concurrency=1) as (serve, http, seen):
         procs.poll(
             lambda: http.get("/readyz").json().get("checks", {}).get("workers", ""),
             lambda w: w.startswith("ok"),
@@ -47,6 +71,7 @@ def test_serve_restarts_a_stalled_embedded_worker_and_recovers_its_work(tmp_path
             what="the local worker's heartbeat",
         )
         started = descendants(serve.proc.pid)
+        seen |= started
         leader = min(started)  # the worker's main process leads its own group
         os.killpg(os.getpgid(leader), signal.SIGSTOP)
         resp = http.post(f"{API}/datasets", files={"file": ("late.npz", npz_bytes(), "x")})
@@ -62,13 +87,6 @@ def test_serve_restarts_a_stalled_embedded_worker_and_recovers_its_work(tmp_path
             what="the dataset uploaded during the stall",
         )
         assert final["status"] == "ready", final
-        http.close()
-    finally:
-        started |= descendants(serve.proc.pid)
-        serve.stop()
-        for pid in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_worker_whose_pool_children_were_killed_gives_its_tasks_back_and_is_restarted(
@@ -81,25 +99,14 @@ def test_a_worker_whose_pool_children_were_killed_gives_its_tasks_back_and_is_re
     while its pool is free: it stops beating (/readyz 503), gives the tasks back and exits;
     serve starts a new worker, which runs them. The validation time limits keep their
     defaults, so the sweeper (which re-sends a dataset only after twice that) plays no part."""
-    from tests.service.test_serve_signals import SERVE, descendants
+    from tests.service.test_serve_signals import descendants
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
-    env.update(
-        ZOOPICK_DATA_DIR=str(tmp_path / "data"),
-        OMP_NUM_THREADS="1",
-        ZOOPICK_HEARTBEAT_SECONDS="0.5",
-        ZOOPICK_HEARTBEAT_TIMEOUT_SECONDS="4",
-        ZOOPICK_SWEEP_INTERVAL_SECONDS="1",
-    )
-    port = procs.free_port()
-    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
-    serve = procs.Proc("serve", cmd + ["--concurrency", "2"], env, tmp_path)
-    base = f"http://127.0.0.1:{port}"
-    started: set[int] = set()
-    try:
-        procs.wait_http(serve, f"{base}/healthz", timeout=90)
-        key = (tmp_path / "data" / "api-key").read_text().strip()
-        http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    extra = {
+        "ZOOPICK_HEARTBEAT_SECONDS": "0.5",
+        "ZOOPICK_HEARTBEAT_TIMEOUT_SECONDS": "4",
+        "ZOOPICK_SWEEP_INTERVAL_SECONDS": "1",
+    }
+    with serving(tmp_path, extra, concurrency=2) as (serve, http, seen):
 
         def dataset(name: str, seed: int) -> str:
             files = {"file": (name, npz_bytes(seed=seed), "x")}
@@ -113,6 +120,7 @@ def test_a_worker_whose_pool_children_were_killed_gives_its_tasks_back_and_is_re
         first = dataset("first.npz", 0)  # the pool has run a task before it is killed
         procs.poll(lambda: statuses([first]), lambda s: s == ["ready"], 60, what="first")
         started = descendants(serve.proc.pid)
+        seen |= started
         leader = min(started)
         pool = started - {leader}
         assert len(pool) == 2, started
@@ -133,10 +141,3 @@ def test_a_worker_whose_pool_children_were_killed_gives_its_tasks_back_and_is_re
         log = serve.log.read_text(errors="replace")
         assert "reserved task(s) not started" in log and "reserved task(s) back" in log, log
         procs.poll(lambda: http.get("/readyz").status_code, lambda s: s == 200, 30, what="200")
-        http.close()
-    finally:
-        started |= descendants(serve.proc.pid)
-        serve.stop()
-        for pid in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
