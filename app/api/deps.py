@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -44,8 +45,20 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     hold, and nothing would move until the pool's timeout (a 30 s freeze, then 500s). A slot
     per pooled connection, taken here on the event loop before any thread is, rules that out:
     the requests beyond the pool wait without a thread, and a thread never waits on the pool.
+    A request that waits longer than ``ZOOPICK_DB_POOL_TIMEOUT_SECONDS`` is answered 503.
     """
-    async with request.app.state.session_slots:
+    slots: asyncio.Semaphore = request.app.state.session_slots
+    try:
+        async with asyncio.timeout(request.app.state.settings.db_pool_timeout_seconds):
+            await slots.acquire()
+    except TimeoutError:  # every connection busy that long (e.g. slow uploads): shed the load
+        raise Problem(
+            503,
+            "the server is busy (no database connection free); retry shortly",
+            kind="busy",
+            headers={"Retry-After": "1"},
+        ) from None
+    try:
         session = request.app.state.sessionmaker()
         try:
             yield session
@@ -54,6 +67,8 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
                 await anyio.to_thread.run_sync(session.close, limiter=anyio.CapacityLimiter(1))
             else:
                 session.close()
+    finally:
+        slots.release()
 
 
 @dataclass(frozen=True)

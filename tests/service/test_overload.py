@@ -12,9 +12,12 @@ real uvicorn on PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 
 import httpx
 
+from tests.service import procs
 from tests.service.test_hardening_quotas import new_key, ready_dataset_and_model, start_service
 
 CONCURRENT = 120
@@ -47,5 +50,45 @@ def test_requests_beyond_the_pool_wait_for_a_connection_and_all_succeed(isolated
             f"{sorted(set(statuses))}\n{api.tail(20)}"
         )
         assert "TimeoutError" not in api.tail(200)
+    finally:
+        api.stop()
+
+
+def test_a_request_that_waits_too_long_for_a_connection_is_503(isolated_settings):
+    """The wait for a session slot is bounded: with the only connection held by an upload
+    that stalled after its headers (a slow client), another request is answered 503 "busy"
+    with Retry-After after ``ZOOPICK_DB_POOL_TIMEOUT_SECONDS``, and requests go through again
+    once the upload is gone."""
+    pool = {
+        "ZOOPICK_DB_POOL_SIZE": "1",
+        "ZOOPICK_DB_MAX_OVERFLOW": "0",
+        "ZOOPICK_DB_POOL_TIMEOUT_SECONDS": "2",
+    }
+    api, base, _, factory = start_service(isolated_settings, "overload-shed", pool)
+    try:
+        headers = new_key(factory, "slow")
+        host, port = base.removeprefix("http://").split(":")
+        head = (
+            "POST /api/v1/datasets HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: {headers['Authorization']}\r\n"
+            "Content-Type: multipart/form-data; boundary=zpb\r\nContent-Length: 100000\r\n\r\n"
+            "--zpb\r\n"
+        )
+        with socket.create_connection((host, int(port))) as slow:
+            slow.sendall(head.encode())
+            time.sleep(1.0)  # the upload has its session and waits for the rest of the body
+            started = time.monotonic()
+            resp = httpx.get(f"{base}/api/v1/datasets", headers=headers, timeout=30)
+            waited = time.monotonic() - started
+        assert resp.status_code == 503, resp.text
+        assert resp.json()["type"].endswith("busy") and resp.headers["retry-after"] == "1"
+        assert waited >= 1.5
+        back = procs.poll(
+            lambda: httpx.get(f"{base}/api/v1/datasets", headers=headers, timeout=30),
+            lambda r: r.status_code == 200,
+            30,
+            what="requests to go through once the stalled upload is gone",
+        )
+        assert back.json()["items"] == []
     finally:
         api.stop()
