@@ -12,6 +12,7 @@ real uvicorn on PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 
@@ -23,6 +24,22 @@ from tests.service.test_hardening_quotas import new_key, ready_dataset_and_model
 CONCURRENT = 120
 
 
+@contextlib.contextmanager
+def pooled_service(isolated_settings, name: str, connections: int, timeout: int):
+    """(api proc, base URL, sessionmaker) of a uvicorn whose processes hold at most
+    ``connections`` database connections and wait ``timeout`` seconds for one."""
+    pool = {
+        "ZOOPICK_DB_POOL_SIZE": str(connections),
+        "ZOOPICK_DB_MAX_OVERFLOW": "0",
+        "ZOOPICK_DB_POOL_TIMEOUT_SECONDS": str(timeout),
+    }
+    api, base, _, factory = start_service(isolated_settings, name, pool)
+    try:
+        yield api, base, factory
+    finally:
+        api.stop()
+
+
 async def _burst(base: str, headers: dict[str, str], paths: list[str]) -> list[int]:
     limits = httpx.Limits(max_connections=CONCURRENT, max_keepalive_connections=CONCURRENT)
     async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits, timeout=60) as c:
@@ -31,13 +48,7 @@ async def _burst(base: str, headers: dict[str, str], paths: list[str]) -> list[i
 
 
 def test_requests_beyond_the_pool_wait_for_a_connection_and_all_succeed(isolated_settings):
-    pool = {
-        "ZOOPICK_DB_POOL_SIZE": "2",
-        "ZOOPICK_DB_MAX_OVERFLOW": "0",
-        "ZOOPICK_DB_POOL_TIMEOUT_SECONDS": "3",
-    }
-    api, base, _, factory = start_service(isolated_settings, "overload", pool)
-    try:
+    with pooled_service(isolated_settings, "overload", 2, 3) as (api, base, factory):
         headers = new_key(factory, "busy")
         dataset = ready_dataset_and_model(factory, "busy")
         paths = [
@@ -50,8 +61,6 @@ def test_requests_beyond_the_pool_wait_for_a_connection_and_all_succeed(isolated
             f"{sorted(set(statuses))}\n{api.tail(20)}"
         )
         assert "TimeoutError" not in api.tail(200)
-    finally:
-        api.stop()
 
 
 def test_a_request_that_waits_too_long_for_a_connection_is_503(isolated_settings):
@@ -59,13 +68,7 @@ def test_a_request_that_waits_too_long_for_a_connection_is_503(isolated_settings
     that stalled after its headers (a slow client), another request is answered 503 "busy"
     with Retry-After after ``ZOOPICK_DB_POOL_TIMEOUT_SECONDS``, and requests go through again
     once the upload is gone."""
-    pool = {
-        "ZOOPICK_DB_POOL_SIZE": "1",
-        "ZOOPICK_DB_MAX_OVERFLOW": "0",
-        "ZOOPICK_DB_POOL_TIMEOUT_SECONDS": "2",
-    }
-    api, base, _, factory = start_service(isolated_settings, "overload-shed", pool)
-    try:
+    with pooled_service(isolated_settings, "overload-shed", 1, 2) as (_, base, factory):
         headers = new_key(factory, "slow")
         host, port = base.removeprefix("http://").split(":")
         head = (
@@ -90,5 +93,3 @@ def test_a_request_that_waits_too_long_for_a_connection_is_503(isolated_settings
             what="requests to go through once the stalled upload is gone",
         )
         assert back.json()["items"] == []
-    finally:
-        api.stop()
