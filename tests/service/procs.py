@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -111,6 +113,29 @@ def start_api(
     url = f"http://127.0.0.1:{port}"
     wait_http(proc, url + "/healthz")
     return proc, url
+
+
+@contextmanager
+def api_and_worker(
+    settings: Settings,
+    queues: str,
+    token: str,
+    extra: dict[str, str] | None = None,
+    *,
+    prefix: str = "",
+) -> Iterator[tuple[httpx.Client, Proc]]:
+    """A uvicorn and a ready Celery worker on ``queues`` (both with ``extra`` settings), and a
+    client of ``base URL + prefix`` holding ``token``; both processes stop on exit."""
+    worker = start_worker(settings, queues, settings.data_dir, extra)
+    api, base = start_api(settings, settings.data_dir, extra)
+    try:
+        wait_worker_ready(worker)
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=base + prefix, headers=headers, timeout=60) as http:
+            yield http, worker
+    finally:
+        api.stop()
+        worker.stop()
 
 
 def wait_http(proc: Proc, url: str, timeout: float = 60) -> None:

@@ -8,7 +8,6 @@ older manifest or a checkpoint replaced on disk would be.
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.service import procs
@@ -32,17 +31,8 @@ def service(isolated_settings):
         session.add(ZooModel(id="broken", arch="test_resnet", weights=str(vit), num_classes=10,
                              overrides={"input_size": [3, 32, 32]}))  # fmt: skip
     engine.dispose()
-    worker = procs.start_worker(settings, "cpu,gpu", settings.data_dir)
-    api, base = procs.start_api(settings, settings.data_dir)
-    try:
-        procs.wait_worker_ready(worker)
-        with httpx.Client(
-            base_url=base + API, headers={"Authorization": f"Bearer {token}"}, timeout=60
-        ) as http:
-            yield http, worker
-    finally:
-        api.stop()
-        worker.stop()
+    with procs.api_and_worker(settings, "cpu,gpu", token, prefix=API) as (http, worker):
+        yield http, worker
 
 
 def test_a_broken_zoo_entry_is_skipped_with_its_error(service):

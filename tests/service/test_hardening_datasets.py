@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.bombs import MiB, many_classes_npz, npz_declaring, png_bytes, zip_bomb
@@ -22,17 +21,8 @@ PAD = {"a/0.png": png_bytes(8, 8), "b/0.png": png_bytes(8, 8), "b/1.png": png_by
 def service(isolated_settings):
     settings = isolated_settings("hardening-datasets", upload_max_bytes=8 * MiB)
     token = procs.create_token(settings, "mallory")
-    worker = procs.start_worker(settings, "cpu", settings.data_dir)
-    api, base = procs.start_api(settings, settings.data_dir)
-    try:
-        procs.wait_worker_ready(worker)
-        with httpx.Client(
-            base_url=base + API, headers={"Authorization": f"Bearer {token}"}, timeout=60
-        ) as http:
-            yield http, settings, worker
-    finally:
-        api.stop()
-        worker.stop()
+    with procs.api_and_worker(settings, "cpu", token, prefix=API) as (http, worker):
+        yield http, settings, worker
 
 
 def pool_peak_rss(worker: procs.Proc) -> int:

@@ -21,7 +21,6 @@ import uuid
 import zipfile
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.bombs import png_bytes
@@ -47,17 +46,10 @@ def service(isolated_settings):
     token = procs.create_token(settings, "wendy")
     engine = make_engine(settings.database_url)
     factory = make_sessionmaker(engine)
-    worker = procs.start_worker(settings, "cpu", settings.data_dir, EXTRA)
-    api, base = procs.start_api(settings, settings.data_dir, EXTRA)
     try:
-        procs.wait_worker_ready(worker)
-        with httpx.Client(
-            base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60
-        ) as http:
+        with procs.api_and_worker(settings, "cpu", token, EXTRA) as (http, worker):
             yield http, settings, factory, worker
     finally:
-        api.stop()
-        worker.stop()
         engine.dispose()
 
 
