@@ -89,6 +89,17 @@ def problem_response(
     return JSONResponse(body, status_code=status, headers=p.headers, media_type=MEDIA_TYPE)
 
 
+def busy() -> Problem:
+    """503 for a request that found no database connection free in time: overload, not a
+    bug (the pool's own timeout, or the wait for a session slot in ``deps.get_session``)."""
+    return Problem(
+        503,
+        "the server is busy (no database connection free); retry shortly",
+        kind="busy",
+        headers={"Retry-After": "1"},
+    )
+
+
 def _describe(err: dict[str, Any]) -> str:
     loc = ".".join(str(part) for part in err.get("loc", ()) if part != "body") or "request"
     return f"{loc}: {err.get('msg', 'invalid')}"
@@ -138,13 +149,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(PoolTimeout)
     async def _busy(request: Request, exc: PoolTimeout) -> JSONResponse:
         # every database connection of this process is busy: overload, not a bug; shed it
-        return problem_response(
-            request,
-            503,
-            "the server is busy (no database connection free); retry shortly",
-            kind="busy",
-            headers={"Retry-After": "1"},
-        )
+        p = busy()
+        return problem_response(request, p.status, p.detail, kind=p.kind, headers=p.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -13,7 +13,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from zoopick.app.problems import Problem
+from zoopick.app.problems import Problem, busy
 from zoopick.service.db.models import Dataset, Job, ZooModel
 from zoopick.service.dispatch import Dispatcher
 from zoopick.service.security import authenticate, authenticate_owned, touch
@@ -52,12 +52,7 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         async with asyncio.timeout(request.app.state.settings.db_pool_timeout_seconds):
             await slots.acquire()
     except TimeoutError:  # every connection busy that long (e.g. slow uploads): shed the load
-        raise Problem(
-            503,
-            "the server is busy (no database connection free); retry shortly",
-            kind="busy",
-            headers={"Retry-After": "1"},
-        ) from None
+        raise busy() from None
     try:
         session = request.app.state.sessionmaker()
         try:
