@@ -11,8 +11,10 @@ accelerator, by intercepting the ops themselves (in this process and thread only
 * at the Python level (``TorchFunctionMode``): ``Tensor.tolist`` and ``Tensor.numpy``,
   which read memory without any dispatcher op, and ``torch.tensor`` / ``as_tensor`` /
   ``new_tensor`` (a tensor from host data: on an accelerator a copy from pageable memory
-  that torch follows with a stream synchronisation). Python scalars as op arguments
-  (``x * 0.5``, ``torch.full``) are kernel arguments, not copies, and pass.
+  that torch follows with a stream synchronisation), and ``x[index_tensor] = scalar`` (the
+  scalar is copied to the device the same way: found on a GPU). Python scalars as op
+  arguments (``x * 0.5``, ``torch.full``, ``index_fill_``) are kernel arguments, not copies,
+  and pass.
 
 Reads inside ``zoopick.training.comm.hostread.sanctioned()`` (deferred values) pass. What
 it cannot see on a CPU: a ``.cpu()`` / ``.to("cpu")`` of a tensor that is already on the
@@ -91,6 +93,17 @@ class _Dispatch(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _scalar_into_index(args: tuple) -> bool:
+    """``x[t] = 1.0`` with a tensor ``t`` in the key: torch copies the scalar to the device as
+    a one-element tensor from pageable memory, a synchronising copy (seen on an H100 under
+    ``set_sync_debug_mode``). ``index_fill_`` takes the scalar as a kernel argument instead.
+    A slice key (``x[a:b] = 0.0``) is a ``fill_`` of a view and passes."""
+    if len(args) < 3 or isinstance(args[2], torch.Tensor):
+        return False
+    key = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return any(isinstance(k, torch.Tensor) for k in key)
+
+
 class _Function(TorchFunctionMode):
     def __init__(self, found: list[str]) -> None:
         super().__init__()
@@ -101,6 +114,8 @@ class _Function(TorchFunctionMode):
             self.found.append(f"{func.__name__} at {_where()}")
         elif func in FROM_HOST:
             self.found.append(f"{func.__name__} (from host data) at {_where()}")
+        elif func is torch.Tensor.__setitem__ and _scalar_into_index(args):
+            self.found.append(f"x[index tensor] = scalar at {_where()}")
         return func(*args, **(kwargs or {}))
 
 

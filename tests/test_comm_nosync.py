@@ -52,6 +52,8 @@ WARM, GUARDED = 3, 3
         lambda x: torch.bincount((x > 0).long()),
         lambda x: torch.tensor([1.0, 2.0], device=x.device),
         lambda x: x.new_tensor([1.0]),
+        lambda x: x.__setitem__(torch.arange(2), 0.0),  # scalar copied to the device
+        lambda x: x.__setitem__((torch.arange(2),), True),
     ],
 )
 def test_guard_catches_host_reads(read):
@@ -67,7 +69,9 @@ def test_guard_passes_device_ops_and_sanctioned_reads():
         idx = torch.topk(x.abs(), 4).indices
         x.index_add_(0, idx, -x[idx])
         x.masked_fill_(x > 1, 0.0)
-        x[idx] = 0.0  # a scalar value: filled on the device, no copy
+        x.index_fill_(0, idx, 0.0)  # the scalar is a kernel argument, no copy
+        x[2:5] = 0.0  # a slice: fill_ of a view
+        x[idx] = x[idx] * 2  # a tensor value: already on the device
         torch.full((), 3.0) * x
         with hostread.sanctioned():
             x.sum().item()

@@ -57,10 +57,13 @@ def test_exponential_warmup_schedule():
     assert [state.density_at(t) for t in range(3)] == [None, None, 0.1]
 
 
-def test_tensor_amounts_are_read_late():
+def test_tensor_amounts_are_read_late(monkeypatch):
     """A count only the device knows is kept as a deferred value: on a CPU it lands in its
-    record at ``finish``; elsewhere (here the meta device stands for an accelerator) only at
-    ``resolve``, together with the cumulative total."""
+    record at ``finish``; elsewhere (here the meta device stands for an accelerator) ``finish``
+    reads only the values whose copies have landed (``Deferred.ready``), and ``resolve``
+    waits for the rest, together with the cumulative total."""
+    from zoopick.training.comm import hostread
+
     stats = CommStats()
     stats.begin(0, torch.device("cpu"))
     stats.add(nnz=torch.tensor(5), bytes_sent=3)
@@ -68,6 +71,7 @@ def test_tensor_amounts_are_read_late():
     assert (stats[0]["nnz"], stats.cumulative["nnz"]) == (5, 5)
 
     late = CommStats()
+    monkeypatch.setattr(hostread.Deferred, "ready", lambda self: False)  # copies in flight
     late.begin(0, torch.device("meta"))
     late.add(nnz=torch.tensor(7), bytes_sent=3)
     late.finish()
@@ -76,5 +80,7 @@ def test_tensor_amounts_are_read_late():
     assert (late[0]["nnz"], late.cumulative["nnz"]) == (0, 0)  # not read yet
     late.resolve()
     assert (late[0]["nnz"], late.cumulative["nnz"], late.current["nnz"]) == (7, 7, 2)
+    monkeypatch.undo()  # the copy of iteration 1 has landed by its finish: read there
     late.finish()
+    assert late[1]["nnz"] == 2 and not late._deferred
     assert late.cumulative["nnz"] == 9 and late.cumulative["bytes_sent"] == 3

@@ -168,10 +168,19 @@ def markdown(result: dict[str, Any]) -> str:
         "that minus torch's `noop_hook` in the same launch. *select* / *comm* are the hook's "
         "own seconds (mean over ranks); *hook bytes* its own count per worker and iteration; "
         "*wire bytes* what the worker's veth really sent per iteration (payload + TCP/IP "
-        "headers + barriers; mean over ranks). The *one core* column is an estimate, not a "
-        f"measurement: this machine has {run['cpus']} cores shared with other jobs, so for "
-        "P > 2 workers share cores; it adds the slowest worker's extra CPU seconds (vs noop) "
-        "and the extra wire bytes at the link rate.",
+        "headers + barriers; mean over ranks). "
+        + (
+            f"Each worker is pinned to a core of its own (`--pin-from {run['pin_from']}`, "
+            f"{run['cpus']} cores): *added* is measured with one core per worker. The *one "
+            "core (est.)* column is the estimate used where cores are shared (the slowest "
+            "worker's extra CPU seconds vs noop plus the extra wire bytes at the link rate), "
+            "kept beside it as a check of that estimate."
+            if run.get("pin_from") is not None
+            else "The *one core* column is an estimate, not a "
+            f"measurement: this machine has {run['cpus']} cores shared with other jobs, so "
+            "for P > 2 workers share cores; it adds the slowest worker's extra CPU seconds "
+            "(vs noop) and the extra wire bytes at the link rate."
+        ),
         "",
         "Runs (each (P, link) is one launch; *added* always uses the noop of the same "
         "launch, so a merged run's rows carry their own baseline):",
@@ -258,6 +267,7 @@ def main(args, launch, configs_for) -> int:
             "warmup": args.warmup,
             "errors": errors,
             "cpus": os.cpu_count(),
+            "pin_from": args.pin_from,
             "loadavg_before": [round(v, 2) for v in load_before],
             "loadavg_after": [round(v, 2) for v in os.getloadavg()],
             "wall_s": round(time.time() - started, 1),

@@ -84,6 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per link")
     ap.add_argument("--px", type=int, default=96, help="--mode iteration: image size")
     ap.add_argument("--batch", type=int, default=2, help="--mode iteration: images per rank")
+    ap.add_argument(
+        "--pin-from",
+        type=int,
+        default=None,
+        help="pin worker r to CPU core PIN_FROM + r (one core per worker; needs enough cores)",
+    )
     args = ap.parse_args(argv)
     hooks = [h for h in args.hooks.split(",") if h]
     if args.mode == "iteration" and "noop" not in hooks:
@@ -94,6 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hooks = hooks
     if min(args.workers) < 2:
         ap.error("--workers: every P must be >= 2")
+    if args.pin_from is not None:
+        cores = os.sched_getaffinity(0)
+        want = set(range(args.pin_from, args.pin_from + max(args.workers)))
+        if not want <= cores:
+            ap.error(f"--pin-from {args.pin_from}: cores {sorted(want - cores)} not available")
     return args
 
 
@@ -112,6 +123,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _pin(first: int | None, rank: int):
+    """A ``preexec_fn`` that binds the worker to core ``first + rank`` (inherited through
+    ``ip netns exec``), or None to leave scheduling to the kernel."""
+    if first is None:
+        return None
+    return lambda: os.sched_setaffinity(0, {first + rank})
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -177,6 +196,7 @@ def launch(P: int, link: str, rate: int | None, args, configs) -> list[dict[str,
                             stdout=log,
                             stderr=None if rank == 0 else log,
                             start_new_session=True,
+                            preexec_fn=_pin(args.pin_from, rank),
                         )
                     )
                 deadline = time.monotonic() + args.timeout

@@ -144,7 +144,7 @@ def _exchange(state: DFSState, layout: BucketLayout, acc: torch.Tensor, density:
     mine = (ids[:, None] * B + offsets).flatten()
     padded.index_add_(0, mine, -seen[:-1])
     sent = torch.zeros(nb, B, dtype=torch.bool, device=dev)
-    sent[ids] = True
+    sent.index_fill_(0, ids, True)
     state.fills[layout.key] = (Deferred(torch.stack([g[-1] for _, g in gathered])), B, n)
     state.stats.add(nnz=P * m * B)
     return total[:n], padded[:n], sent.flatten()[:n]

@@ -12,11 +12,12 @@ wrapped in a :class:`Deferred` when they are produced and read when they are nex
 one iteration later, inside :func:`sanctioned`, which the host-sync guard of the tests
 (``tests/host_sync_guard.py``) lets through.
 
-Limit: no accelerator has been available to this project. On a CPU nothing can stall. On
-CUDA, :meth:`Deferred.get` is a plain ``.tolist()`` of a device tensor, i.e. still a sync,
-only one iteration late; the non-blocking form (a pinned host buffer filled with
-``copy_(non_blocking=True)`` and a ``torch.cuda.Event`` queried before the read) belongs in
-this class and nowhere else, and is left out until it can be run.
+On CUDA a :class:`Deferred` copies its value into pinned host memory with
+``copy_(non_blocking=True)`` on the current stream and records a ``torch.cuda.Event`` behind
+the copy; :meth:`Deferred.get` one iteration later finds the event complete (the device has
+long finished the copy) and reads the host buffer without waiting. Only if the device is
+still behind does ``get`` wait for that one event (never for the whole device), and
+:meth:`Deferred.ready` lets a caller that can postpone the read avoid even that.
 """
 
 from __future__ import annotations
@@ -48,14 +49,30 @@ def reading() -> bool:
 
 
 class Deferred:
-    """A snapshot of a device tensor, to be read on the host later (see the module doc)."""
+    """A snapshot of a tensor, to be read on the host later (see the module doc)."""
 
-    __slots__ = ("_value",)
+    __slots__ = ("_event", "_value")
 
     def __init__(self, value: torch.Tensor) -> None:
-        self._value = value.detach().clone()
+        value = value.detach()
+        self._event: torch.cuda.Event | None = None
+        if value.is_cuda:
+            host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=True)
+            host.copy_(value, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+            self._value = host
+        else:
+            self._value = value.clone()
+
+    def ready(self) -> bool:
+        """Whether :meth:`get` can read without waiting for the device."""
+        return self._event is None or self._event.query()
 
     def get(self) -> Any:
-        """The value as Python numbers (``tolist``)."""
+        """The value as Python numbers (``tolist``); waits for the copy only if the device has
+        not reached it yet."""
         with sanctioned():
+            if self._event is not None:
+                self._event.synchronize()
             return self._value.tolist()

@@ -354,7 +354,7 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
             idx = topk_indices(W[lo:hi], kbs[j] if cap is None else cap) + lo
             payload, seen = round_to(W[idx], codec.value_dtype)
             W.index_add_(0, idx, -seen)
-            sent[idx] = True
+            sent.index_fill_(0, idx, True)
         return idx, payload, seen
 
     def pack(j: int, idx: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:

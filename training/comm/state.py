@@ -20,8 +20,10 @@ target); with ``warmup_mode="dense"`` the first W iterations are dense all-reduc
 (residuals are flushed into them; with ``fp16`` each worker keeps its own rounding, the
 half-precision sum's rounding is not fed back).
 
-``async_comm=True`` runs each bucket's work on one FIFO communication thread per state so
-communication overlaps the rest of the backward pass (see ``run_hook``).
+``async_comm=True`` lets communication overlap the rest of the backward pass (see
+``run_hook``): on CUDA each bucket's work is enqueued on a side stream of the state's own and
+the returned future completes there (DDP's stream waits for it, the host never does); on
+the CPU it runs on one FIFO communication thread per state.
 
 Timing never stalls the device by default: ``sync_cuda_timing=False`` times CUDA work with
 events (see ``stats.CommStats``); ``True`` synchronises around each timed block, for
@@ -86,6 +88,7 @@ class HookState:
         self.fp16 = bool(fp16)
         self.async_comm = bool(async_comm)
         self._comm_thread: ThreadPoolExecutor | None = None
+        self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
         if self.async_comm and process_group is None and dist.is_initialized():
             # a group of our own: DDP's collectives on the default group (e.g. the unused-
             # parameter map) are issued from the main thread and must not interleave with
@@ -114,6 +117,13 @@ class HookState:
         if self.process_group is None or self.process_group is dist.group.WORLD:
             return group_rank
         return dist.get_global_rank(self.group, group_rank)
+
+    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The state's own CUDA stream on ``device`` (see ``run_hook``)."""
+        stream = self._side_streams.get(device)
+        if stream is None:
+            stream = self._side_streams[device] = torch.cuda.Stream(device)
+        return stream
 
     # -- schedule ------------------------------------------------------------------------------
     def density_at(self, iteration: int) -> float | None:
@@ -208,18 +218,28 @@ def run_hook(
 ) -> torch.futures.Future[torch.Tensor]:
     """Common body of the error-feedback hooks (see the module docstring).
 
-    With ``async_comm=True`` the work of a bucket runs on the state's one FIFO communication
-    thread and the returned future completes there, so the backward pass computes the next
-    buckets while this one communicates. DDP calls the hook bucket by bucket in the same
-    order on every rank, and one thread runs them in call order, so every rank issues its
-    collectives in the same order (chained gloo callbacks, as PowerSGD does them, did not:
-    they deadlocked here). The collectives use a process group of the state's own. What must
-    be read at call time (the bucket's layout, which parameters this rank left unused) is
-    read before handing over."""
+    With ``async_comm=True`` on the CPU the work of a bucket runs on the state's one FIFO
+    communication thread and the returned future completes there, so the backward pass
+    computes the next buckets while this one communicates. DDP calls the hook bucket by
+    bucket in the same order on every rank, and one thread runs them in call order, so every
+    rank issues its collectives in the same order (chained gloo callbacks, as PowerSGD does
+    them, did not: they deadlocked here). The collectives use a process group of the state's
+    own. What must be read at call time (the bucket's layout, which parameters this rank left
+    unused) is read before handing over.
+
+    On CUDA with ``async_comm=True`` no thread is needed: the hook never waits for the device
+    (fixed-capacity payloads, deferred host reads), so it enqueues the bucket's selection and
+    collectives on the state's side stream, after the gradient is ready (the side stream
+    waits on the current one), and returns a CUDA future completed on that stream. DDP's
+    stream waits for the future's event, not the host, and the backward kernels of the next
+    buckets run beside this bucket's work (the pattern of torch's PowerSGD hook, whose work
+    is chained on the collective's stream)."""
     buf = bucket.buffer()
     layout = BucketLayout.of(bucket)
     unused = _unused_slots(layout)
     is_last = bucket.is_last()
+    if state.async_comm and buf.is_cuda:
+        return _run_on_side_stream(state, buf, layout, unused, is_last, exchange)
     if not state.async_comm:
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(_run(state, buf, layout, unused, is_last, exchange))
@@ -238,6 +258,24 @@ def run_hook(
 
     state._comm_thread.submit(work)
     return out
+
+
+def _run_on_side_stream(
+    state: HookState,
+    buf: torch.Tensor,
+    layout: BucketLayout,
+    unused: list[tuple[int, int]],
+    is_last: bool,
+    exchange: Exchange,
+) -> torch.futures.Future[torch.Tensor]:
+    """``_run`` enqueued on the state's side stream; the future's CUDA event is recorded on
+    that stream when ``set_result`` runs inside it (see ``run_hook``)."""
+    side = state.side_stream(buf.device)
+    side.wait_stream(torch.cuda.current_stream(buf.device))
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buf.device])
+    with torch.cuda.stream(side):
+        fut.set_result(_run(state, buf, layout, unused, is_last, exchange))
+    return fut
 
 
 def _unused_slots(layout: BucketLayout) -> list[tuple[int, int]]:

@@ -77,8 +77,10 @@ class CommStats(list):
 
     Amounts given as tensors (e.g. a pair count that only the device knows) are not read at
     ``add``: they are kept as :class:`~zoopick.training.comm.hostread.Deferred` values and
-    added to their record at ``finish`` on a CPU, or at :meth:`resolve` on an accelerator
-    (the same place the CUDA timing events are waited for), so counting never stalls."""
+    added to their record at ``finish`` on a CPU; on an accelerator ``finish`` adds those whose
+    non-blocking copies have landed and :meth:`resolve` waits for the rest (the same place the
+    CUDA timing events are waited for), so counting never stalls and what is pending stays
+    bounded by what the device has not yet reached."""
 
     def __init__(self, sync_cuda: bool = False, keep: int = 1000) -> None:
         super().__init__()
@@ -107,8 +109,9 @@ class CommStats(list):
             return
         rec = self.current
         dev = self._device
-        if dev is None or dev.type == "cpu":
-            self._read_deferred()  # nothing to wait for on a CPU
+        # on a CPU nothing is waited for; on an accelerator only the values whose copies
+        # have already landed are read, so pending values stay bounded without a stall
+        self._read_deferred(only_ready=dev is not None and dev.type != "cpu")
         self.current = None
         self.append(rec)
         for f in FIELDS:
@@ -127,13 +130,17 @@ class CommStats(list):
             else:
                 self.current[key] += value
 
-    def _read_deferred(self) -> None:
+    def _read_deferred(self, only_ready: bool = False) -> None:
+        left = []
         for rec, field, value in self._deferred:
+            if only_ready and not value.ready():
+                left.append((rec, field, value))
+                continue
             amount = value.get()
             rec[field] += amount
             if rec is not self.current:  # already summed into the cumulative total
                 self.cumulative[field] += amount
-        self._deferred = []
+        self._deferred = left
 
     def _sync(self) -> None:
         dev = self._device
