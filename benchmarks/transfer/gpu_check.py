@@ -122,7 +122,9 @@ def real_size(archs: list[str], images: int, batches: list[int]) -> list[dict[st
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--zoo", default="benchmarks/transfer/zoo")
-    ap.add_argument("--targets", nargs="*", help="default: every target of the zoo")
+    ap.add_argument(
+        "--targets", nargs="*", help="default: every target of the zoo; none: only --real-size"
+    )
     ap.add_argument("--metrics", nargs="*", help="default: every registered metric")
     ap.add_argument("--batch-size", type=int, default=64, help="the service's default")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for the fp32 run")
@@ -147,8 +149,12 @@ def main(argv: list[str] | None = None) -> None:
     metrics = args.metrics or available()
     truth_path = root / "ground_truth.json"
     truth_all = json.loads(truth_path.read_text()) if truth_path.exists() else {}
-    targets = args.targets or sorted(
-        p.name.removesuffix("-train.npz") for p in (root / "targets").glob("*-train.npz")
+    targets = (
+        args.targets
+        if args.targets is not None
+        else sorted(
+            p.name.removesuffix("-train.npz") for p in (root / "targets").glob("*-train.npz")
+        )
     )
     started = time.perf_counter()
     out: dict[str, Any] = {

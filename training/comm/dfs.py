@@ -131,7 +131,8 @@ def _exchange(state: DFSState, layout: BucketLayout, acc: torch.Tensor, density:
         values = rows[ids].flatten()
         if k < n:
             thr = topk_magnitude_estimate(acc, k)
-            fill = (values.abs() >= thr).sum().to(values.dtype) / max(1, values.numel())
+            passing = torch.count_nonzero(values.abs() >= thr).to(values.dtype)
+            fill = passing / max(1, values.numel())
         else:
             fill = values.new_ones(())
         payload, seen = to_wire(torch.cat([values, fill.reshape(1)]), state.fp16)

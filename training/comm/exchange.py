@@ -157,3 +157,21 @@ def add_pairs(out: torch.Tensor, pieces: Sequence[tuple[torch.Tensor, torch.Tens
     for idx, val in pieces:
         if idx.numel():
             out.index_add_(0, idx.long(), val.to(out.dtype))
+
+
+class PairSum:
+    """The summed update of a bucket as (positions, values) pieces, for schemes whose sum is
+    sparse: ``write`` adds them into a zeroed output in the order of :func:`add_pairs`, so
+    the driver fills the bucket buffer in place instead of materialising a dense sum and
+    copying it (on a CPU the temporary's allocation, page faults and copy cost more than
+    the selection of a 10M-element bucket)."""
+
+    __slots__ = ("pieces",)
+
+    def __init__(self, pieces: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.pieces = list(pieces)
+
+    def write(self, out: torch.Tensor) -> torch.Tensor:
+        out.zero_()
+        add_pairs(out, self.pieces)
+        return out

@@ -316,7 +316,7 @@ def _exchange(state: ExDynaState, layout: BucketLayout, acc: torch.Tensor, densi
         wire = torch.cat([torch.where(valid, idx + lo, -1), idx.new_full((pad,), -1)])
         header = torch.cat(
             [
-                valid.sum().reshape(1).to(acc.dtype),
+                torch.count_nonzero(valid).reshape(1).to(acc.dtype),
                 passing.reshape(1).to(acc.dtype),
                 seed.reshape(1).to(acc.dtype),
                 probes,
@@ -344,7 +344,7 @@ def _exchange(state: ExDynaState, layout: BucketLayout, acc: torch.Tensor, densi
             per_block = Deferred(counts.index_add_(0, block_of, inside.long()))
         if k < n:
             part.pending = (Deferred(torch.stack(headers)), per_block, it, k)
-    stats.add(nnz=inside.sum())
+    stats.add(nnz=torch.count_nonzero(inside))
     return total, residual, sent
 
 

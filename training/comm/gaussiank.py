@@ -50,8 +50,9 @@ def _exchange(state: GaussianKState, layout: BucketLayout, acc: torch.Tensor, de
     if k >= n:
         return allgather_exchange(state, acc, torch.arange(n, device=acc.device))
     with state.stats.timer("select_s"):
-        thr, _ = gaussian_threshold(acc, k, state.refine)
-        idx, valid, _ = capped_indices(acc, thr, gaussiank_capacity(k))
+        mag = torch.abs(acc, out=state.scratch(acc.device, n))
+        thr, _ = gaussian_threshold(acc, k, state.refine, mag=mag)
+        idx, valid, _ = capped_indices(acc, thr, gaussiank_capacity(k), mag=mag)
     return allgather_exchange(state, acc, idx, valid)
 
 

@@ -35,20 +35,23 @@ SAMPLE_STRIDE = 97
 SAMPLE_MARGIN = 1.3
 
 
-def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+def topk_indices(x: torch.Tensor, k: int, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """Positions of the ``k`` largest ``|x|`` (exact, unordered).
 
     On the CPU, for large inputs and ``k`` at most an eighth of them, a sampled threshold
     with an exact trim (``sampled_topk_indices``) replaces ``torch.topk``, which costs about
-    6x more on one core (163 vs 25 ms for 7.2M elements, k = 1 %). On a GPU ``torch.topk``."""
+    6x more on one core (163 vs 25 ms for 7.2M elements, k = 1 %). On a GPU ``torch.topk``.
+    ``scratch`` (float32, ``x.numel()`` elements, e.g. ``HookState.scratch``) receives
+    ``|x|`` instead of a fresh temporary."""
     n = x.numel()
     if k >= n:
         return torch.arange(n, device=x.device)
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=x.device)
+    mag = x.abs() if scratch is None else torch.abs(x, out=scratch)
     if _shortcut(x) and n >= SAMPLED_MIN_NUMEL and 8 * k <= n:
-        return sampled_topk_indices(x, k)
-    return torch.topk(x.abs(), k, sorted=False).indices
+        return _sampled_topk(mag, k)
+    return torch.topk(mag, k, sorted=False).indices
 
 
 TINY = torch.finfo(torch.float32).tiny * torch.finfo(torch.float32).eps  # least subnormal
@@ -75,7 +78,11 @@ def sampled_topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     so the count and the set are always exact (up to ties). Needs one host sync (the
     candidate count): a CPU path. On a mostly-zero input (the sample's threshold is 0) the
     candidates are the non-zeros."""
-    mag = x.abs()
+    return _sampled_topk(x.abs(), k)
+
+
+def _sampled_topk(mag: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`sampled_topk_indices` given the magnitudes."""
     sample = mag[::SAMPLE_STRIDE]
     m = sample.numel()
     rank = min(m, max(1, math.ceil(SAMPLE_MARGIN * k * m / mag.numel())))
@@ -95,7 +102,7 @@ def threshold_indices(x: torch.Tensor, threshold: float) -> torch.Tensor:
 
 
 def capped_indices(
-    x: torch.Tensor, threshold: torch.Tensor | float, cap: int
+    x: torch.Tensor, threshold: torch.Tensor | float, cap: int, mag: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fixed-capacity threshold selection: ``(positions[cap], valid[cap], passing)``.
 
@@ -104,10 +111,10 @@ def capped_indices(
     position 0. ``passing`` (a 0-d int64 tensor) counts all positions that pass, capped or
     not. Nothing is read on the host: on the device path one ``topk`` of ``cap`` over the
     masked magnitudes; the CPU shortcut gathers the candidates first (cheaper, a host
-    read of their count)."""
-    mag = x.abs()
+    read of their count). ``mag``: ``|x|`` when the caller has it already."""
+    mag = x.abs() if mag is None else mag
     mask = mag >= _positive(threshold)
-    passing = mask.sum()
+    passing = torch.count_nonzero(mask)
     cap = min(cap, x.numel())
     if _shortcut(x):
         cand = torch.nonzero(mask).flatten()
@@ -127,7 +134,7 @@ def normal_quantile(p: float) -> float:
 
 
 def gaussian_threshold(
-    x: torch.Tensor, k: int, refine: int = 3
+    x: torch.Tensor, k: int, refine: int = 3, mag: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GaussianK threshold (Shi et al. 2019) and the number of elements that pass it, as
     0-d tensors (no host read).
@@ -137,7 +144,8 @@ def gaussian_threshold(
     estimate is refined up to ``refine`` times: halved when fewer than 2k/3 pass, times 1.5
     when more than 4k/3 pass, and left alone once the count is inside that band. The steps
     are taken on the device with ``where`` (no branch on the count), so every refinement
-    costs a pass; the CPU shortcut stops early instead."""
+    costs a pass; the CPU shortcut stops early instead. ``mag``: ``|x|`` when the caller has
+    it already (e.g. in a reused buffer)."""
     n = x.numel()
     rho = min(1.0, k / n)
     if rho >= 1.0:
@@ -145,15 +153,15 @@ def gaussian_threshold(
     mean = x.mean()
     std = x.std() if n > 1 else torch.zeros_like(mean)
     thr = _positive(mean.abs() + std * normal_quantile(1.0 - rho / 2.0))
-    mag = x.abs()
-    count = (mag >= thr).sum()
+    mag = x.abs() if mag is None else mag
+    count = torch.count_nonzero(mag >= thr)
     one = torch.ones_like(thr)
     for _ in range(refine):
         low, high = count < 2 * k / 3, count > 4 * k / 3
         if _shortcut(x) and not bool(low | high):
             break
         thr = thr * torch.where(low, 0.5 * one, torch.where(high, 1.5 * one, one))
-        count = (mag >= thr).sum()
+        count = torch.count_nonzero(mag >= thr)
     return thr, count
 
 

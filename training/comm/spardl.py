@@ -101,7 +101,13 @@ import torch
 import torch.distributed as dist
 
 from zoopick.training.comm.errors import CommError
-from zoopick.training.comm.exchange import add_pairs, allgather_parts, p2p_exchange, round_to
+from zoopick.training.comm.exchange import (
+    PairSum,
+    add_pairs,
+    allgather_parts,
+    p2p_exchange,
+    round_to,
+)
 from zoopick.training.comm.hostread import Deferred
 from zoopick.training.comm.pairs import PairCodec
 from zoopick.training.comm.registry import register
@@ -302,7 +308,7 @@ def _merge(
     spos, _ = torch.sort(pos)
     first = torch.ones_like(spos, dtype=torch.bool)
     first[1:] = spos[1:] != spos[:-1]
-    union = first.sum()
+    union = torch.count_nonzero(first)
     cap = min(kbq, spos.numel())
     if cap == spos.numel():
         return spos, first, union
@@ -335,7 +341,8 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
     codec = state.codec
     stats = state.stats
     W = acc  # becomes this worker's residual
-    sent = torch.zeros(n, dtype=torch.bool, device=acc.device)
+    # momentum factor masking is the only reader of the sent positions
+    sent = torch.zeros(n, dtype=torch.bool, device=acc.device) if state.momentum > 0 else None
 
     def extent(j: int, count: int | None = None) -> tuple[int, int, int]:
         """(pairs, first element, length) of block j, for the codec."""
@@ -351,10 +358,12 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
         value seen)."""
         lo, hi = bounds[j], bounds[j + 1]
         with stats.timer("select_s"):
-            idx = topk_indices(W[lo:hi], kbs[j] if cap is None else cap) + lo
+            scratch = state.scratch(acc.device, hi - lo)
+            idx = topk_indices(W[lo:hi], kbs[j] if cap is None else cap, scratch=scratch) + lo
             payload, seen = round_to(W[idx], codec.value_dtype)
             W.index_add_(0, idx, -seen)
-            sent.index_fill_(0, idx, True)
+            if sent is not None:
+                sent.index_fill_(0, idx, True)
         return idx, payload, seen
 
     def pack(j: int, idx: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
@@ -431,10 +440,8 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
         )
         blocks = [codec.unpack(g[0], *extent(j)) for j, g in zip(mates, got, strict=True)]
         blocks.insert(q, final)
-    total = torch.zeros_like(acc)
-    add_pairs(total, blocks)
     stats.add(nnz=sum(int(i.numel()) for i, _ in blocks))
-    return total, W, sent
+    return PairSum(blocks), W, sent
 
 
 def spardl_hook(state: SparDLState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from zoopick.training.comm.exchange import INDEX_DTYPE, add_pairs, allgather_parts, to_wire
+from zoopick.training.comm.exchange import INDEX_DTYPE, PairSum, allgather_parts, to_wire
 from zoopick.training.comm.state import HookState
 
 
@@ -22,7 +22,8 @@ def allgather_exchange(
     host read): ``valid`` marks the real ones (``None``: all). Padding travels as index -1
     with value 0, so the count is inside the payload (the stats' pair count is read from it
     later, see ``CommStats``) and a padding pair adds nothing. Returns (sum over workers,
-    residual, sent positions: the indices, or a mask when some were padding)."""
+    residual, sent positions: the indices, or a mask when some were padding and momentum
+    is on). The sum is a ``PairSum``, written into the bucket by the driver."""
     if valid is None:
         values, wire_idx = acc[idx], idx
     else:
@@ -31,12 +32,13 @@ def allgather_exchange(
     payload, seen = to_wire(values, state.fp16)
     lengths = [[idx.numel()] * 2] * state.size
     gathered = allgather_parts(state, [wire_idx.to(INDEX_DTYPE), payload], lengths)
-    total = torch.zeros_like(acc)
-    add_pairs(total, [(i.clamp(min=0), v) for i, v in gathered])
+    total = PairSum([(i.clamp(min=0), v) for i, v in gathered])
     residual = acc.index_add_(0, idx, -seen)
     if valid is None:
         state.stats.add(nnz=state.size * idx.numel())
         return total, residual, idx
-    state.stats.add(nnz=sum((i >= 0).sum() for i, _ in gathered))
+    state.stats.add(nnz=sum(torch.count_nonzero(i >= 0) for i, _ in gathered))
+    if state.momentum == 0.0:  # the sent positions are only read for momentum masking
+        return total, residual, None
     hit = torch.zeros_like(acc).index_add_(0, idx, valid.to(acc.dtype))
     return total, residual, hit > 0

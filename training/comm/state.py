@@ -40,16 +40,18 @@ import torch
 import torch.distributed as dist
 
 from zoopick.training.comm.errors import CommError
-from zoopick.training.comm.exchange import allreduce_sum, to_wire
+from zoopick.training.comm.exchange import PairSum, allreduce_sum, to_wire
 from zoopick.training.comm.stats import CommStats
 from zoopick.training.comm.store import BucketLayout, ParamStore
 
 WARMUP_MODES = ("exp", "dense")
 
-# An exchange step: (state, layout, acc, density) -> (sum over workers, residual, sent positions)
+# An exchange step: (state, layout, acc, density) -> (sum over workers, residual, sent
+# positions). The sum is a dense tensor or a ``PairSum``; the sent positions are read only
+# with ``momentum > 0`` (a scheme may skip them, returning None, when momentum is off).
 Exchange = Callable[
     ["HookState", BucketLayout, torch.Tensor, float],
-    tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    tuple[torch.Tensor | PairSum, torch.Tensor, torch.Tensor | None],
 ]
 
 
@@ -89,6 +91,7 @@ class HookState:
         self.async_comm = bool(async_comm)
         self._comm_thread: ThreadPoolExecutor | None = None
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._scratch: dict[torch.device, torch.Tensor] = {}
         if self.async_comm and process_group is None and dist.is_initialized():
             # a group of our own: DDP's collectives on the default group (e.g. the unused-
             # parameter map) are issued from the main thread and must not interleave with
@@ -117,6 +120,17 @@ class HookState:
         if self.process_group is None or self.process_group is dist.group.WORLD:
             return group_rank
         return dist.get_global_rank(self.group, group_rank)
+
+    def scratch(self, device: torch.device, numel: int) -> torch.Tensor:
+        """A float32 work buffer of at least ``numel`` elements, kept across calls: a fresh
+        10M-element temporary on a CPU costs its page faults on every call (the allocator
+        hands large blocks back to the OS). One per device and state: a state's buckets are
+        processed one at a time (in call order, or in stream order on CUDA), and a caller
+        must not keep a view of it past its own step."""
+        buf = self._scratch.get(device)
+        if buf is None or buf.numel() < numel:
+            buf = self._scratch[device] = torch.empty(numel, dtype=torch.float32, device=device)
+        return buf[:numel]
 
     def side_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The state's own CUDA stream on ``device`` (see ``run_hook``)."""
@@ -323,7 +337,10 @@ def _run(
             u.index_fill_(0, sent, 0.0)
         state.momenta.scatter(layout, u)
     stats.add(numel=acc.numel(), buckets=1)
-    buf.copy_(total.div_(state.size))
+    if isinstance(total, PairSum):  # the gradient in buf is spent (acc holds it): overwrite
+        total.write(buf).div_(state.size)
+    else:
+        buf.copy_(total.div_(state.size))
     if is_last:
         stats.finish()
         state.iteration += 1

@@ -21,7 +21,8 @@ class TopKState(HookState):
 
 def _exchange(state: HookState, layout: BucketLayout, acc: torch.Tensor, density: float):
     with state.stats.timer("select_s"):
-        idx = topk_indices(acc, k_for(density, acc.numel()))
+        scratch = state.scratch(acc.device, acc.numel())
+        idx = topk_indices(acc, k_for(density, acc.numel()), scratch=scratch)
     return allgather_exchange(state, acc, idx)
 
 
