@@ -190,10 +190,15 @@ def main(argv: list[str] | None = None) -> None:
         out["targets"][target] = rec
         same = sum(rec["metrics"][m]["identical_order"] for m in metrics)
         print(f"{target}: {same}/{len(metrics)} metrics rank identically", flush=True)
-        out["seconds"] = time.perf_counter() - started
-        args.out.mkdir(parents=True, exist_ok=True)  # written after every target
-        (args.out / "transfer_gpu.json").write_text(json.dumps(out, indent=1) + "\n")
-        (args.out / "transfer_gpu.md").write_text(markdown(out))
+        save(out, args.out, started)  # after every target: a cut-off run keeps what it did
+    save(out, args.out, started)
+
+
+def save(out: dict[str, Any], folder: Path, started: float) -> None:
+    out["seconds"] = time.perf_counter() - started
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "transfer_gpu.json").write_text(json.dumps(out, indent=1) + "\n")
+    (folder / "transfer_gpu.md").write_text(markdown(out))
 
 
 def markdown(out: dict[str, Any]) -> str:
