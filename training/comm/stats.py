@@ -73,7 +73,7 @@ class CommStats(list):
     blocking at every ``finish``; :meth:`resolve` waits for the rest and is called by
     :meth:`total`). ``sync_cuda=True`` synchronises the device at both ends of each block
     instead (exact wall time per block, but it stalls the GPU: benchmarks of one block only).
-    The CUDA paths have not been executed in this project's CI (no GPU).
+    The CUDA paths ran on an H100 (``tests/test_comm_cuda.py``, skipped where no GPU is).
 
     Amounts given as tensors (e.g. a pair count that only the device knows) are not read at
     ``add``: they are kept as :class:`~zoopick.training.comm.hostread.Deferred` values and
