@@ -76,12 +76,15 @@ async def upload_dataset(
     dataset_id = uuid.uuid4()
     folder = store.dataset_dir(settings, dataset_id)
     try:
-        upload = await receive_file(
-            request,
-            folder / "upload.part",
-            max_bytes=min(settings.upload_max_bytes, room),
-            too_large=None if room >= settings.upload_max_bytes else quota_exceeded(settings),
-        )
+        # the body streams in as slowly as the client likes: meanwhile the request holds no
+        # database connection and no session slot (a few slow uploads must not starve the API)
+        async with request.state.session_slot.released(session):
+            upload = await receive_file(
+                request,
+                folder / "upload.part",
+                max_bytes=min(settings.upload_max_bytes, room),
+                too_large=None if room >= settings.upload_max_bytes else quota_exceeded(settings),
+            )
         fmt = store.detect_format(upload.filename)
         if fmt is None:
             raise Problem(

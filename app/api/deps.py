@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
@@ -36,6 +37,44 @@ def get_dispatcher(request: Request) -> Dispatcher:
     return request.app.state.dispatcher
 
 
+class SessionSlot:
+    """A request's claim on one of the process's database connections (see
+    :func:`get_session`); :meth:`released` lends it out while the request waits on its
+    client."""
+
+    def __init__(self, request: Request) -> None:
+        self._slots: asyncio.Semaphore = request.app.state.session_slots
+        self._timeout = request.app.state.settings.db_pool_timeout_seconds
+        self.held = False
+
+    async def acquire(self) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._slots.acquire()
+        except TimeoutError:  # every connection busy that long: shed the load
+            raise busy() from None
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._slots.release()
+
+    @asynccontextmanager
+    async def released(self, session: Session) -> AsyncIterator[None]:
+        """Give the slot back for the block (e.g. while an upload's body streams in, which
+        takes as long as the client wants); the session must hold no connection then, so an
+        open transaction is rolled back first. The slot is taken again after the block
+        (503 "busy" if that takes longer than the pool timeout)."""
+        if session.in_transaction():
+            await anyio.to_thread.run_sync(session.rollback)
+        self.release()
+        try:
+            yield
+        finally:
+            await self.acquire()
+
+
 async def get_session(request: Request) -> AsyncIterator[Session]:
     """The request's database session, opened only once a connection is sure to be free.
 
@@ -46,13 +85,10 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     per pooled connection, taken here on the event loop before any thread is, rules that out:
     the requests beyond the pool wait without a thread, and a thread never waits on the pool.
     A request that waits longer than ``ZOOPICK_DB_POOL_TIMEOUT_SECONDS`` is answered 503.
+    The slot is ``request.state.session_slot`` (see :meth:`SessionSlot.released`).
     """
-    slots: asyncio.Semaphore = request.app.state.session_slots
-    try:
-        async with asyncio.timeout(request.app.state.settings.db_pool_timeout_seconds):
-            await slots.acquire()
-    except TimeoutError:  # every connection busy that long (e.g. slow uploads): shed the load
-        raise busy() from None
+    slot = request.state.session_slot = SessionSlot(request)
+    await slot.acquire()
     try:
         session = request.app.state.sessionmaker()
         try:
@@ -63,7 +99,7 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
             else:
                 session.close()
     finally:
-        slots.release()
+        slot.release()
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,15 @@ import json
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
+from starlette.datastructures import FormData
 
 from zoopick.app.api import datasets as datasets_api
 from zoopick.app.api import jobs as jobs_api
@@ -82,6 +83,16 @@ def _session_caller(request: Request, session) -> Caller:
 # -- sign in / out -------------------------------------------------------------------------
 
 
+async def read_form(request: Request) -> FormData:
+    """The posted form, read before the session dependency (FastAPI solves dependencies in
+    the order of the parameters): a client that drip-feeds its body holds no database
+    connection slot meanwhile."""
+    return await request.form()
+
+
+FormDep = Annotated[FormData, Depends(read_form)]
+
+
 @router.get("/")
 def home(request: Request, session: SessionDep) -> Response:
     signed_in = auth.caller_or_none(request, session) is not None
@@ -101,8 +112,7 @@ def login_form(request: Request, next: str | None = None) -> Response:
 
 
 @router.post("/login")
-async def login(request: Request, session: SessionDep) -> Response:
-    form = await request.form()
+async def login(request: Request, form: FormDep, session: SessionDep) -> Response:
     auth.check_csrf(request, form.get(auth.CSRF_FIELD))
     token = str(form.get("api_key") or "").strip()
     target = _safe_next(str(form.get("next") or ""))
@@ -275,8 +285,7 @@ def job_live(request: Request, job_id: str, session: SessionDep) -> Response:
 
 
 @router.post("/jobs/{job_id}/cancel")
-async def job_cancel(request: Request, job_id: str, session: SessionDep) -> Response:
-    form = await request.form()
+async def job_cancel(request: Request, job_id: str, form: FormDep, session: SessionDep) -> Response:
     auth.check_csrf(request, form.get(auth.CSRF_FIELD))
 
     def cancel() -> str:
@@ -383,8 +392,7 @@ def _form_number(text: str, kind: type[int] | type[float]) -> int | float | str 
 
 
 @router.post("/submit")
-async def submit(request: Request, session: SessionDep) -> Response:
-    raw = await request.form()
+async def submit(request: Request, raw: FormDep, session: SessionDep) -> Response:
     auth.check_csrf(request, raw.get(auth.CSRF_FIELD))
     form = {
         "dataset_id": str(raw.get("dataset_id") or ""),

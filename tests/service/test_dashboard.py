@@ -309,12 +309,16 @@ def test_jobs_page_shows_the_workers_heartbeat_status(service_app, alice):
                 name="dash-test/1", hostname="dash-test", pid=1, queues="cpu", seen_at=old
             )
         )
-    with factory() as s:
-        status = worker_status(s, service_app.state.settings)
-    assert "dash-test/1" in status.stale
-    page = sign_in(service_app, alice.token).get("/jobs")
-    assert page.status_code == 200
-    shown = re.search(r'<p class="workers[^"]*" role="status">Workers: ([^<]+)</p>', page.text)
-    head = shown.group(1).split(":")[0].split(" (")[0] if shown else None
-    assert head is not None and status.summary().startswith(head)
-    assert ("warn" in shown.group(0)) == (not status.live)
+    try:
+        with factory() as s:
+            status = worker_status(s, service_app.state.settings)
+        assert "dash-test/1" in status.stale
+        page = sign_in(service_app, alice.token).get("/jobs")
+        assert page.status_code == 200
+        shown = re.search(r'<p class="workers[^"]*" role="status">Workers: ([^<]+)</p>', page.text)
+        head = shown.group(1).split(":")[0].split(" (")[0] if shown else None
+        assert head is not None and status.summary().startswith(head)
+        assert ("warn" in shown.group(0)) == (not status.live)
+    finally:  # the shared test database must not keep a stalled worker for /readyz to see
+        with session_scope(factory) as s:
+            s.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.name.like("dash-test/%")))
