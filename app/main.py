@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from zoopick.app import dashboard
 from zoopick.app.api import datasets, health, jobs, zoo
+from zoopick.app.dashboard.auth import load_secret
 from zoopick.app.problems import install as install_problems
 from zoopick.app.ratelimit import RateLimits
 from zoopick.service.db.session import make_engine, make_sessionmaker
@@ -75,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_slots = asyncio.Semaphore(settings.db_pool_size + settings.db_max_overflow)
     app.state.dispatcher = Dispatcher(settings)
     app.state.rate = RateLimits(settings)
+    app.state.session_secret = load_secret(settings)  # signs dashboard session cookies
     install_problems(app)
     app.include_router(health.router)
     for module in (datasets, zoo, jobs):

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 EMBEDDED_BROKER = "filesystem://"
@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     cache_dir: Path | None = Field(None, description="Feature cache; default <data_dir>/cache.")
     zoo_manifest: Path | None = Field(
         None, description="Zoo manifest (JSON/YAML) synced into the database at start."
+    )
+    session_secret: SecretStr | None = Field(
+        None,
+        description="Key that signs dashboard session cookies; default: a random key kept in "
+        "<data_dir>/session.key (set it when several hosts serve the dashboard).",
     )
 
     # uploads

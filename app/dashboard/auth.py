@@ -1,9 +1,13 @@
-"""Dashboard sign-in: the API key in an HttpOnly session cookie, and CSRF tokens for forms.
+"""Dashboard sign-in: a signed session cookie naming the API key, and CSRF tokens for forms.
 
-The cookie holds the API key the user signed in with, so every page authenticates through
-the API's own key check (``service.security.authenticate``): revoking the key signs the
-browser out at once, and several API processes need no shared session store. It is HttpOnly
-(no script reads it), SameSite=Lax (not sent on cross-site POSTs) and Secure over https.
+Signing in checks the API key once; the cookie then holds ``v1.<key id>.<expiry>.<mac>``, an
+HMAC-SHA256 under the server's session secret (``ZOOPICK_SESSION_SECRET``, or a random key
+kept in ``<data_dir>/session.key``) of the key id, the expiry and the key's stored hash. It
+never holds the API key itself: a leaked cookie gives 12 hours of dashboard, not a key for
+the API. Every page re-reads the key row, so revoking the key signs the browser out at once,
+and several API processes sharing the secret need no session store. The expiry is checked
+on the server, not only by the browser. The cookie is HttpOnly (no script reads it),
+SameSite=Lax (not sent on cross-site POSTs) and Secure over https.
 
 Forms carry a CSRF token (double submit): a random value in a second cookie that the form
 must echo, in a hidden field or an ``X-CSRF-Token`` header. A cross-site page can neither
@@ -12,8 +16,13 @@ read that cookie nor set it, so it cannot forge a matching form.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
+import os
 import secrets
+import time
+import uuid
 from urllib.parse import quote
 
 from fastapi import Request
@@ -21,7 +30,9 @@ from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
 from zoopick.app.api.deps import Caller
-from zoopick.service.security import authenticate, touch
+from zoopick.service.db.models import ApiKey
+from zoopick.service.security import touch
+from zoopick.service.settings import Settings
 
 SESSION_COOKIE = "zoopick_session"
 CSRF_COOKIE = "zoopick_csrf"
@@ -47,11 +58,65 @@ def secure(request: Request) -> bool:
     return proto.split(",")[0].strip() == "https"
 
 
-def caller_or_none(request: Request, session: Session) -> Caller | None:
-    token = request.cookies.get(SESSION_COOKIE)
-    if not token:
+def load_secret(settings: Settings) -> bytes:
+    """The session-signing key: ``settings.session_secret``, else the random key in
+    ``<data_dir>/session.key``, made on first use (written whole under another name, then
+    linked into place, so processes starting together agree on one key)."""
+    if settings.session_secret is not None:
+        return settings.session_secret.get_secret_value().encode()
+    path = settings.data_dir / "session.key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".session.key.{uuid.uuid4().hex}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: use theirs
+        finally:
+            tmp.unlink()
+    return path.read_text().strip().encode()
+
+
+def _mac(secret: bytes, key_id: str, expires: int, token_hash: str) -> str:
+    msg = f"v1.{key_id}.{expires}.{token_hash}".encode()
+    digest = hmac.new(secret, msg, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def session_value(secret: bytes, key: ApiKey, expires: int) -> str:
+    """The cookie value for ``key`` until ``expires`` (Unix seconds)."""
+    return f"v1.{key.id}.{expires}.{_mac(secret, str(key.id), expires, key.token_hash)}"
+
+
+def session_key(session: Session, secret: bytes, value: str, now: float | None = None):
+    """The live API key a cookie value names, or None: a wrong format, a bad MAC, an expiry
+    in the past, or a key revoked (or replaced) since."""
+    parts = value.split(".")
+    if len(parts) != 4 or parts[0] != "v1":
         return None
-    key = authenticate(session, token)
+    _, raw_id, raw_expires, mac = parts
+    try:
+        key_id, expires = uuid.UUID(raw_id), int(raw_expires)
+    except ValueError:
+        return None
+    if expires <= (time.time() if now is None else now):
+        return None
+    key = session.get(ApiKey, key_id)
+    if key is None or key.revoked_at is not None:
+        return None
+    if not hmac.compare_digest(mac, _mac(secret, raw_id, expires, key.token_hash)):
+        return None
+    return key
+
+
+def caller_or_none(request: Request, session: Session) -> Caller | None:
+    value = request.cookies.get(SESSION_COOKIE)
+    if not value:
+        return None
+    key = session_key(session, request.app.state.session_secret, value)
     if key is None:
         return None
     touch(session, key)
@@ -67,10 +132,11 @@ def require_caller(request: Request, session: Session) -> Caller:
     return caller
 
 
-def sign_in(response: Response, request: Request, token: str) -> None:
+def sign_in(response: Response, request: Request, key: ApiKey) -> None:
+    expires = int(time.time()) + MAX_AGE
     response.set_cookie(
         SESSION_COOKIE,
-        token,
+        session_value(request.app.state.session_secret, key, expires),
         max_age=MAX_AGE,
         httponly=True,
         samesite="lax",

@@ -33,6 +33,7 @@ from zoopick.app.problems import Problem, problem_response
 from zoopick.app.uploads import UNCAPPED_BODY
 from zoopick.service.db.models import Dataset, Job
 from zoopick.service.liveness import worker_status
+from zoopick.service.security import authenticate
 from zoopick.service.thumbnails import thumbnail_path, thumbnails
 
 router = APIRouter(include_in_schema=False)
@@ -116,12 +117,12 @@ async def login(request: Request, form: FormDep, session: SessionDep) -> Respons
     auth.check_csrf(request, form.get(auth.CSRF_FIELD))
     token = str(form.get("api_key") or "").strip()
     target = _safe_next(str(form.get("next") or ""))
-    key = await run_in_threadpool(auth.authenticate, session, token) if token else None
+    key = await run_in_threadpool(authenticate, session, token) if token else None
     if key is None:
         error = "Enter your API key." if not token else "That API key is not valid (or revoked)."
         return render(request, "login.html", code=401, next=target, error=error)
     response = RedirectResponse(target, status_code=303)
-    auth.sign_in(response, request, token)
+    auth.sign_in(response, request, key)
     return response
 
 

@@ -289,6 +289,60 @@ def test_zoo_page_lists_the_candidates(service_app, alice, zoo):
         assert arch in row and "<td>7</td>" in row and "unit test" in row
 
 
+def test_the_session_cookie_is_signed_and_never_holds_the_api_key(service_app, make_key):
+    """The cookie names the key (id, expiry, MAC under the server's secret), never carries it;
+    a tampered, expired or old-style (raw key) cookie signs nobody in; revoking the key signs
+    the browser out; a second app on the same data folder accepts the first one's cookies
+    (processes share the secret file, made once with mode 0600)."""
+    import time
+
+    from sqlalchemy import update
+
+    from zoopick.app.dashboard import auth
+    from zoopick.app.main import create_app
+    from zoopick.service.db.models import ApiKey
+    from zoopick.service.db.session import session_scope
+    from zoopick.service.db.types import utcnow
+
+    tenant = make_key(f"cookie-{uuid.uuid4().hex[:6]}")
+    b = sign_in(service_app, tenant.token)
+    value = b.cookies.get(auth.SESSION_COOKIE)
+    assert value and tenant.token not in value and value.startswith("v1.")
+    _, key_id, expires, mac = value.split(".")
+    assert int(expires) - time.time() > auth.MAX_AGE - 60
+
+    def pages_with(cookie: str) -> int:
+        c = browser(service_app)
+        c.cookies.set(auth.SESSION_COOKIE, cookie)
+        return c.get("/jobs").status_code
+
+    assert pages_with(value) == 200
+    forged_mac = ("A" if mac[0] != "A" else "B") + mac[1:]
+    assert pages_with(f"v1.{key_id}.{expires}.{forged_mac}") == 303
+    assert pages_with(f"v1.{key_id}.{int(expires) + 3600}.{mac}") == 303  # longer life: no
+    assert pages_with(tenant.token) == 303  # the old cookie (the raw key): not a session
+    secret = service_app.state.session_secret
+    with service_app.state.sessionmaker() as s:
+        key = s.get(ApiKey, uuid.UUID(key_id))
+        stale = auth.session_value(secret, key, int(time.time()) - 1)
+        assert auth.session_key(s, secret, value) is not None
+    assert pages_with(stale) == 303  # expired on the server, whatever the browser keeps
+
+    settings = service_app.state.settings
+    if settings.session_secret is None:
+        path = settings.data_dir / "session.key"
+        assert path.stat().st_mode & 0o777 == 0o600
+        twin = create_app(settings)
+        assert twin.state.session_secret == secret
+        c = browser(twin)
+        c.cookies.set(auth.SESSION_COOKIE, value)
+        assert c.get("/jobs").status_code == 200
+
+    with session_scope(service_app.state.sessionmaker) as s:
+        s.execute(update(ApiKey).where(ApiKey.id == uuid.UUID(key_id)).values(revoked_at=utcnow()))
+    assert b.get("/jobs").status_code == 303  # revoked: signed out at once
+
+
 def test_jobs_page_shows_the_workers_heartbeat_status(service_app, alice):
     """The dashboard reads the workers' heartbeats as /readyz does: a stalled worker shows."""
     from datetime import timedelta
