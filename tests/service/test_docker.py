@@ -35,6 +35,8 @@ def test_compose_services_and_dependencies(compose):
     assert {"postgres", "redis", "migrate", "api", "worker-cpu", "worker-gpu"} <= set(services)
     for name in ("postgres", "redis", "api", "worker-cpu", "worker-gpu"):
         assert "healthcheck" in services[name], name
+        assert services[name]["restart"] == "unless-stopped", name  # back after a crash
+    assert "restart" not in services["migrate"]  # one-shot: must not loop
     for name in ("api", "worker-cpu", "worker-gpu"):
         needs = services[name]["depends_on"]
         assert needs["migrate"]["condition"] == "service_completed_successfully"
