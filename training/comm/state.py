@@ -253,7 +253,9 @@ def run_hook(
     unused = _unused_slots(layout)
     is_last = bucket.is_last()
     if state.async_comm and buf.is_cuda:
-        return _run_on_side_stream(state, buf, layout, unused, is_last, exchange)
+        return _on_side_stream(
+            state, buf.device, lambda: _run(state, buf, layout, unused, is_last, exchange)
+        )
     if not state.async_comm:
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(_run(state, buf, layout, unused, is_last, exchange))
@@ -274,21 +276,16 @@ def run_hook(
     return out
 
 
-def _run_on_side_stream(
-    state: HookState,
-    buf: torch.Tensor,
-    layout: BucketLayout,
-    unused: list[tuple[int, int]],
-    is_last: bool,
-    exchange: Exchange,
+def _on_side_stream(
+    state: HookState, device: torch.device, work: Callable[[], torch.Tensor]
 ) -> torch.futures.Future[torch.Tensor]:
-    """``_run`` enqueued on the state's side stream; the future's CUDA event is recorded on
+    """``work()`` enqueued on the state's side stream; the future's CUDA event is recorded on
     that stream when ``set_result`` runs inside it (see ``run_hook``)."""
-    side = state.side_stream(buf.device)
-    side.wait_stream(torch.cuda.current_stream(buf.device))
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buf.device])
+    side = state.side_stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[device])
     with torch.cuda.stream(side):
-        fut.set_result(_run(state, buf, layout, unused, is_last, exchange))
+        fut.set_result(work())
     return fut
 
 
