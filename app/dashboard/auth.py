@@ -75,9 +75,15 @@ def load_secret(settings: Settings) -> bytes:
             os.link(tmp, path)
         except FileExistsError:
             pass  # another process made it first: use theirs
+        except OSError:  # a filesystem without hard links: first rename wins, near enough
+            if not path.exists():
+                os.replace(tmp, path)
         finally:
-            tmp.unlink()
-    return path.read_text().strip().encode()
+            tmp.unlink(missing_ok=True)
+    secret = path.read_text().strip()
+    if len(secret) < 32:
+        raise RuntimeError(f"{path} holds no usable session secret: delete it to make a new one")
+    return secret.encode()
 
 
 def _mac(secret: bytes, key_id: str, expires: int, token_hash: str) -> str:
