@@ -79,10 +79,17 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = [
         "# spardl with 4-byte pairs (`pairs16`): accuracy and bytes",
         "",
-        f"**A small run**: `{a['arch']}` (random init) on Fashion-MNIST, "
-        f"{summary['data']['train_used']} training and {summary['data']['test_used']} test "
+        (
+            f"The pretrained zoo model `{a['pretrained']}` fine-tuned on Fashion-MNIST classes "
+            f"{a['classes']}, "
+            if a.get("pretrained")
+            else f"**A small run**: `{a['arch']}` (random init) on Fashion-MNIST, "
+        )
+        + f"{summary['data']['train_used']} training and {summary['data']['test_used']} test "
         f"images, P = {a['workers']} gloo workers, {a['epochs']} epochs, {a['optimizer']} lr "
-        f"{a['lr']:g}, density {a['density']:g}, seeds "
+        f"{a['lr']:g}, density {a['density']:g}"
+        + (f", {a['warmup']} iterations of {a['warmup_mode']} warm-up" if a.get("warmup") else "")
+        + ", seeds "
         + ", ".join(str(s) for s in sorted({r["seed"] for r in summary["rows"]}))
         + ". Within a seed every hook sees the same weights and batches, so `spardl-p16` "
         "(16-bit block-relative indices + float16 values) and `spardl-p16bf` (+ bfloat16) "
