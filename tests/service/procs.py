@@ -176,3 +176,28 @@ def create_token(settings: Settings, tenant: str, *, admin: bool = False) -> str
     finally:
         engine.dispose()
     return token
+
+
+@contextmanager
+def dashboard_client(base: str, token: str) -> Iterator[httpx.Client]:
+    """An HTTP client signed in to the dashboard of ``base`` with the API key ``token``, the
+    way a browser does it (the login form with its CSRF token): the session cookie is the
+    server's signed one, never the key."""
+    import re
+
+    with httpx.Client(base_url=base) as client:
+        page = client.get("/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+        resp = client.post("/login", data={"api_key": token, "csrf": csrf, "next": "/jobs"})
+        assert resp.status_code == 303, f"dashboard sign-in failed: {resp.status_code}"
+        yield client
+
+
+def deliveries(factory, key: str) -> int:
+    """How many times the task keyed ``key`` (e.g. ``validate:<dataset id>``) was delivered
+    to a worker, from the database's count."""
+    from zoopick.service.db.models import TaskDelivery
+
+    with factory() as session:
+        row = session.get(TaskDelivery, key)
+        return row.count if row is not None else 0

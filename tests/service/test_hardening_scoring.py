@@ -103,14 +103,6 @@ def finished(http: httpx.Client, job_id: str, timeout: float = 120) -> dict:
     )
 
 
-def deliveries(factory, key: str) -> int:
-    from zoopick.service.db.models import TaskDelivery
-
-    with factory() as session:
-        row = session.get(TaskDelivery, key)
-        return row.count if row is not None else 0
-
-
 def test_a_model_whose_scoring_kills_its_worker_is_skipped_after_max_deliveries(service):
     http, factory, start, _, _, _ = service
     with start(KILLS) as (worker, ds):
@@ -121,7 +113,7 @@ def test_a_model_whose_scoring_kills_its_worker_is_skipped_after_max_deliveries(
         while time.monotonic() < deadline:
             if http.get(f"{API}/jobs/{job_id}").json()["status"] in ("succeeded", "failed"):
                 break
-            started = deliveries(factory, key)
+            started = procs.deliveries(factory, key)
             if kills < started <= 2:  # this start of "slow" is scoring now: kill its worker
                 for pid in pool_pids(worker):
                     os.kill(pid, signal.SIGKILL)
@@ -135,7 +127,7 @@ def test_a_model_whose_scoring_kills_its_worker_is_skipped_after_max_deliveries(
     assert [r["model"] for r in job["ranking"]] == ["good"]
     assert set(job["model_errors"]) == {"slow"}
     assert "worker died 2 times while scoring" in job["model_errors"]["slow"]
-    assert deliveries(factory, key) == 3  # two deaths, then the start that gave up
+    assert procs.deliveries(factory, key) == 3  # two deaths, then the start that gave up
     assert alive
 
 
@@ -149,7 +141,7 @@ def test_a_model_past_its_soft_or_hard_time_limit_is_skipped_and_the_dashboard_s
     with start(LIMITS) as (worker, ds):
         soft = finished(http, submit(http, ds, ["slow", "good"]))
         hard_id = submit(http, ds, ["slow", "good"])
-        procs.poll(lambda: deliveries(factory, f"score:{uuid.UUID(hard_id)}:slow"),
+        procs.poll(lambda: procs.deliveries(factory, f"score:{uuid.UUID(hard_id)}:slow"),
                    lambda n: n >= 1, 60, interval=0.02, what="slow to start")  # fmt: skip
         for pid in pool_pids(worker):
             os.kill(pid, signal.SIGSTOP)
@@ -166,7 +158,7 @@ def test_a_model_past_its_soft_or_hard_time_limit_is_skipped_and_the_dashboard_s
         assert why in job["model_errors"]["slow"], job["model_errors"]
         assert job["progress"] == 1.0
     assert "exceeded its hard time limit" in log
-    with httpx.Client(base_url=base, cookies={"zoopick_session": token}) as browser:
+    with procs.dashboard_client(base, token) as browser:
         page = browser.get(f"/jobs/{hard['id']}")
     assert page.status_code == 200
     assert 'data-model-error="slow"' in page.text
@@ -192,7 +184,7 @@ def test_the_sweeper_requeues_a_job_whose_worker_died_scoring_and_the_deaths_sti
     with start(once) as (worker, ds):
         job_id = submit(http, ds, ["slow", "good"])
         key = f"score:{uuid.UUID(job_id)}:slow"
-        procs.poll(lambda: deliveries(factory, key), lambda n: n >= 1, 60, interval=0.02,
+        procs.poll(lambda: procs.deliveries(factory, key), lambda n: n >= 1, 60, interval=0.02,
                    what="slow to start")  # fmt: skip
         os.killpg(worker.proc.pid, signal.SIGKILL)  # the main process and its pool
         worker.proc.wait()
@@ -211,4 +203,4 @@ def test_the_sweeper_requeues_a_job_whose_worker_died_scoring_and_the_deaths_sti
     assert job["chosen_model"] == "good"
     assert set(job["model_errors"]) == {"slow"}
     assert "worker died 1 times while scoring" in job["model_errors"]["slow"]
-    assert deliveries(factory, key) == 2
+    assert procs.deliveries(factory, key) == 2

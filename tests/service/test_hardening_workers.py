@@ -89,18 +89,21 @@ def test_a_validation_that_kills_its_worker_is_failed_after_max_deliveries(servi
     resp = http.post(f"{API}/datasets", files={"file": ("slow.zip", slow_zip(), "x")})
     assert resp.status_code == 202, resp.text
     ds_id = resp.json()["id"]
-    kills = 0
+    kills = killed_delivery = 0
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         status, error = status_of(factory, ds_id)
         if status in ("ready", "invalid"):
             break
-        if status == "validating":
+        # each delivery is counted when it starts: kill the pool while that one validates
+        # (a fixed pause after a kill let a quick redelivery finish on a fast machine)
+        started = procs.deliveries(factory, f"validate:{uuid.UUID(ds_id)}")
+        if status == "validating" and started > killed_delivery:
             for pid in pool_pids(worker):
                 os.kill(pid, signal.SIGKILL)  # what the OOM killer does
                 kills += 1
-            time.sleep(0.5)  # let the worker notice and re-queue
-        time.sleep(0.02)
+            killed_delivery = started
+        time.sleep(0.01)
     assert status == "invalid", (status, error, kills, worker.tail())
     assert "worker died 2 times while validating" in error, error
     assert kills >= 2
