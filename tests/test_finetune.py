@@ -123,3 +123,23 @@ def test_training_file_as_test_data_uses_its_test_split(tmp_path):
     cfg = FinetuneConfig(zoo="z", model="m", data=str(path), out="o", test_data=str(path))
     train, test = _load_data(cfg)
     assert (len(train), len(test)) == (12, 6)
+
+
+def test_sparse_hooks_get_the_default_warmup_unless_the_run_sets_one():
+    """A run that names no warm-up gets ``SPARSE_WARMUP`` iterations of DGC's exponential
+    warm-up on a sparse hook (dense has none); an explicit ``warmup`` (0 included) is kept."""
+    from zoopick.training.comm import make_hook
+    from zoopick.training.config import SPARSE_WARMUP, FinetuneConfig
+
+    def options(compressor: str, **hook_options):
+        return FinetuneConfig(
+            zoo="z", model="m", data="d", out="o", compressor=compressor,
+            hook_options=hook_options,
+        ).comm_options()  # fmt: skip
+
+    assert options("spardl") == {"warmup": SPARSE_WARMUP}
+    assert options("topk", fp16=True) == {"fp16": True, "warmup": SPARSE_WARMUP}
+    assert options("spardl", warmup=0) == {"warmup": 0}
+    assert options("dense") == {}
+    state, _ = make_hook("spardl", density=0.01, **options("spardl"))
+    assert [state.density_at(t) for t in range(5)] == [0.25, 0.0625, 0.015625, 0.01, 0.01]

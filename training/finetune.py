@@ -144,7 +144,7 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=cfg.bucket_cap_mb,
     )
-    state, hook = make_hook(cfg.compressor, density=cfg.density, **cfg.hook_options)
+    state, hook = make_hook(cfg.compressor, density=cfg.density, **cfg.comm_options())
     ddp.register_comm_hook(state, hook)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(
