@@ -144,7 +144,8 @@ class FinetuneSpec(NoNulModel):
     hook_options: dict[str, Any] = Field(
         default_factory=dict,
         max_length=16,
-        description="Options of the hook (e.g. spardl's teams, warmup, fp16).",
+        description="Options of the hook (e.g. spardl's teams, warmup, fp16). Sparse hooks "
+        "get 4 iterations of exponential warm-up unless warmup is given (0: none).",
     )
 
 
