@@ -6,6 +6,16 @@
 #   OUT=/tmp/gpu bash benchmarks/gpu_checks.sh setup cuda-tests hooks train transfer iteration
 #
 # Extra options for the transfer and iteration scripts go in TRANSFER_ARGS / ITERATION_ARGS.
+#
+# Made here, carried to the device (both git-ignored): .whl/ = `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl` of
+# pydantic, pydantic-core, pydantic-settings, python-dotenv, typing-inspection,
+# annotated-types, celery, kombu, billiard, vine, amqp, click-didyoumean, click-plugins,
+# click-repl, prompt_toolkit, wcwidth, tzlocal (the versions installed here); .ipr/ =
+# `apt-get download iproute2 libbpf1 libelf1 libmnl0 libcap2 libxtables12 libtirpc3 libdb5.3
+# libbsd0 libmd0 libselinux1 libpcre2-8-0 libgssapi-krb5-2 libkrb5-3 libk5crypto3
+# libkrb5support0 libcom-err2 libkeyutils1`. The zoo (benchmarks/transfer/build_zoo.py) is
+# carried too: `carry: [".whl", ".ipr", "benchmarks/transfer/zoo"]`.
 # setup       the package (editable, no deps); wheels in .whl/ (pydantic, celery... for the
 #             `zoopick` CLI) and Debian's iproute2 in .ipr/ (for the network namespaces of the
 #             comm benchmark) when those folders are there
