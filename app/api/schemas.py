@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from zoopick.training.config import DEFAULT_WORKERS, default
+from zoopick.training.config import DEFAULT_WORKERS, SPARSE_WARMUP, default
 
 DEFAULT_METRICS = ["logme", "fsms", "sms", "isms"]
 
@@ -145,7 +145,7 @@ class FinetuneSpec(NoNulModel):
         default_factory=dict,
         max_length=16,
         description="Options of the hook (e.g. spardl's teams, warmup, fp16). Sparse hooks "
-        "get 4 iterations of exponential warm-up unless warmup is given (0: none).",
+        f"get {SPARSE_WARMUP} iterations of exponential warm-up unless warmup is given (0: none).",
     )
 
 
