@@ -35,6 +35,8 @@ FMNIST_CLASSES = (
 SOURCE_SHAPES = ("circle", "square", "triangle", "line")
 TARGET_SHAPES = ("ring", "cross", "ell", "tee", "ellipse", "arc")
 TEXTURES = ("checker", "dots", "rings", "zigzag", "hatch", "blobs")
+LETTERS = ("A", "E", "F", "H", "K", "N", "R", "X")
+COUNTS = ("one", "two", "three", "four", "five")
 
 
 def per_class(n: int, scale: float, minimum: int = 10) -> int:
@@ -291,6 +293,57 @@ def textures(classes: Sequence[str], n_per_class: int, *, seed: int, noise: floa
     return xs, ys, list(classes)
 
 
+def counts(classes: Sequence[str], n_per_class: int, *, seed: int, noise: float = 25.0) -> Task:
+    """1..len(classes) small shapes of random kinds (the target shapes) on a colour picture; the
+    class is how many there are. Counting is a global property that no source task trains;
+    centres are rejection-sampled so shapes never touch (the count stays visible)."""
+    rng = np.random.default_rng(seed)
+    n = len(classes) * n_per_class
+    xs = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
+    ys = np.repeat(np.arange(len(classes), dtype=np.int64), n_per_class)
+    for i, label in enumerate(ys):
+        alpha = np.zeros((SIZE, SIZE))
+        placed: list[tuple[float, float, float]] = []
+        while len(placed) < label + 1:
+            r = rng.uniform(2.5, 4.5)
+            cx, cy = rng.uniform(r + 1, SIZE - r - 1, size=2)
+            if any(np.hypot(cx - x, cy - y) < r + q + 1.5 for x, y, q in placed):
+                continue
+            placed.append((cx, cy, r))
+            kind = TARGET_SHAPES[rng.integers(len(TARGET_SHAPES))]
+            sdf = shape_sdf(kind, cx, cy, r, rng.uniform(0, 2 * np.pi))
+            alpha = np.maximum(alpha, np.clip(0.5 - sdf, 0, 1))
+        fg, bg = _colours(rng)
+        img = bg + alpha[..., None] * (fg - bg) + rng.normal(0, noise, (SIZE, SIZE, 3))
+        xs[i] = np.clip(img, 0, 255).round().astype(np.uint8)
+    return xs, ys, list(classes)
+
+
+def letters(classes: Sequence[str], n_per_class: int, *, seed: int, noise: float = 25.0) -> Task:
+    """Capital letters in Pillow's built-in scalable font at random size, position and rotation
+    (+-30 degrees), grey on a noisy background: glyph shapes none of the sources draw."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    n = len(classes) * n_per_class
+    xs = np.empty((n, SIZE, SIZE), dtype=np.uint8)
+    ys = np.repeat(np.arange(len(classes), dtype=np.int64), n_per_class)
+    fonts: dict[int, ImageFont.FreeTypeFont] = {}
+    for i, label in enumerate(ys):
+        size = int(rng.integers(14, 25))
+        font = fonts.setdefault(size, ImageFont.load_default(size=size))
+        canvas = Image.new("L", (2 * SIZE, 2 * SIZE))
+        ImageDraw.Draw(canvas).text((SIZE, SIZE), classes[label], fill=255, font=font, anchor="mm")
+        canvas = canvas.rotate(rng.uniform(-30, 30), resample=Image.Resampling.BILINEAR)
+        dx, dy = rng.integers(-6, 7, size=2)
+        box = (SIZE // 2 + dx, SIZE // 2 + dy, SIZE // 2 + dx + SIZE, SIZE // 2 + dy + SIZE)
+        alpha = np.asarray(canvas.crop(box), dtype=np.float64) / 255.0
+        bg, fg = rng.uniform(0, 90), rng.uniform(150, 255)
+        img = bg + alpha * (fg - bg) + rng.normal(0, noise, (SIZE, SIZE))
+        xs[i] = np.clip(img, 0, 255).round().astype(np.uint8)
+    return xs, ys, list(classes)
+
+
 # --------------------------------------------------------------------------------------------
 # the benchmark's named sources and targets
 
@@ -371,9 +424,25 @@ def _textures_target(path: str | Path, scale: float) -> Split:
     )
 
 
+def _letters_target(path: str | Path, scale: float) -> Split:
+    return (
+        letters(LETTERS, per_class(40, scale), seed=208),
+        letters(LETTERS, per_class(120, scale), seed=209),
+    )
+
+
+def _counts_target(path: str | Path, scale: float) -> Split:
+    return (
+        counts(COUNTS, per_class(60, scale), seed=210),
+        counts(COUNTS, per_class(150, scale), seed=211),
+    )
+
+
 TARGETS: dict[str, tuple[Callable[[str | Path, float], Split], str]] = {
     "fmnist4": (_fmnist_target, "Fashion-MNIST classes 6-9 (shirt, sneaker, bag, ankle boot)"),
     "digits": (_digits_target, "scikit-learn 8x8 digits upsampled, random offset"),
     "glyphs": (_glyphs_target, "colour shapes unseen in pretraining, with clutter strokes"),
     "textures": (_textures_target, "colour textures: checker, dots, rings, zigzag, hatch, blobs"),
+    "letters": (_letters_target, "grey capital letters in Pillow's font, rotated, noisy"),
+    "counts": (_counts_target, "colour pictures of 1 to 5 small shapes: how many?"),
 }
