@@ -87,6 +87,34 @@ def test_even_bounds():
     assert even_bounds(2, 4) == [0, 0, 1, 1, 2]
 
 
+def test_sparse_positions_equal_torch_nonzero():
+    """The word-wise scan gives torch.nonzero's positions in its order: masks whose length
+    is not a multiple of 8 (a tail), a True in the tail only, an unaligned slice, an empty
+    and a full mask (the fallback), a single element."""
+    from zoopick.training.comm.select import sparse_positions
+
+    gen = torch.Generator().manual_seed(5)
+    masks = [
+        torch.rand(n, generator=gen) < p
+        for n in (1, 7, 8, 9, 1003, 100_001)
+        for p in (0.0, 0.01, 0.3, 0.9)
+    ]
+    tail_only = torch.zeros(1005, dtype=torch.bool)
+    tail_only[1001] = True
+    masks += [
+        tail_only,
+        torch.rand(10_000, generator=gen)[3:] < 0.02,
+        torch.ones(64, dtype=torch.bool),
+    ]
+    for mask in masks:
+        got = sparse_positions(mask)
+        assert got.dtype == torch.int64
+        assert torch.equal(got, torch.nonzero(mask).flatten()), mask.numel()
+    unaligned = (torch.rand(4099, generator=gen) < 0.05)[3:]
+    assert unaligned.data_ptr() % 8
+    assert torch.equal(sparse_positions(unaligned), torch.nonzero(unaligned).flatten())
+
+
 def test_sampled_topk_is_the_exact_top_k():
     """The CPU path for large inputs (sampled threshold + exact trim) returns exactly the
     set torch.topk returns, also where the sample misses (fallback) and on heavy tails."""

