@@ -72,7 +72,7 @@ def score(
     data: Annotated[Path, typer.Option(help="ImageFolder dir/archive or .npz dataset.")],
     metric: Annotated[
         list[str], typer.Option("--metric", "-m", help="Metric name; repeat for several.")
-    ] = ["sms", "isms", "logme"],  # noqa: B006 (Typer reads, never mutates, this default)
+    ] = ["fsms", "logme", "sms", "isms"],  # noqa: B006 (Typer reads, never mutates, this default)
     max_per_class: Annotated[
         int | None, typer.Option(min=1, help="Deterministic per-class subsample.")
     ] = None,

@@ -23,6 +23,7 @@ from zoopick.app.api.schemas import (
     Page,
     RankedModel,
     TrainingOut,
+    default_select_by,
 )
 from zoopick.app.problems import Problem, responses
 from zoopick.service import pipeline, quotas, zoo_catalog
@@ -121,10 +122,11 @@ def resolve(session: Session, caller: Caller, body: JobCreate, settings: Setting
             f"{', '.join(sorted(known))}",
             kind="unknown-metric",
         )
-    if body.select_by not in metrics:
+    select_by = default_select_by(metrics) if body.select_by is None else body.select_by
+    if select_by not in metrics:
         raise Problem(
             422,
-            f"select_by {body.select_by!r} must be one of the requested metrics {metrics}",
+            f"select_by {select_by!r} must be one of the requested metrics {metrics}",
             kind="invalid-select-by",
         )
 
@@ -167,7 +169,7 @@ def resolve(session: Session, caller: Caller, body: JobCreate, settings: Setting
         "dataset_id": ds.id,
         "models": models,
         "metrics": metrics,
-        "select_by": body.select_by,
+        "select_by": select_by,
         "finetune": finetune,
     }
 

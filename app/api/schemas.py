@@ -18,9 +18,17 @@ from pydantic import (
 
 from zoopick.training.config import DEFAULT_WORKERS, SPARSE_WARMUP, default
 
-DEFAULT_METRICS = ["logme", "fsms", "sms", "isms"]
+DEFAULT_METRICS = ["fsms", "logme", "sms", "isms"]
+DEFAULT_SELECT_BY = "fsms"
+"""The metric that picks when a job names none: the best of the transfer benchmark
+(`benchmarks/results/transfer.md`: highest mean weighted tau over its six targets)."""
 
 T = TypeVar("T")
+
+
+def default_select_by(metrics: list[str]) -> str:
+    """The metric that picks when a job names none (see ``DEFAULT_SELECT_BY``)."""
+    return DEFAULT_SELECT_BY if DEFAULT_SELECT_BY in metrics else metrics[0]
 
 
 def _nul_path(value: Any, where: str) -> str | None:
@@ -162,7 +170,11 @@ class JobCreate(NoNulModel):
     metrics: list[str] = Field(
         default_factory=lambda: list(DEFAULT_METRICS), min_length=1, max_length=32
     )
-    select_by: str = Field("logme", description="The metric that picks the model to fine-tune.")
+    select_by: str | None = Field(
+        None,
+        description=f"The metric that picks the model to fine-tune. Default: {DEFAULT_SELECT_BY} "
+        "when it is among the requested metrics, else the first requested metric.",
+    )
     finetune: FinetuneSpec | None = None
 
 

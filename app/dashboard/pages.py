@@ -27,7 +27,13 @@ from zoopick.app.api import datasets as datasets_api
 from zoopick.app.api import jobs as jobs_api
 from zoopick.app.api import zoo as zoo_api
 from zoopick.app.api.deps import Caller, SessionDep, get_owned
-from zoopick.app.api.schemas import DEFAULT_METRICS, FinetuneSpec, JobCreate, JobOut
+from zoopick.app.api.schemas import (
+    DEFAULT_METRICS,
+    DEFAULT_SELECT_BY,
+    FinetuneSpec,
+    JobCreate,
+    JobOut,
+)
 from zoopick.app.dashboard import auth, charts
 from zoopick.app.problems import Problem, problem_response
 from zoopick.app.uploads import UNCAPPED_BODY
@@ -337,7 +343,7 @@ def _submit_choices(request: Request, session, caller: Caller) -> dict[str, Any]
 
 DEFAULT_FORM = {
     "metrics": ", ".join(DEFAULT_METRICS),
-    "select_by": "isms",
+    "select_by": DEFAULT_SELECT_BY,
     "finetune": False,
     "epochs": FinetuneSpec().epochs,
     "compressor": FinetuneSpec().compressor,
@@ -414,7 +420,7 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
             "dataset_id": form["dataset_id"] or None,
             "models": form["models"] or "all",
             "metrics": _split(form["metrics"]),
-            "select_by": form["select_by"],
+            "select_by": form["select_by"] or None,  # blank: the API's default
         }
         if form["finetune"]:
             body["finetune"] = {

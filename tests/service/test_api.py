@@ -217,7 +217,21 @@ def test_models_all_and_default_metrics(client, service_app, alice, zoo):
     ds = ready_dataset(service_app, "alice")
     job = submit(client, alice, ds).json()
     assert set(zoo) <= set(job["models"])
-    assert job["metrics"] == ["logme", "fsms", "sms", "isms"] and job["select_by"] == "logme"
+    assert job["metrics"] == ["fsms", "logme", "sms", "isms"] and job["select_by"] == "fsms"
+
+
+@pytest.mark.parametrize(
+    ("metrics", "chosen"), [(["knn", "fsms"], "fsms"), (["knn", "logme"], "knn"), (["sms"], "sms")]
+)
+def test_select_by_defaults_to_fsms_else_the_first_metric(
+    client, service_app, alice, zoo, metrics, chosen
+):
+    """A job naming its metrics but no select_by is ranked by fsms when it asked for it, else
+    by its first metric (it used to get 422 for not including the old default)."""
+    ds = ready_dataset(service_app, "alice")
+    res = submit(client, alice, ds, metrics=metrics)
+    assert res.status_code == 202, res.text
+    assert res.json()["select_by"] == chosen
 
 
 @pytest.mark.parametrize(
