@@ -56,6 +56,8 @@ def raw_configs(P: int) -> dict[str, tuple[str, dict]]:
         "spardl_d20": ("spardl", {"density": 0.2}),
         "spardl_p16": ("spardl", {"pairs16": "fp16"}),
         "spardl_p16bf": ("spardl", {"pairs16": "bf16"}),
+        # the accelerator's path (no CPU shortcuts: batched block topk, fixed capacities)
+        "spardl_device": ("spardl", {DEVICE_PATH: True}),
     }
     for d in range(2, P + 1):
         if P % d == 0:
@@ -93,9 +95,22 @@ def _train(rank: int, name: str | None, steps: int, **options) -> tuple[list, ob
     return params, (list(state.stats) if state is not None else None)
 
 
+DEVICE_PATH = "_device_path"  # a config flag of these tests, not a hook option
+
+
 def _raw(rank: int, P: int, name: str, options: dict) -> dict:
     """Drive a hook with SimpleBuckets for ITERS iterations; the bucket split of the
-    parameters changes after the first iteration, like DDP's rebuild."""
+    parameters changes after the first iteration, like DDP's rebuild. ``DEVICE_PATH: True``
+    in ``options`` runs it with the CPU shortcuts off."""
+    from zoopick.training.comm import select
+
+    options = dict(options)
+    if options.pop(DEVICE_PATH, False):
+        saved, select.CPU_SHORTCUTS = select.CPU_SHORTCUTS, False
+        try:
+            return _raw(rank, P, name, options)
+        finally:
+            select.CPU_SHORTCUTS = saved
     gen = torch.Generator().manual_seed(1000 + rank)
     params = [torch.zeros(s) for s in SHAPES]
     options = {"density": DENSITY, **options}

@@ -115,6 +115,36 @@ def test_sparse_positions_equal_torch_nonzero():
     assert torch.equal(sparse_positions(unaligned), torch.nonzero(unaligned).flatten())
 
 
+def test_block_topk_is_each_blocks_own_top_k():
+    """One batched topk over blocks of uneven length (even_bounds cuts, some one longer)
+    picks exactly each block's own top-k; the padding of the shorter blocks is never chosen,
+    even when every real value is zero there; k above the shortest block is refused."""
+    from zoopick.training.comm.select import Blocks, block_topk_indices, even_bounds
+
+    gen = torch.Generator().manual_seed(9)
+    for n, parts, picks in [(1003, 4, (0, 2, 3)), (64, 8, (7, 0, 1)), (10, 3, (0, 1, 2))]:
+        x = torch.randn(n, generator=gen)
+        bounds = even_bounds(n, parts)
+        lengths = [bounds[j + 1] - bounds[j] for j in picks]
+        blocks = Blocks.of([bounds[j] for j in picks], lengths, x.device)
+        for k in {1, min(lengths)}:
+            got = block_topk_indices(x, blocks, k)
+            assert got.shape == (len(picks), k)
+            for row, j in zip(got, picks, strict=True):
+                lo, hi = bounds[j], bounds[j + 1]
+                assert set(row.tolist()) == set(
+                    (torch.topk(x[lo:hi].abs(), k).indices + lo).tolist()
+                )
+        with pytest.raises(ValueError, match="shortest"):
+            block_topk_indices(x, blocks, min(lengths) + 1)
+    zeros = torch.zeros(9)  # blocks [0, 4) and [4, 9): the short one is all zeros
+    blocks = Blocks.of([0, 4], [4, 5], zeros.device)
+    got = block_topk_indices(zeros, blocks, 4)
+    assert set(got[0].tolist()) <= {0, 1, 2, 3} and set(got[1].tolist()) <= set(range(4, 9))
+    with pytest.raises(ValueError, match="more than one"):
+        Blocks.of([0, 3], [3, 6], zeros.device)
+
+
 def test_sampled_topk_is_the_exact_top_k():
     """The CPU path for large inputs (sampled threshold + exact trim) returns exactly the
     set torch.topk returns, also where the sample misses (fallback) and on heavy tails."""

@@ -190,10 +190,13 @@ def _reduced_and_accumulated(run, key: str, it: int):
     return _buckets(split, recs[0]["avg"]), list(zip(*accs, strict=True))
 
 
-def test_matches_plain_reference(run):
+@pytest.mark.parametrize("key", ["spardl", "spardl_device"])
+def test_matches_plain_reference(run, key):
+    """Both selection paths (the CPU's sampled one, the accelerator's batched block topk)
+    give the reference's sums."""
     P = len(run)
     for it in range(ITERS):
-        got, per_bucket = _reduced_and_accumulated(run, "spardl", it)
+        got, per_bucket = _reduced_and_accumulated(run, key, it)
         for b, per_rank in enumerate(per_bucket):
             k = math.ceil(DENSITY * per_rank[0].numel() - 1e-9)
             expect = _spardl_reference(list(per_rank), k)

@@ -13,6 +13,8 @@ CPU tensors while ``CPU_SHORTCUTS`` is true (tests switch it off to check the de
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from statistics import NormalDist
 
 import torch
@@ -49,7 +51,7 @@ def topk_indices(x: torch.Tensor, k: int, scratch: torch.Tensor | None = None) -
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=x.device)
     mag = x.abs() if scratch is None else torch.abs(x, out=scratch)
-    if _shortcut(x) and n >= SAMPLED_MIN_NUMEL and 8 * k <= n:
+    if cpu_shortcut(x) and n >= SAMPLED_MIN_NUMEL and 8 * k <= n:
         return _sampled_topk(mag, k)
     return torch.topk(mag, k, sorted=False).indices
 
@@ -65,7 +67,8 @@ def _positive(threshold: torch.Tensor | float) -> torch.Tensor | float:
     return max(threshold, TINY)
 
 
-def _shortcut(x: torch.Tensor) -> bool:
+def cpu_shortcut(x: torch.Tensor) -> bool:
+    """Whether the CPU-only shortcuts apply to ``x`` (see the module docstring)."""
     return CPU_SHORTCUTS and x.device.type == "cpu"
 
 
@@ -116,6 +119,53 @@ def _sampled_topk(mag: torch.Tensor, k: int) -> torch.Tensor:
     return cand[torch.topk(mag[cand], k, sorted=False).indices]
 
 
+@dataclass(frozen=True)
+class Blocks:
+    """Blocks ``x[starts[r] : starts[r] + lengths[r]]`` of a flat tensor, for
+    :func:`block_topk_indices`. Build it once per layout and device and keep it: its device
+    tensors are copies from the host."""
+
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    starts_dev: torch.Tensor
+    long_dev: torch.Tensor  # blocks one longer than the shortest
+
+    @classmethod
+    def of(cls, starts: Sequence[int], lengths: Sequence[int], device: torch.device) -> Blocks:
+        if len(starts) != len(lengths) or not starts:
+            raise ValueError("need one length per start, and at least one block")
+        if max(lengths) - min(lengths) > 1:
+            raise ValueError(f"block lengths differ by more than one: {sorted(set(lengths))}")
+        short = min(lengths)
+        return cls(
+            tuple(starts),
+            tuple(lengths),
+            torch.tensor(starts, dtype=torch.int64, device=device),
+            torch.tensor([n > short for n in lengths], device=device),
+        )
+
+
+def block_topk_indices(x: torch.Tensor, blocks: Blocks, k: int) -> torch.Tensor:
+    """Positions of the ``k`` largest ``|x|`` in each block: ``(len(blocks.starts), k)`` int64.
+
+    The blocks are copied into the rows of one matrix (their common length, plus a column of
+    last elements where a block is one longer, padded with -1 elsewhere so padding is never
+    chosen) and one ``torch.topk`` runs over every row. On an accelerator that is a handful
+    of kernels for a whole message instead of a chain per block, each too small to fill the
+    device. ``k`` must not exceed the shortest block. No host sync."""
+    short = min(blocks.lengths)
+    if k > short:
+        raise ValueError(f"k={k} exceeds the shortest block ({short})")
+    body = torch.stack([x[s : s + short] for s in blocks.starts])
+    if max(blocks.lengths) > short:
+        last = x.index_select(0, (blocks.starts_dev + short).clamp_max(x.numel() - 1))
+        mag = torch.cat([body, last[:, None]], 1).abs_()
+        mag[:, short] = torch.where(blocks.long_dev, mag[:, short], -1.0)
+    else:
+        mag = body.abs_()
+    return blocks.starts_dev[:, None] + torch.topk(mag, k, dim=1, sorted=False).indices
+
+
 def threshold_indices(x: torch.Tensor, threshold: float) -> torch.Tensor:
     """Positions with ``|x| >= threshold`` and ``x != 0`` (zeros are never worth sending).
     A data-dependent length: for tests and references, not for a hook's steady state."""
@@ -138,7 +188,7 @@ def capped_indices(
     mask = mag >= _positive(threshold)
     passing = torch.count_nonzero(mask)
     cap = min(cap, x.numel())
-    if _shortcut(x):
+    if cpu_shortcut(x):
         cand = sparse_positions(mask)
         if cand.numel() > cap:
             cand = cand[torch.topk(mag[cand], cap, sorted=False).indices]
@@ -180,7 +230,7 @@ def gaussian_threshold(
     one = torch.ones_like(thr)
     for _ in range(refine):
         low, high = count < 2 * k / 3, count > 4 * k / 3
-        if _shortcut(x) and not bool(low | high):
+        if cpu_shortcut(x) and not bool(low | high):
             break
         thr = thr * torch.where(low, 0.5 * one, torch.where(high, 1.5 * one, one))
         count = torch.count_nonzero(mag >= thr)
