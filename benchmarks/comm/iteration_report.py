@@ -19,7 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.comm import netns  # noqa: E402
+from benchmarks.comm import cpushare, netns  # noqa: E402
 from zoopick.training.comm import message_steps, spardl_schedule  # noqa: E402
 
 PAIR_BYTES = 8  # int32 index + float32 value
@@ -71,6 +71,21 @@ def summarise(P: int, link: str, rate: int | None, ranks: list[dict]) -> list[di
         else:
             r["added_1core_est_s"] = None
     return out
+
+
+WALL_KEYS = ("time_s", "select_s", "comm_s", "added_s")
+
+
+def dilate(records: list[dict[str, Any]], share: float) -> None:
+    """Scale the wall times of a ``--share-cores`` launch (each worker on ``share`` of a
+    core, links at ``share`` of their rate) back to one core per worker at the full rate.
+    CPU seconds and bytes are not dilated and stay as they are."""
+    for r in records:
+        r["dilation"] = share
+        for key in WALL_KEYS:
+            if r.get(key) is not None:
+                r[key] *= share
+        r["time_s_iters"] = [t * share for t in r["time_s_iters"]]
 
 
 def goals(records: list[dict[str, Any]], density: float = 0.01) -> list[dict[str, Any]]:
@@ -170,7 +185,16 @@ def markdown(result: dict[str, Any]) -> str:
         "*wire bytes* what the worker's veth really sent per iteration (payload + TCP/IP "
         "headers + barriers; mean over ranks). "
         + (
-            f"Each worker is pinned to a core of its own (`--pin-from {run['pin_from']}`, "
+            f"Time dilation (`--share-cores {run['share_cores']}`): each worker ran in a "
+            "cgroup with a CFS quota of f = 1/ceil(P/N) of one core (1 ms per 1/f ms), "
+            "pinned so no core carried more than 1/f workers, with its link shaped to f times "
+            "the nominal rate; every wall time in the tables (iteration, *added*, *select*, "
+            "*comm*) is multiplied by f, so *added* emulates one core per worker at the "
+            "nominal rate (CPU seconds and bytes are not dilated). The *one core (est.)* "
+            "column is the other estimate (the slowest worker's extra CPU seconds vs noop "
+            "plus the extra wire bytes at the link rate), kept beside it as a check."
+            if run.get("share_cores") is not None
+            else f"Each worker is pinned to a core of its own (`--pin-from {run['pin_from']}`, "
             f"{run['cpus']} cores): *added* is measured with one core per worker. The *one "
             "core (est.)* column is the estimate used where cores are shared (the slowest "
             "worker's extra CPU seconds vs noop plus the extra wire bytes at the link rate), "
@@ -251,7 +275,10 @@ def main(args, launch, configs_for) -> int:
                     print(str(exc), file=sys.stderr, flush=True)
                     errors.append(str(exc)[:2000])
                     continue
-                records += summarise(P, link, rate, ranks)
+                done = summarise(P, link, rate, ranks)
+                if args.share_cores is not None:
+                    dilate(done, cpushare.fraction(P, args.share_cores))
+                records += done
                 print(f"P={P} {link}: done in {time.time() - t0:.0f} s", flush=True)
                 partial = {"runs": [], "records": records}
                 out_json.with_suffix(".partial.json").write_text(json.dumps(partial))
@@ -268,6 +295,7 @@ def main(args, launch, configs_for) -> int:
             "errors": errors,
             "cpus": os.cpu_count(),
             "pin_from": args.pin_from,
+            "share_cores": args.share_cores,
             "loadavg_before": [round(v, 2) for v in load_before],
             "loadavg_after": [round(v, 2) for v in os.getloadavg()],
             "wall_s": round(time.time() - started, 1),

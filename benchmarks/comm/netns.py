@@ -52,7 +52,7 @@ class Cluster:
 
 @contextlib.contextmanager
 def cluster(
-    workers: int, *, rate_mbit: int, subnet: int = 7, delay_ms: float = 0.0
+    workers: int, *, rate_mbit: float, subnet: int = 7, delay_ms: float = 0.0
 ) -> Iterator[Cluster]:
     """Make ``workers`` namespaces whose egress is limited to ``rate_mbit`` Mbit/s each;
     ``delay_ms`` > 0 adds that one-way delay to every packet leaving a worker (``netem`` as
@@ -82,7 +82,7 @@ def cluster(
             _ip("link", "set", peer, "up", netns=ns)
             _ip("link", "set", "lo", "up", netns=ns)
             # egress shaping of the worker's link; the burst is large enough for the rate
-            burst = max(64, rate_mbit // 8) * 1024
+            burst = max(64, int(rate_mbit // 8)) * 1024
             tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", peer]
             where = ["root"]
             if delay_ms > 0:
@@ -93,7 +93,7 @@ def cluster(
                 )  # fmt: skip
                 where = ["parent", "1:", "handle", "2:"]
             subprocess.run(
-                [*tc, *where, "tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst),
+                [*tc, *where, "tbf", "rate", f"{round(rate_mbit * 1000)}kbit", "burst", str(burst),
                  "latency", "100ms"],
                 check=True, capture_output=True, text=True,
             )  # fmt: skip

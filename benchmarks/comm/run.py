@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.comm import netns, report  # noqa: E402
+from benchmarks.comm import cpushare, netns, report  # noqa: E402
 
 HOOKS = report.ORDER  # the hooks benchmarked are the ones the report lays out, in its order
 # --mode iteration: torch's no-op hook is the baseline; "-async" = our FIFO comm thread
@@ -90,6 +90,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="pin worker r to CPU core PIN_FROM + r (one core per worker; needs enough cores)",
     )
+    ap.add_argument(
+        "--share-cores",
+        type=int,
+        default=None,
+        help="--mode iteration: emulate one core per worker on this many cores by time "
+        "dilation (each worker a 1/ceil(P/N) CFS quota of a core, links at that fraction of "
+        "their rate, wall times scaled back; see cpushare.py)",
+    )
     args = ap.parse_args(argv)
     hooks = [h for h in args.hooks.split(",") if h]
     if args.mode == "iteration" and "noop" not in hooks:
@@ -100,6 +108,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hooks = hooks
     if min(args.workers) < 2:
         ap.error("--workers: every P must be >= 2")
+    if args.share_cores is not None:
+        if args.mode != "iteration" or args.pin_from is not None or args.share_cores < 1:
+            ap.error("--share-cores N (N >= 1) needs --mode iteration and no --pin-from")
+        if args.share_cores > len(os.sched_getaffinity(0)):
+            ap.error(f"--share-cores {args.share_cores}: only {len(os.sched_getaffinity(0))} cores")
+        ok, why = cpushare.available()
+        if not ok:
+            ap.error(f"--share-cores: {why}")
     if args.pin_from is not None:
         cores = os.sched_getaffinity(0)
         want = set(range(args.pin_from, args.pin_from + max(args.workers)))
@@ -164,6 +180,11 @@ def launch(P: int, link: str, rate: int | None, args, configs) -> list[dict[str,
         worker = ITERATION_WORKER if args.mode == "iteration" else WORKER
         spec_path = Path(tmp, "spec.json")
         spec_path.write_text(json.dumps(spec))
+        shares = None
+        if args.share_cores is not None:
+            cores = sorted(os.sched_getaffinity(0))[: args.share_cores]
+            shares = cpushare.Shares(P, cores, cpushare.fraction(P, len(cores)))
+            rate = None if rate is None else rate * shares.share
         ctx = (
             netns.cluster(P, rate_mbit=rate, delay_ms=args.delay_ms)
             if rate is not None
@@ -172,7 +193,7 @@ def launch(P: int, link: str, rate: int | None, args, configs) -> list[dict[str,
         procs: list[subprocess.Popen] = []
         logs = []
         try:
-            with ctx as cl:
+            with ctx as cl, shares or nullcontext():
                 port = PORT if cl is not None else _free_port()
                 for rank in range(P):
                     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -196,7 +217,9 @@ def launch(P: int, link: str, rate: int | None, args, configs) -> list[dict[str,
                             stdout=log,
                             stderr=None if rank == 0 else log,
                             start_new_session=True,
-                            preexec_fn=_pin(args.pin_from, rank),
+                            preexec_fn=(
+                                shares.confine(rank) if shares else _pin(args.pin_from, rank)
+                            ),
                         )
                     )
                 deadline = time.monotonic() + args.timeout
