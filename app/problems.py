@@ -61,9 +61,16 @@ class Problem(Exception):
         self.extra = extra
 
 
+EVERY_API_CALL = (401, 429, 503)
+"""What any authenticated, database-backed operation can answer: a missing or bad key, the
+failed-authentication rate limit, no database connection free in time."""
+
+
 def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses=`` entries declaring problem-details bodies for ``codes``."""
-    return {code: {"model": ProblemDetail, "content": {MEDIA_TYPE: {}}} for code in sorted(codes)}
+    """OpenAPI ``responses=`` entries declaring problem-details bodies for ``codes`` and for
+    ``EVERY_API_CALL``."""
+    every = sorted({*codes, *EVERY_API_CALL})
+    return {code: {"model": ProblemDetail, "content": {MEDIA_TYPE: {}}} for code in every}
 
 
 def problem_response(

@@ -23,7 +23,7 @@ from zoopick.service.settings import Settings
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
-ERRORS = responses(400, 401, 404, 409, 413, 415, 422, 429)
+ERRORS = responses(400, 404, 409, 413, 415, 422)
 
 UPLOAD_BODY = {
     "requestBody": {

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-ERRORS = responses(400, 401, 404, 409, 422, 429, 503)
+ERRORS = responses(400, 404, 409, 422)
 STATUSES = "^(queued|scoring|training|succeeded|failed|cancelled)$"
 
 

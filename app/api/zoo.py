@@ -25,7 +25,7 @@ from zoopick.service.db.models import ZooModel
 
 router = APIRouter(prefix="/zoo", tags=["zoo"])
 
-ERRORS = responses(400, 401, 403, 404, 409, 422)
+ERRORS = responses(400, 403, 404, 409, 422)
 
 
 HIDDEN_WEIGHTS = "checkpoint"

@@ -96,6 +96,16 @@ def test_health_readiness_and_docs(client):
     assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
     assert {f"{API}/datasets", f"{API}/jobs/{{job_id}}/cancel", f"{API}/zoo"} <= set(paths)
+    # any API call may meet a bad key, the failed-authentication limit or a full pool
+    undocumented = [
+        (method, path, code)
+        for path, ops in paths.items()
+        if path.startswith(API)
+        for method, op in ops.items()
+        for code in ("401", "429", "503")
+        if code not in op["responses"]
+    ]
+    assert undocumented == []
 
 
 def test_readyz_names_an_unreachable_broker(service_settings):
