@@ -262,7 +262,12 @@ def jobs_submit(
     metric: Annotated[
         list[str] | None, typer.Option("--metric", help="Metric (repeat or comma-separate).")
     ] = None,
-    select_by: Annotated[str | None, typer.Option("--select-by", help="Metric that picks.")] = None,
+    select_by: Annotated[
+        str | None,
+        typer.Option(
+            "--select-by", help="Metric that picks [server: fsms if requested, else the first]."
+        ),
+    ] = None,
     finetune_epochs: Annotated[
         int | None, typer.Option("--finetune-epochs", min=1, help="Fine-tune the chosen model.")
     ] = None,
