@@ -166,6 +166,10 @@ def test_submit_form_shows_the_apis_errors_beside_the_fields(service_app, make_k
     assert first.status_code == 303 and first.headers["location"] == again.headers["location"]
     job_page = b.get(first.headers["location"])
     assert "queued" in job_page.text and "Cancel job" in job_page.text
+    # the form offers the API's default; left blank, the API picks (here the first metric)
+    assert 'id="select_by" name="select_by" type="text" value="fsms"' in page.text
+    _, loc, _ = _submit(b, dataset_id=ds, models=zoo[0], metrics="knn, logme", select_by="")
+    assert "<dt>Chosen by</dt><dd>knn</dd>" in b.get(loc).text
 
 
 def test_jobs_list_filters_pages_and_hides_other_tenants(service_app, make_key, alice, zoo):
