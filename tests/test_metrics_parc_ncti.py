@@ -96,6 +96,21 @@ def test_ncti_components_match_authors_steps(scale):
     assert selection.score("ncti", labels=y, features=f * scale) == pytest.approx(got[1])
 
 
+def test_ncti_is_deterministic_with_many_features():
+    """Above 500 features sklearn's default PCA solver is randomized and unseeded: the same
+    features gave other NCTI terms from run to run (seen on the transfer benchmark). The
+    exact solver gives the same terms every time, equal to a full SVD's."""
+    f, y = blobs(n_per=40, c=4, d=700, sep=0.5)
+    first = ncti_components(y, f)
+    assert all(ncti_components(y, f) == first for _ in range(3))
+    exact = PCA(n_components=64, svd_solver="full").fit(f)
+    x = exact.transform(f)
+    shrink = max(np.exp(-np.sum(exact.explained_variance_[:32])), 1e-10)
+    lda = LinearDiscriminantAnalysis(solver="eigen", shrinkage=shrink).fit(x, y)
+    ncc = float(np.mean(lda.predict_proba(x)[np.arange(len(y)), y]))
+    assert first[1] == pytest.approx(ncc, rel=1e-6)
+
+
 def test_ncti_combine_hand_case():
     parts = {"a": (10.0, 0.9, 2.0), "b": (20.0, 0.5, 3.0), "c": (15.0, 0.7, 2.5)}
     # a: seli 0, ncc 1, vc 0 -> 1;  b: 1 + 0 - 1 = 0;  c: 0.5 + 0.5 - 0.5 = 0.5

@@ -225,6 +225,40 @@ def _pick(top: list[str]) -> str:
     return top[0] if len(top) == 1 else f"{top[0]} (+{len(top) - 1} tied)"
 
 
+def robustness(per_target: dict[str, dict], truth_all: dict, metrics: list[str]) -> dict:
+    """How firm the order of the metrics is. ``by_seed``: each metric's mean weighted tau over
+    the targets when one fine-tuning seed alone is the ground truth (at each model's best
+    learning rate of the mean), one value per seed. ``leave_one_out``: for each target, the
+    metrics ranked by mean weighted tau over the other targets (the best three kept)."""
+    from zoopick.selection.rank import evaluate
+
+    targets = list(per_target)
+    n_seeds = min(
+        (len(next(iter(rec["by_seed"].values()))) for t in targets for rec in truth_all[t].values()
+         if "by_seed" in rec),
+        default=0,
+    )  # fmt: skip
+    by_seed: dict[str, list[float]] = {m: [] for m in metrics}
+    for sd in range(n_seeds):
+        for m in metrics:
+            taus = []
+            for t in targets:
+                truth = {
+                    mid: rec["by_seed"][max(rec["by_lr"], key=rec["by_lr"].get)][sd]
+                    for mid, rec in truth_all[t].items()
+                }
+                taus.append(evaluate(per_target[t]["metrics"][m]["scores"], truth)["weighted_tau"])
+            by_seed[m].append(_mean(taus))
+    leave_one_out = {}
+    for out in targets if len(targets) > 2 else []:
+        rest = [t for t in targets if t != out]
+        mean_of = {
+            m: _mean([per_target[t]["metrics"][m]["weighted_tau"] for t in rest]) for m in metrics
+        }
+        leave_one_out[out] = sorted(metrics, key=lambda m: -mean_of[m])[:3]
+    return {"by_seed": by_seed if n_seeds > 1 else {}, "leave_one_out": leave_one_out}
+
+
 def write_markdown(path: Path, result: dict) -> None:
     per_target, avg, metrics = result["targets"], result["average"], result["metrics"]
     gt = result["ground_truth_summary"]
@@ -284,6 +318,31 @@ def write_markdown(path: Path, result: dict) -> None:
                 f"{c['rel@1']:.3f} | {c['rel@3']:.3f} | {c['pairwise_weighted_tau']:.3f} | "
                 f"{c['seed_std_mean']:.4f} |"
             )
+        md.append("")
+    firm = result.get("robustness") or {}
+    if firm.get("by_seed") or firm.get("leave_one_out"):
+        md += ["## How firm the order is", ""]
+    if firm.get("by_seed"):
+        seeds = len(next(iter(firm["by_seed"].values())))
+        md += [
+            "Mean weighted tau over the targets with one fine-tuning seed alone as the ground "
+            "truth (the eight best metrics of the table above).",
+            "",
+            "| metric | " + " | ".join(f"seed {s}" for s in range(seeds)) + " |",
+            "|---|" + "---|" * seeds,
+        ]
+        for m in order[:8]:
+            md.append(f"| `{m}` | " + " | ".join(f"{v:.3f}" for v in firm["by_seed"][m]) + " |")
+        md.append("")
+    if firm.get("leave_one_out"):
+        md += [
+            "Leave one target out: the three best metrics by mean weighted tau over the others.",
+            "",
+            "| target left out | first | second | third |",
+            "|---|---|---|---|",
+        ]
+        for t, top in firm["leave_one_out"].items():
+            md.append(f"| {t} | " + " | ".join(f"`{m}`" for m in top) + " |")
         md.append("")
     checks = {t: r.get("inputs") for t, r in per_target.items() if r.get("inputs")}
     if checks:
@@ -422,6 +481,7 @@ def main(argv: list[str] | None = None) -> None:
         "targets": per_target,
     }
     result["conclusions"] = conclusions(avg, per_target, metrics)
+    result["robustness"] = robustness(per_target, {t: truth_all[t] for t in per_target}, metrics)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     write_markdown(Path(args.md), result)

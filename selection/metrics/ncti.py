@@ -22,7 +22,9 @@ The authors then min-max normalise each of the three *across the models of the z
 ``zoopick.selection.rank.rank_zoo`` applies it (via the registry's ``zoo_combine``), so a ranked
 zoo gets the paper's scores. Scored alone (``zoopick.selection.score``, or one model at a time),
 a model has nothing to be normalised against; its single-model value is the ``ncc`` term, a
-documented stand-in. Deviations: exact PCA (sklearn's default solver here as theirs) and
+documented stand-in. Deviations: exact PCA always (sklearn's default solver, as the authors
+call it, turns randomized and unseeded above 500 features or samples, so the score varied
+from run to run) and
 PCA to ``min(64, D, n)`` when there are fewer than 64 features or samples.
 """
 
@@ -35,6 +37,7 @@ from sklearn.decomposition import PCA
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
 from zoopick.selection.metrics.leep import target_labels
+from zoopick.selection.metrics.nleep import pca_solver
 from zoopick.selection.metrics.registry import MetricError, register
 
 PCA_DIM = 64
@@ -47,7 +50,7 @@ def ncti_components(labels: np.ndarray, features: np.ndarray) -> tuple[float, fl
     n, d = features.shape
     if not np.any(features.var(axis=0) > 0):
         raise MetricError("ncti: features have zero variance")
-    pca = PCA(n_components=min(PCA_DIM, d, n))
+    pca = PCA(n_components=min(PCA_DIM, d, n), svd_solver=pca_solver(n, d))
     x = pca.fit_transform(features)
     shrink = max(float(np.exp(-pca.explained_variance_[:SHRINK_COMPONENTS].sum())), 1e-10)
     if shrink == 1e-10:
