@@ -105,3 +105,27 @@ def test_cuda_hook(nccl_world_of_one, monkeypatch, key, async_comm):
         cpu_applied, _, _ = _run("cpu", name, options, guard=False)
         for a, b in zip(_per_param(cpu_applied), total, strict=True):
             torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_block_topk_on_cuda_matches_the_cpu_and_does_not_synchronise():
+    """The batched block topk of spardl's device path (a world of one never has a message
+    of several blocks, so the hooks above do not reach it): the CPU's positions, with no
+    synchronising call once its ``Blocks`` exist."""
+    from zoopick.training.comm.select import Blocks, block_topk_indices, even_bounds
+
+    x = torch.randn(1_000_003, generator=torch.Generator().manual_seed(3))
+    bounds = even_bounds(x.numel(), 8)
+    picks = (6, 7, 0, 1)  # a wrapped message, one block longer than the others
+    lengths = [bounds[j + 1] - bounds[j] for j in picks]
+    starts = [bounds[j] for j in picks]
+    want = block_topk_indices(x, Blocks.of(starts, lengths, x.device), 500)
+    xc = x.cuda()
+    blocks = Blocks.of(starts, lengths, xc.device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = block_topk_indices(xc, blocks, 500)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for row_got, row_want in zip(got.cpu(), want, strict=True):
+        assert set(row_got.tolist()) == set(row_want.tolist())
