@@ -183,7 +183,7 @@ def launch(P: int, link: str, rate: int | None, args, configs) -> list[dict[str,
         shares = None
         if args.share_cores is not None:
             cores = sorted(os.sched_getaffinity(0))[: args.share_cores]
-            shares = cpushare.Shares(P, cores, cpushare.fraction(P, len(cores)))
+            shares = cpushare.Shares(P, cores, cpushare.fraction(P, args.share_cores))
             rate = None if rate is None else rate * shares.share
         ctx = (
             netns.cluster(P, rate_mbit=rate, delay_ms=args.delay_ms)

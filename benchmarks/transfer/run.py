@@ -83,6 +83,11 @@ def evaluate_target(ranking, truth: dict[str, float], metrics: list[str]) -> dic
     return out
 
 
+def seed_accuracies(rec: dict) -> list[float]:
+    """One model's accuracy per fine-tuning seed, at its best learning rate of the mean."""
+    return rec["by_seed"][max(rec["by_lr"], key=rec["by_lr"].get)]
+
+
 def seed_agreement(truth_target: dict[str, dict]) -> dict | None:
     """How well one fine-tuning seed's accuracies rank the models against the others': the
     ceiling any metric can reach against a ground truth that is itself noisy. For every seed s,
@@ -98,12 +103,7 @@ def seed_agreement(truth_target: dict[str, dict]) -> dict | None:
     n_seeds = len(next(iter(first["by_seed"].values())))
     if n_seeds < 2:
         return None
-    per_seed = []
-    for i in ids:
-        rec = truth_target[i]
-        best_lr = max(rec["by_lr"], key=rec["by_lr"].get)
-        per_seed.append(rec["by_seed"][best_lr])
-    acc = np.array(per_seed)  # (models, seeds)
+    acc = np.array([seed_accuracies(truth_target[i]) for i in ids])  # (models, seeds)
     rows = []
     for sd in range(n_seeds):
         others = np.delete(acc, sd, axis=1).mean(axis=1)
@@ -233,29 +233,29 @@ def robustness(per_target: dict[str, dict], truth_all: dict, metrics: list[str])
     from zoopick.selection.rank import evaluate
 
     targets = list(per_target)
-    n_seeds = min(
-        (len(next(iter(rec["by_seed"].values()))) for t in targets for rec in truth_all[t].values()
-         if "by_seed" in rec),
-        default=0,
-    )  # fmt: skip
+    seeds = {
+        t: {mid: seed_accuracies(rec) for mid, rec in truth_all[t].items() if "by_seed" in rec}
+        for t in targets
+    }
+    n_seeds = min((len(a) for t in targets for a in seeds[t].values()), default=0)
     by_seed: dict[str, list[float]] = {m: [] for m in metrics}
-    for sd in range(n_seeds):
+    for sd in range(n_seeds if n_seeds > 1 else 0):
+        truth = {t: {mid: a[sd] for mid, a in seeds[t].items()} for t in targets}
         for m in metrics:
-            taus = []
-            for t in targets:
-                truth = {
-                    mid: rec["by_seed"][max(rec["by_lr"], key=rec["by_lr"].get)][sd]
-                    for mid, rec in truth_all[t].items()
-                }
-                taus.append(evaluate(per_target[t]["metrics"][m]["scores"], truth)["weighted_tau"])
+            taus = [
+                evaluate(per_target[t]["metrics"][m]["scores"], truth[t])["weighted_tau"]
+                for t in targets
+            ]
             by_seed[m].append(_mean(taus))
     leave_one_out = {}
-    for out in targets if len(targets) > 2 else []:
-        rest = [t for t in targets if t != out]
-        mean_of = {
-            m: _mean([per_target[t]["metrics"][m]["weighted_tau"] for t in rest]) for m in metrics
-        }
-        leave_one_out[out] = sorted(metrics, key=lambda m: -mean_of[m])[:3]
+    if len(targets) > 2:
+        for out in targets:
+            rest = [t for t in targets if t != out]
+            mean_of = {
+                m: _mean([per_target[t]["metrics"][m]["weighted_tau"] for t in rest])
+                for m in metrics
+            }
+            leave_one_out[out] = sorted(metrics, key=lambda m: -mean_of[m])[:3]
     return {"by_seed": by_seed if n_seeds > 1 else {}, "leave_one_out": leave_one_out}
 
 
