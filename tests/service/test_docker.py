@@ -70,3 +70,20 @@ def test_worker_healthcheck_names_match_the_cli(compose):
         check = " ".join(compose["services"][name]["healthcheck"]["test"])
         node = worker_argv(queue, 1)[worker_argv(queue, 1).index("--hostname") + 1]
         assert node.replace("%h", "$$HOSTNAME") in check
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_images_copy_every_package_folder_and_install_the_pinned_set(dockerfile):
+    """``pip install -e .`` needs every folder of pyproject's package-dir (the client was once
+    left out), and the image installs what CI tested (constraints.txt)."""
+    import tomllib
+
+    root = DOCKER.parent
+    package_dir = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ]
+    text = (DOCKER / dockerfile).read_text()
+    copied = set(re.findall(r"^COPY (\S+) \./\1$", text, re.M))
+    assert set(package_dir.values()) <= copied, set(package_dir.values()) - copied
+    assert re.search(r"^COPY .*\bconstraints\.txt\b", text, re.M)
+    assert "-c constraints.txt" in text
