@@ -56,7 +56,7 @@ def lint(tree: Path, root: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     return subprocess.run(
         [sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()"]
-        + ["--config", str(root / "pyproject.toml"), "--no-cache"],
+        + [str(root / "pyproject.toml"), "--no-cache"],
         cwd=tree,
         env=env,
         capture_output=True,

@@ -71,33 +71,64 @@ def test_the_api_ranks_a_job_without_importing_the_metrics():
     assert done.stdout.splitlines() == ["['b', 'a']", "[]"]
 
 
-def test_the_api_schema_and_the_cli_take_the_trainers_defaults():
+def test_one_finetune_contract_from_the_api_body_to_the_trainer():
+    """The job body's ``finetune`` is the trainer's own ``FinetuneOptions`` (one class, one set
+    of defaults), ``zoopick train``'s flags default to it, and a run's config is those options
+    placed, handed over as one JSON document and read back unchanged."""
     import typer
 
-    from zoopick.app.api.schemas import FinetuneSpec
+    from zoopick.app.api.schemas import JobOut
     from zoopick.cli import app
-    from zoopick.training.config import DEFAULT_WORKERS, FinetuneConfig
+    from zoopick.service.jobs import JobCreate
+    from zoopick.training.config import FinetuneConfig, FinetuneOptions
 
-    trainer = FinetuneConfig(zoo="z", model="m", data="d", out="o")
-    spec = FinetuneSpec()
-    for name in ("epochs", "compressor", "density", "lr", "hook_options"):
-        assert getattr(spec, name) == getattr(trainer, name), name
-    assert spec.workers == DEFAULT_WORKERS
-
+    assert JobCreate.model_fields["finetune"].annotation == FinetuneOptions | None
+    assert JobOut.model_fields["finetune"].annotation == FinetuneOptions | None
     command = typer.main.get_command(app).commands["train"]
     cli = {p.name: p.default for p in command.params}
-    for name in ("epochs", "compressor", "density", "lr", "batch_size", "optimizer"):
-        assert cli[name] == getattr(trainer, name), name
+    defaults = FinetuneOptions()
+    for name in ("epochs", "compressor", "density", "lr", "batch_size", "optimizer", "seed"):
+        assert cli[name] == getattr(defaults, name), name
+
+    options = FinetuneOptions.model_validate_json(
+        '{"epochs": 5, "compressor": "topk", "density": 0.1, "workers": 3, "lr": 0.2}'
+    )
+    cfg = FinetuneConfig.for_run(options, zoo="z", model="m", data="d", out="o", resume=True)
+    chosen = (cfg.epochs, cfg.compressor, cfg.density, cfg.lr, cfg.workers)
+    assert chosen == (5, "topk", 0.1, 0.2, 3)
+    assert cfg.resume and cfg.batch_size == defaults.batch_size
+    assert FinetuneConfig.from_json(cfg.to_json()) == cfg
+    # as a job row stores them (JSON), read back without a second validation
+    stored = FinetuneOptions.stored(options.model_dump(mode="json"))
+    assert stored == options
 
 
-def test_a_job_config_is_the_job_options_over_the_defaults():
-    from zoopick.training.config import JOB_OPTIONS, FinetuneConfig
-
-    options = {"epochs": 5, "compressor": "topk", "density": 0.1, "workers": 3, "lr": 0.2}
-    cfg = FinetuneConfig.from_job(options, zoo="z", model="m", data="d", out="o", resume=True)
-    assert (cfg.epochs, cfg.compressor, cfg.density, cfg.lr) == (5, "topk", 0.1, 0.2)
-    assert cfg.resume and cfg.batch_size == FinetuneConfig("z", "m", "d", "o").batch_size
-    assert "workers" not in JOB_OPTIONS  # the world size is torchrun's, not the config's
+def test_a_submission_is_validated_without_importing_torch():
+    """The API process checks a job's hook and its options without loading torch (the hooks'
+    option models are torch-free); a bad option is refused naming it."""
+    code = (
+        "import sys\n"
+        "import zoopick.app.main\n"
+        "from pydantic import ValidationError\n"
+        "from zoopick.service.jobs import JobCreate\n"
+        "from zoopick.selection.metrics import available\n"
+        "available()\n"
+        "ds = '00000000-0000-0000-0000-000000000001'\n"
+        "spec = {'compressor': 'spardl', 'hook_options': {'teams': 2}}\n"
+        "JobCreate.model_validate({'dataset_id': ds, 'finetune': spec})\n"
+        "cases = (({'teams': 0}, 'teams'), ({'nope': 1}, 'nope'), ({'momentum': 0.9}, 'twice'))\n"
+        "for bad, word in cases:\n"
+        "    body = {'dataset_id': ds, 'finetune': {'compressor': 'spardl', 'hook_options': bad}}\n"
+        "    try:\n"
+        "        JobCreate.model_validate(body)\n"
+        "    except ValidationError as exc:\n"
+        "        assert word in str(exc), exc\n"
+        "    else:\n"
+        "        raise SystemExit(f'{bad} accepted')\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_epoch_records_round_trip_and_other_lines_are_ignored():

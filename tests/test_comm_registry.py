@@ -74,3 +74,35 @@ def test_invalid_option_values_raise(name, options, what):
 
 def test_spec_summary_comes_from_the_hook_docstring():
     assert "top-k" in comm.get("topk").summary
+
+
+def test_option_models_declare_exactly_the_state_classes_options():
+    """``training.comm_options`` (torch-free, what the API validates with) and the state
+    classes' keyword arguments are one list of names and defaults."""
+    from zoopick.training import comm_options
+
+    assert comm_options.names() == comm.available()
+    for name in comm.available():
+        model = comm_options.options_model(name)
+        declared = {k: f.default for k, f in model.model_fields.items()}
+        assert declared == comm.get(name).options, name
+
+
+def test_options_validate_without_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from zoopick.training import comm_options as c\n"
+        "c.validate('spardl', density=0.1, options={'teams': 2})\n"
+        "try:\n"
+        "    c.validate('spardl', density=0.1, options={'teams': 0})\n"
+        "except c.CommError as e:\n"
+        "    assert 'teams' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('teams=0 accepted')\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -2,7 +2,6 @@
 run continues the same run, and the final model loads with its data config."""
 
 import json
-from dataclasses import asdict
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ def _cfg(tiny_zoo, tiny_npz, out, **kw) -> dict:
         density=0.1,
         test_fraction=0.25,
     )
-    return asdict(base) | kw
+    return base.model_dump() | kw
 
 
 def test_every_hook_lowers_the_loss(tiny_zoo, tiny_npz, tmp_path):
@@ -60,13 +59,17 @@ def test_resume_continues_the_same_run_and_model_loads(tiny_zoo, tiny_npz, tmp_p
     resumed = _cfg(tiny_zoo, tiny_npz, tmp_path / "split", compressor="topk", resume=True)
     resumed["epochs"] = 3
     launch(_run_many, 2, [straight, first, resumed])
-    a = (tmp_path / "straight" / METRICS).read_text().splitlines()
-    b = (tmp_path / "split" / METRICS).read_text().splitlines()
-    assert len(a) == len(b) == 3
+    from zoopick.training.config import EpochRecord, RunEvent, parse_line
+
+    a = [parse_line(x) for x in (tmp_path / "straight" / METRICS).read_text().splitlines()]
+    b = [parse_line(x) for x in (tmp_path / "split" / METRICS).read_text().splitlines()]
+    # the resumed run says where it continued from, between its epochs 2 and 3
+    assert b[2] == RunEvent("resumed", epoch=2, workers=2)
+    del b[2]
+    assert all(isinstance(r, EpochRecord) for r in a + b) and len(a) == len(b) == 3
     for x, y in zip(a, b, strict=True):
-        x, y = json.loads(x), json.loads(y)
-        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
-        assert x["test_acc"] == y["test_acc"]
+        assert x.loss == pytest.approx(y.loss, rel=1e-5)
+        assert x.test_accuracy == y.test_accuracy
 
     from safetensors.torch import load_file
 
@@ -84,26 +87,22 @@ def test_resume_continues_the_same_run_and_model_loads(tiny_zoo, tiny_npz, tmp_p
 
 
 def test_config_rejects_bad_values():
-    cfg = FinetuneConfig(zoo="z", model="m", data="d", out="o", density=0)
-    with pytest.raises(ValueError, match="density"):
-        cfg.check()
-    both = FinetuneConfig(zoo="z", model="m", data="d", out="o", hook_options={"momentum": 0.9})
-    with pytest.raises(ValueError, match="momentum twice"):
-        both.check()
-    with pytest.raises(ValueError, match="Adam"):
-        FinetuneConfig(
-            zoo="z", model="m", data="d", out="o", optimizer="adam", hook_options={"momentum": 0.5}
-        ).check()
-    FinetuneConfig(
-        zoo="z", model="m", data="d", out="o", momentum=0.0, hook_options={"momentum": 0.9}
-    ).check()
-    from zoopick.training.config import check_comm
+    from pydantic import ValidationError
 
-    with pytest.raises(ValueError, match="momentum twice"):
-        check_comm("topk", 0.01, {"momentum": 0.9})
-    check_comm("topk", 0.01, {"momentum": 0.9}, momentum=0.0)
-    saved = asdict(FinetuneConfig(zoo="z", model="m", data="d", out="o"))
-    assert FinetuneConfig(zoo="z", model="m", data="d", out="o", lr=0.5).same_run(saved) == ["lr"]
+    where = {"zoo": "z", "model": "m", "data": "d", "out": "o"}
+    with pytest.raises(ValidationError, match="density"):
+        FinetuneConfig(**where, density=0)
+    with pytest.raises(ValidationError, match="momentum twice"):
+        FinetuneConfig(**where, hook_options={"momentum": 0.9})
+    with pytest.raises(ValidationError, match="Adam"):
+        FinetuneConfig(**where, optimizer="adam", hook_options={"momentum": 0.5})
+    with pytest.raises(ValidationError, match="teams"):
+        FinetuneConfig(**where, compressor="spardl", hook_options={"teams": 0})
+    with pytest.raises(ValidationError, match="density is set on its own"):
+        FinetuneConfig(**where, hook_options={"density": 0.5})
+    FinetuneConfig(**where, momentum=0.0, hook_options={"momentum": 0.9})
+    saved = FinetuneConfig(**where).model_dump(mode="json")
+    assert FinetuneConfig(**where, lr=0.5).same_run(saved) == ["lr"]
 
 
 def test_training_file_as_test_data_uses_its_test_split(tmp_path):

@@ -23,14 +23,16 @@ def test_train_two_workers_streams_epochs_and_writes_model(tiny_zoo, tiny_npz, t
     assert [rec["epoch"] for rec in records] == [1, 2]
     assert all(rec["compressor"] == "spardl" and rec["workers"] == 2 for rec in records)
     assert (out / "model.safetensors").is_file()
-    assert json.loads((out / "model.json").read_text())["source_model"] == "tiny-vit"
+    meta = json.loads((out / "model.json").read_text())
+    assert meta["source_model"] == "tiny-vit"
+    assert len(meta["rank_digests"]) == 2 and len(set(meta["rank_digests"])) == 1
 
 
 def test_train_rejects_bad_input_before_starting_workers(tiny_zoo, tiny_npz, tmp_path):
     runner = CliRunner()
     base = ["train", "--zoo", str(tiny_zoo), "--data", str(tiny_npz), "--out", str(tmp_path)]
     r = runner.invoke(app, [*base, "--model", "tiny-vit", "--compressor", "zip"])
-    assert r.exit_code == 2 and "unknown comm hook 'zip'" in r.stderr
+    assert r.exit_code == 2 and "compressor" in r.stderr and "spardl" in r.stderr
     r = runner.invoke(app, [*base, "--model", "tiny-vit", "--hook-option", "bogus=1"])
     assert r.exit_code == 2 and "bogus" in r.stderr
     r = runner.invoke(app, [*base, "--model", "tiny-vit", "--compressor", "spardl",
@@ -40,3 +42,24 @@ def test_train_rejects_bad_input_before_starting_workers(tiny_zoo, tiny_npz, tmp
     assert r.exit_code == 2 and "nope" in r.stderr
     r = runner.invoke(app, [*base, "--model", "tiny-vit", "--hook-option", "teams"])
     assert r.exit_code == 2 and "NAME=VALUE" in r.stderr
+
+
+def test_write_config_writes_the_checked_run_document(tiny_zoo, tiny_npz, tmp_path):
+    """``--write-config``: the run as one JSON document, what ``python -m
+    zoopick.training.launch --config`` reads under a torchrun the user starts."""
+    from zoopick.training.config import FinetuneConfig
+    from zoopick.training.launch import parse_args
+
+    out = tmp_path / "r1"
+    r = CliRunner().invoke(app, [
+        "train", "--zoo", str(tiny_zoo), "--data", str(tiny_npz), "--out", str(out),
+        "--model", "tiny-vit", "--compressor", "spardl", "--hook-option", "teams=2",
+        "--workers", "4", "--write-config",
+    ])  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    path = out / "run.json"
+    assert r.stdout.strip() == str(path)
+    cfg = parse_args(["--config", str(path)])
+    assert isinstance(cfg, FinetuneConfig)
+    assert (cfg.workers, cfg.compressor, cfg.hook_options) == (4, "spardl", {"teams": 2})
+    assert not (out / "checkpoint.pt").exists()  # nothing ran

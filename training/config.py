@@ -2,17 +2,30 @@
 files a run writes, and the per-epoch record with its writer and parser.
 
 Everyone who starts or follows a run uses this module: ``zoopick train``, the API's job schema
-(its defaults and validation), the service's training task (which builds the config from a
-job's options and reads the records back) and the trainer itself. It imports no torch, so the
-API and a Celery worker can use it without loading the trainer.
+(:class:`FinetuneOptions` is the job's ``finetune`` body), the service's training task (which
+places a job's options into a :class:`FinetuneConfig` and reads the records back), the
+backends and the trainer itself. It imports no torch, so the API and a Celery worker can use
+it without loading the trainer.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, TextIO
+from dataclasses import dataclass
+from typing import Any, Literal, TextIO
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from zoopick.training import comm_options
 
 CHECKPOINT = "checkpoint.pt"
 """Model, optimizer and config after the last finished epoch (``--resume`` reads it)."""
@@ -21,13 +34,13 @@ FINAL_WEIGHTS = "model.safetensors"
 FINAL_CONFIG = "model.json"
 """Architecture, classes and data config beside the final weights."""
 METRICS = "metrics.jsonl"
-"""One :class:`EpochRecord` per line, as printed on stdout."""
+"""One :class:`EpochRecord` (or a ``resumed`` :class:`RunEvent`) per line, as printed on
+stdout: what the ``ray`` backend's driver follows."""
+RUN_CONFIG = "run.json"
+"""The :class:`FinetuneConfig` a run was started with (the document every backend is handed)."""
 
 DEFAULT_WORKERS = 2
 """Data-parallel worker processes when there is no GPU to count (one per GPU otherwise)."""
-
-JOB_OPTIONS = ("epochs", "lr", "compressor", "density", "hook_options")
-"""The :class:`FinetuneConfig` fields a service job may set; the rest keep their defaults."""
 
 SPARSE_WARMUP = 4
 """Iterations of DGC's exponential warm-up a sparse hook gets when a run names none
@@ -38,90 +51,136 @@ spread with it (``benchmarks/convergence/README.md``); it costs about a third of
 iteration's bytes."""
 
 
-@dataclass
-class FinetuneConfig:
-    """Everything a run needs; stored in checkpoints so ``--resume`` can refuse a changed run.
+class FinetuneOptions(BaseModel):
+    """What a user chooses about a fine-tune: the one typed object a job's ``finetune`` body,
+    the dashboard's form and ``zoopick train``'s flags become, with the only defaults.
 
-    The defaults here are the only ones: the CLI, the API schema and the service's task take
-    theirs from this class."""
+    Validated once, where it is made (pydantic, no torch: the hook and its options against
+    ``training.comm_options``); stored as it is (``model_dump(mode="json")``) and read back
+    without a second check. Types are strict: ``"epochs": "2"`` or ``2.0`` is refused, not
+    coerced; a float field takes an integer."""
 
-    zoo: str
-    model: str
-    data: str
-    out: str
-    test_data: str | None = None
-    test_fraction: float = 0.2
-    max_per_class: int | None = None
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 0.01
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    optimizer: str = "sgd"
-    compressor: str = "spardl"
-    density: float = 0.01
-    hook_options: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    resume: bool = False
-    bucket_cap_mb: float = 25.0
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    epochs: int = Field(3, ge=1, le=100_000)
+    workers: int = Field(
+        DEFAULT_WORKERS, ge=1, le=4096, description="Data-parallel worker processes."
+    )
+    compressor: str = Field(
+        "spardl",
+        description=f"Communication hook: {', '.join(comm_options.HOOKS)}.",
+        json_schema_extra={"enum": list(comm_options.HOOKS)},
+    )
+    density: float = Field(0.01, gt=0, le=1, description="Fraction of gradient entries sent.")
+    hook_options: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Options of the hook (e.g. spardl's teams, warmup, fp16). Sparse hooks "
+        f"get {SPARSE_WARMUP} iterations of exponential warm-up unless warmup is given "
+        "(0: none).",
+    )
+    lr: float = Field(0.01, gt=0, le=10)
+    batch_size: int = Field(32, ge=1, le=65_536, description="Images per worker and step.")
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = Field(0.9, ge=0, lt=1, description="The optimizer's (sgd).")
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    max_per_class: int | None = Field(None, ge=1, description="Images kept per class.")
+    test_fraction: float = Field(
+        0.2, gt=0, lt=1, description="Held out for test accuracy when there is no test data."
+    )
+    bucket_cap_mb: float = Field(25.0, gt=0, le=1024, description="DDP's gradient buckets.")
+
+    @field_validator("compressor")
+    @classmethod
+    def _known_hook(cls, value: str) -> str:
+        comm_options.options_model(value)  # "unknown comm hook 'x'; available: ..."
+        return value
+
+    @field_validator("hook_options")
+    @classmethod
+    def _hook_accepts(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """The hook's options as ``make_hook`` will check them (names, types, ranges)."""
+        if "compressor" in info.data and "density" in info.data:
+            comm_options.validate(
+                info.data["compressor"], density=info.data["density"], options=value
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _momentum_once(self) -> FinetuneOptions:
+        check_momentum(self.hook_options, self.optimizer, self.momentum)
+        return self
 
     def comm_options(self) -> dict[str, Any]:
         """The hook's options as the run uses them: ``hook_options`` plus the default sparse
         warm-up (:data:`SPARSE_WARMUP`) for a hook that has one and was given none."""
-        from zoopick.training.comm import get
-
         options = dict(self.hook_options)
-        if "warmup" not in options and "warmup" in get(self.compressor).options:
+        if "warmup" not in options and comm_options.has_option(self.compressor, "warmup"):
             options["warmup"] = SPARSE_WARMUP
         return options
 
-    def check(self) -> None:
-        """Reject values no run could use (raises ``ValueError`` naming the field); the hook
-        and its options are checked by :func:`check_comm`."""
-        if self.epochs < 1:
-            raise ValueError("epochs must be >= 1")
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
-        if not (0 < self.density <= 1):
-            raise ValueError(f"density must be in (0, 1], got {self.density}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.optimizer not in ("sgd", "adam"):
-            raise ValueError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
-        if not (0 < self.test_fraction < 1):
-            raise ValueError("test_fraction must be in (0, 1)")
-        check_momentum(self.hook_options, self.optimizer, self.momentum)
+    @classmethod
+    def stored(cls, data: Mapping[str, Any]) -> FinetuneOptions:
+        """Options as a job row stored them (validated when the job was submitted): read
+        back without validating again; fields added since take their defaults."""
+        known = {k: v for k, v in data.items() if k in cls.model_fields}
+        return cls.model_construct(**known)
+
+
+class FinetuneConfig(FinetuneOptions):
+    """One run: the options plus where its inputs and outputs are. Every backend (torchrun on
+    this machine, Ray Train on a pool) is handed it as one JSON document
+    (:meth:`to_json`, :data:`RUN_CONFIG` in the run folder); checkpoints keep it so a resumed
+    run can refuse a changed one."""
+
+    zoo: str = Field(min_length=1, description="Zoo manifest.")
+    model: str = Field(min_length=1, description="Zoo id of the model.")
+    data: str = Field(min_length=1, description="Training dataset.")
+    out: str = Field(min_length=1, description="Run folder.")
+    test_data: str | None = None
+    resume: bool = False
 
     # fields that may change between a run and its resumption
     _RESUMABLE = frozenset({"epochs", "resume", "out"})
 
-    def same_run(self, other: dict[str, Any]) -> list[str]:
-        """Names of fields that differ from a saved config (ignoring the resumable ones)."""
-        mine = asdict(self)
-        return sorted(k for k in mine if k not in self._RESUMABLE and mine[k] != other.get(k))
+    @classmethod
+    def for_run(
+        cls, options: FinetuneOptions, *, zoo: str, model: str, data: str, out: str, **where: Any
+    ) -> FinetuneConfig:
+        """``options`` (already valid) placed: zoo, model, data, run folder."""
+        return cls(**options.model_dump(), zoo=zoo, model=model, data=data, out=out, **where)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
 
     @classmethod
-    def from_job(
-        cls, options: Mapping[str, Any], *, zoo: str, model: str, data: str, out: str, **extra: Any
-    ) -> FinetuneConfig:
-        """The config of a service job: its :data:`JOB_OPTIONS` over the defaults."""
-        chosen = {k: options[k] for k in JOB_OPTIONS if options.get(k) is not None}
-        return cls(zoo=zoo, model=model, data=data, out=out, **chosen, **extra)
+    def from_json(cls, text: str) -> FinetuneConfig:
+        return cls.model_validate_json(text)
+
+    def same_run(self, other: Mapping[str, Any]) -> list[str]:
+        """Names of fields that differ from a saved config (ignoring the resumable ones)."""
+        mine = self.model_dump(mode="json")
+        return sorted(k for k in mine if k not in self._RESUMABLE and mine[k] != other.get(k))
 
 
 def default(name: str) -> Any:
-    """The default of a :class:`FinetuneConfig` field (for schemas and CLI options)."""
-    for f in fields(FinetuneConfig):
-        if f.name == name:
-            return f.default_factory() if callable(f.default_factory) else f.default
-    raise KeyError(name)
+    """The default of a :class:`FinetuneOptions` field (for CLI options and forms)."""
+    field = FinetuneOptions.model_fields[name]
+    return field.default_factory() if field.default_factory else field.default
+
+
+def describe(exc: ValidationError) -> str:
+    """A validation error of the options as one line naming each bad field."""
+    return comm_options.describe(exc, FinetuneConfig)
 
 
 def check_momentum(hook_options: Mapping[str, Any], optimizer: str, momentum: float) -> None:
     """Hook momentum (DGC momentum correction) and optimizer momentum are exclusive: both on
     would apply momentum twice (the hook's ``u <- m u + g`` feeds an optimizer that does the
     same), so reject the pair with a message saying which to turn off."""
-    hook_m = float(hook_options.get("momentum", 0.0) or 0.0)
+    hook_m = hook_options.get("momentum", 0.0)
+    hook_m = float(hook_m) if isinstance(hook_m, int | float) else 0.0
     if hook_m <= 0.0:
         return
     if optimizer == "adam":
@@ -135,25 +194,6 @@ def check_momentum(hook_options: Mapping[str, Any], optimizer: str, momentum: fl
             "momentum twice; set momentum=0 (the hook's momentum correction replaces it) or "
             "drop the hook's momentum"
         )
-
-
-def check_comm(
-    compressor: str,
-    density: float,
-    hook_options: Mapping[str, Any],
-    *,
-    optimizer: str = "sgd",
-    momentum: float = 0.9,
-) -> None:
-    """Validate the communication hook, its density and its options without starting any
-    process (raises ``training.comm.CommError``, a ``ValueError``, naming the bad one).
-    ``optimizer`` and ``momentum`` (the run's, :class:`FinetuneConfig`'s defaults unless
-    given) are checked against the hook's momentum. Imports the hooks (and torch) on first
-    use."""
-    from zoopick.training.comm import check_options
-
-    check_options(compressor, density=density, **dict(hook_options))
-    check_momentum(hook_options, optimizer, momentum)
 
 
 # -- what a run prints: one record per epoch, or an error ------------------------------------
@@ -255,7 +295,25 @@ class TrainerError:
         return f"rank {'?' if self.rank is None else self.rank}: {self.error}"
 
 
-def parse_line(line: str) -> EpochRecord | TrainerError | None:
+@dataclass(frozen=True)
+class RunEvent:
+    """Something that happened to a run besides an epoch, on its own line:
+    ``{"event": "started", "backend": "ray", "ref": <the Ray job id>}`` (the driver, once
+    connected) or ``{"event": "resumed", "epoch": e, "workers": w}`` (rank 0, continuing
+    from the checkpoint of epoch ``e`` after a worker or node was lost, or a re-delivery)."""
+
+    event: Literal["started", "resumed"]
+    epoch: int | None = None
+    workers: int | None = None
+    backend: str | None = None
+    ref: str | None = None
+
+    def to_json(self) -> str:
+        fields = {k: v for k, v in vars(self).items() if v is not None}
+        return json.dumps(fields)
+
+
+def parse_line(line: str) -> EpochRecord | TrainerError | RunEvent | None:
     """The record a line of the trainer's output holds, or None for any other line (logs,
     tracebacks, a half-written line)."""
     line = line.strip()
@@ -271,6 +329,10 @@ def parse_line(line: str) -> EpochRecord | TrainerError | None:
         if "error" in data:
             rank = data.get("rank")
             return TrainerError(str(data["error"]), rank if isinstance(rank, int) else None)
+        if data.get("event") in ("started", "resumed"):
+            num = {k: int(data[k]) for k in ("epoch", "workers") if data.get(k) is not None}
+            text = {k: str(data[k]) for k in ("backend", "ref") if data.get(k) is not None}
+            return RunEvent(data["event"], **num, **text)
         if "epoch" in data:
             return EpochRecord.from_dict(data)
     except (TypeError, ValueError):

@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,13 @@ from zoopick.training.config import (
     METRICS,
     EpochRecord,
     FinetuneConfig,
+    RunEvent,
     TrainerError,
     write_line,
 )
 
 
-def _log(record: EpochRecord, out: Path) -> None:
+def _log(record: EpochRecord | RunEvent, out: Path) -> None:
     line = record.to_json()
     write_line(sys.stdout, line)
     with open(out / METRICS, "a") as fh:
@@ -106,20 +106,22 @@ def _all_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def run(cfg: FinetuneConfig) -> dict[str, Any]:
-    """Fine-tune on this rank; the process group must be initialised. Returns the last epoch's
-    record (the same on every rank)."""
+def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, Any]:
+    """Fine-tune on this rank; the process group must be initialised (by torchrun's
+    :func:`main_worker`, or by Ray Train in the ``ray`` backend, which passes the ``device``
+    it assigned). Always wrapped in DDP with the run's comm hook, at every world size (one
+    included). Returns the last epoch's record (the same on every rank)."""
     from zoopick.selection.zoo import load_zoo, save_checkpoint
     from zoopick.training.comm import make_hook
     from zoopick.training.comm.stats import dense_allreduce_bytes
 
-    cfg.check()
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = (
-        torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        if dist.get_backend() == "nccl"
-        else torch.device("cpu")
-    )
+    if device is None:
+        device = (
+            torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            if dist.get_backend() == "nccl"
+            else torch.device("cpu")
+        )
     amp = device.type == "cuda"
     out = Path(cfg.out)
     if rank == 0:
@@ -155,7 +157,9 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
 
     start_epoch = 0
     if cfg.resume and (out / CHECKPOINT).exists():
-        start_epoch = _restore(out, cfg, model, opt, state, rank)
+        start_epoch = _restore(out, cfg, model, opt, state, rank, world)
+        if rank == 0:
+            _log(RunEvent("resumed", epoch=start_epoch, workers=world), out)
     timer = _CommTimer(state)
 
     # every rank runs the same number of equally sized batches (DDP needs it); the last
@@ -211,11 +215,16 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
         )
         if rank == 0:
             _log(record, out)
-        _save(out, cfg, model, opt, state, epoch + 1, rank)
+        _save(out, cfg, model, opt, state, epoch + 1, rank, world)
 
+    # every replica must end with the same parameters (the hooks apply the same averaged
+    # update on every rank): recorded, so a run whose replicas drifted apart can be told
+    digests: list[str | None] = [None] * world
+    dist.all_gather_object(digests, _parameter_digest(model))
     if rank == 0:
         save_checkpoint(model, out / FINAL_WEIGHTS)
         meta = {
+            "rank_digests": digests,
             "arch": entry.arch,
             "source_model": entry.id,
             "num_classes": len(train.class_names),
@@ -230,20 +239,34 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     return record.to_dict() if record else {}
 
 
+def _parameter_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's parameters, in order. Buffers are left out: batch norm's
+    running statistics follow each rank's own last batches (DDP copies rank 0's at each
+    forward, and the forward then updates them locally), and rank 0's are the ones saved."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, tensor in model.named_parameters():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def _state_file(out: Path, rank: int) -> Path:
     return out / f"comm-state-rank{rank}.pt"
 
 
-def _save(out, cfg, model, opt, state, epoch, rank) -> None:
+def _save(out, cfg, model, opt, state, epoch, rank, world) -> None:
     """Model + optimizer from rank 0 (identical everywhere); each rank's error-feedback
     residuals beside it, since those differ per worker and a resumed run needs them."""
     _atomic_save(state.state_dict(model), _state_file(out, rank))
     if rank == 0:
         blob = {
             "epoch": epoch,
+            "world": world,
             "model": model.state_dict(),
             "optimizer": opt.state_dict(),
-            "config": asdict(cfg),
+            "config": cfg.model_dump(mode="json"),
         }
         _atomic_save(blob, out / CHECKPOINT)
     dist.barrier()
@@ -255,13 +278,19 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _restore(out, cfg, model, opt, state, rank) -> int:
+def _restore(out, cfg, model, opt, state, rank, world) -> int:
+    """The epoch to continue after. The hook's residuals and scheme state come back too,
+    unless the run continues on another number of workers (an elastic run that lost or
+    gained one): each rank's residuals belong to its shard of the data, so they start from
+    zero then, as at the start of a run."""
     blob = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=False)
     changed = cfg.same_run(blob["config"])
     if changed:
         raise ValueError(f"--resume: the run's settings changed since the checkpoint: {changed}")
     model.load_state_dict(blob["model"])
     opt.load_state_dict(blob["optimizer"])
+    if blob.get("world", world) != world:
+        return int(blob["epoch"])
     path = _state_file(out, rank)
     if not path.exists():
         raise ValueError(f"--resume: {path.name} is missing (was the run on more workers?)")

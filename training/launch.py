@@ -1,63 +1,65 @@
 """Launch fine-tuning workers.
 
-``python -m zoopick.training.launch --zoo Z --model ID --data D --out O ...`` is one worker: run it
-under ``torchrun`` (one process per GPU with NCCL, or CPU processes with gloo). ``spawn_local``
-starts ``torchrun --standalone`` for N local workers, which is what ``zoopick train`` and the
-service's training task do; across machines, run torchrun yourself (see README).
+``python -m zoopick.training.launch --config run.json`` is one worker: run it under ``torchrun``
+(one process per GPU with NCCL, or CPU processes with gloo). The run is one JSON document, a
+:class:`~zoopick.training.config.FinetuneConfig`, never a list of flags. ``spawn_local``
+writes it into the run folder and starts ``torchrun --standalone`` for N local workers, which
+is what the ``local`` backend does; across machines, use the ``ray`` backend or run torchrun
+yourself on every node (see README).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import fields
+from pathlib import Path
 
-from zoopick.training.config import DEFAULT_WORKERS, EpochRecord, FinetuneConfig, parse_line
+from pydantic import ValidationError
+
+from zoopick.training.config import (
+    DEFAULT_WORKERS,
+    RUN_CONFIG,
+    EpochRecord,
+    FinetuneConfig,
+    RunEvent,
+    describe,
+    parse_line,
+)
 
 
-def config_to_args(cfg: FinetuneConfig) -> list[str]:
-    """The worker command-line arguments that rebuild ``cfg``."""
-    args: list[str] = []
-    for f in fields(cfg):
-        value = getattr(cfg, f.name)
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            if value:
-                args.append(flag)
-        elif value is None:
-            continue
-        elif isinstance(value, dict):
-            args += [flag, json.dumps(value)]
-        else:
-            args += [flag, str(value)]
-    return args
+def write_config(cfg: FinetuneConfig) -> Path:
+    """The run's config as one JSON document in its run folder (:data:`RUN_CONFIG`): what
+    every worker reads (``--config``), and the record of what ran."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RUN_CONFIG
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(cfg.to_json())
+    os.replace(tmp, path)
+    return path
 
 
 def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
-    defaults = FinetuneConfig(zoo="", model="", data="", out="")
     parser = argparse.ArgumentParser(prog="python -m zoopick.training.launch", description=__doc__)
-    for f in fields(FinetuneConfig):
-        flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name)
-        if isinstance(default, bool):
-            parser.add_argument(flag, action="store_true")
-        elif isinstance(default, dict):
-            parser.add_argument(flag, type=json.loads, default={})
-        elif f.name in ("zoo", "model", "data", "out"):
-            parser.add_argument(flag, required=True)
-        else:
-            kind = {int: int, float: float}.get(type(default), str)
-            if f.name == "max_per_class":
-                kind = int
-            parser.add_argument(flag, type=kind, default=default)
-    return FinetuneConfig(**vars(parser.parse_args(argv)))
+    parser.add_argument(
+        "--config",
+        required=True,
+        type=Path,
+        help="The run's FinetuneConfig as JSON (zoopick train --write-config writes one).",
+    )
+    args = parser.parse_args(argv)
+    try:
+        return FinetuneConfig.from_json(args.config.read_text())
+    except OSError as exc:
+        parser.error(f"--config {args.config}: {exc.strerror}")
+    except ValidationError as exc:
+        parser.error(f"--config {args.config}: {describe(exc)}")
 
 
-def torchrun_command(cfg: FinetuneConfig, workers: int) -> list[str]:
+def torchrun_command(config: Path, workers: int) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -66,33 +68,26 @@ def torchrun_command(cfg: FinetuneConfig, workers: int) -> list[str]:
         f"--nproc-per-node={workers}",
         "-m",
         "zoopick.training.launch",
-        *config_to_args(cfg),
+        "--config",
+        str(config),
     ]
 
 
 def spawn_local(
-    cfg: FinetuneConfig,
-    workers: int | None = None,
-    *,
-    preexec_fn: Callable[[], object] | None = None,
+    cfg: FinetuneConfig, *, preexec_fn: Callable[[], object] | None = None
 ) -> subprocess.Popen[str]:
-    """Start ``workers`` local worker processes (default: one per GPU, else 2 CPU workers) in
-    their own process session; the caller reads JSON lines from ``proc.stdout``.
-    ``preexec_fn`` runs in the child before torchrun starts (the service uses it to tie the
-    trainer's life to its worker's)."""
+    """Start ``cfg.workers`` local worker processes in their own process session; the caller
+    reads JSON lines from ``proc.stdout``. ``preexec_fn`` runs in the child before torchrun
+    starts (the service uses it to tie the trainer's life to its worker's)."""
     import torch
 
-    if workers is None:
-        workers = torch.cuda.device_count() or DEFAULT_WORKERS
-    if workers < 1:
-        raise ValueError("workers must be >= 1")
     env = dict(os.environ)
     if not torch.cuda.is_available():
         # share the cores between CPU workers instead of oversubscribing them
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.workers)))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return subprocess.Popen(
-        torchrun_command(cfg, workers),
+        torchrun_command(write_config(cfg), cfg.workers),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -102,11 +97,26 @@ def spawn_local(
     )
 
 
-def epoch_records(proc: subprocess.Popen[str]) -> Iterator[EpochRecord]:
-    """The per-epoch records a running trainer prints on stdout, as they arrive."""
+def local_workers() -> int:
+    """One worker per GPU, else :data:`DEFAULT_WORKERS` CPU workers."""
+    import torch
+
+    return torch.cuda.device_count() or DEFAULT_WORKERS
+
+
+def run_records(proc: subprocess.Popen[str]) -> Iterator[EpochRecord | RunEvent]:
+    """The epoch records and run events a running trainer prints on stdout, as they
+    arrive."""
     assert proc.stdout is not None
     for line in proc.stdout:
         record = parse_line(line)
+        if isinstance(record, EpochRecord | RunEvent):
+            yield record
+
+
+def epoch_records(proc: subprocess.Popen[str]) -> Iterator[EpochRecord]:
+    """The per-epoch records alone."""
+    for record in run_records(proc):
         if isinstance(record, EpochRecord):
             yield record
 

@@ -40,7 +40,13 @@ from zoopick.service.queue import (
     WORKFLOW_FAILED,
 )
 from zoopick.service.settings import Settings, get_settings
-from zoopick.training.config import DEFAULT_WORKERS, FINAL_WEIGHTS, EpochRecord, default
+from zoopick.training.config import (
+    CHECKPOINT,
+    FINAL_WEIGHTS,
+    EpochRecord,
+    FinetuneConfig,
+    FinetuneOptions,
+)
 from zoopick.workers import training_runner
 
 log = logging.getLogger(__name__)
@@ -442,17 +448,24 @@ def finetune(self, job_id: str) -> str:
             return "failed"
         out = run_dir(cfg, jid)
         manifest = zoo_catalog.write_manifest([row], out.parent / "zoo.json")
-        options = dict(job.finetune or {})
+        options = FinetuneOptions.stored(job.finetune or {})
+        run_cfg = FinetuneConfig.for_run(
+            options,
+            zoo=str(manifest),
+            model=row.id,
+            data=ds.storage_path,
+            out=str(out),
+            resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
+        )
         run = pipeline.open_run(
             session,
             job,
             row.id,
-            config={**options, "data": ds.storage_path, "out": str(out)},
-            world_size=int(options.get("workers") or DEFAULT_WORKERS),
+            config=run_cfg.model_dump(mode="json"),
+            world_size=options.workers,
             out=str(out),
         )
-        run_id, epochs = run.id, int(options.get("epochs") or default("epochs"))
-        trainer = {"zoo": manifest, "model": row.id, "data": ds.storage_path, "out": out}
+        run_id, epochs = run.id, options.epochs
 
     def on_record(record: EpochRecord) -> None:
         with session_scope(factory()) as session:
@@ -471,7 +484,7 @@ def finetune(self, job_id: str) -> str:
 
     try:
         result = training_runner.run(
-            lambda: training_runner.spawn(**trainer, options=options),
+            lambda: training_runner.spawn(run_cfg),
             on_record=on_record,
             keep_going=keep_going,
         )

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from zoopick.service.processes import die_with_parent, stop_group
-from zoopick.training.config import EpochRecord, TrainerError, parse_line
+from zoopick.training.config import EpochRecord, FinetuneConfig, TrainerError, parse_line
 
 
 @dataclass
@@ -36,25 +36,14 @@ class Result:
     records: int = 0
 
 
-def spawn(*, zoo: Path, model: str, data: str, out: Path, options: dict[str, Any]):
-    """Start the trainer for one job (the one place the service calls into ``training``):
-    the job's fine-tune options over the trainer's own defaults, ``torchrun --standalone`` as
-    ``training.launch.spawn_local`` starts it, in its own process session, and tied to this
-    process' life (the trainer gets SIGTERM if this worker dies; Linux)."""
-    from zoopick.training.config import CHECKPOINT, DEFAULT_WORKERS, FinetuneConfig
+def spawn(cfg: FinetuneConfig) -> subprocess.Popen[str]:
+    """Start the trainer for one job's run (the one place the service calls into
+    ``training``): ``torchrun --standalone`` as ``training.launch.spawn_local`` starts it, in
+    its own process session, and tied to this process' life (the trainer gets SIGTERM if
+    this worker dies; Linux)."""
     from zoopick.training.launch import spawn_local
 
-    cfg = FinetuneConfig.from_job(
-        options,
-        zoo=str(zoo),
-        model=model,
-        data=str(data),
-        out=str(out),
-        resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    workers = int(options.get("workers") or DEFAULT_WORKERS)
-    return spawn_local(cfg, workers, preexec_fn=die_with_parent())
+    return spawn_local(cfg, preexec_fn=die_with_parent())
 
 
 def _pump(stream, sink: Callable[[Any], None], eof: bool = False) -> None:

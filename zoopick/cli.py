@@ -226,7 +226,8 @@ def train(
         Path | None, typer.Option(help="Test dataset [default: a stratified split]")
     ] = None,
     workers: Annotated[
-        int | None, typer.Option(min=1, help="Local workers [one per GPU, else 2]")
+        int | None,
+        typer.Option(min=1, help="Data-parallel workers [local: one per GPU, else 2; ray: 2]"),
     ] = None,
     compressor: Annotated[str, typer.Option(help="Comm hook: dense, topk, spardl ...")] = default(
         "compressor"
@@ -243,12 +244,39 @@ def train(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from out/checkpoint")] = False,
     seed: int = 0,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines on stdout.")] = False,
+    backend: Annotated[
+        str, typer.Option(help="Where the workers run: local (torchrun here) or ray (a cluster).")
+    ] = "local",
+    ray_address: Annotated[
+        str | None, typer.Option(help="The Ray cluster's HOST:PORT (with --backend ray).")
+    ] = None,
+    placement: Annotated[
+        str, typer.Option(help="Ray placement of the workers: PACK, SPREAD, STRICT_SPREAD ...")
+    ] = "PACK",
+    config_only: Annotated[
+        bool,
+        typer.Option(
+            "--write-config",
+            help="Only write the checked run config (OUT/run.json) and print its path: run "
+            "python -m zoopick.training.launch --config OUT/run.json under torchrun yourself.",
+        ),
+    ] = False,
 ) -> None:
     """Fine-tune a zoo model on a dataset, data-parallel with a sparse comm hook."""
+    from pydantic import ValidationError
+
     from zoopick.selection.data import DatasetError, load_dataset
     from zoopick.selection.zoo import ZooError, load_zoo
-    from zoopick.training.config import FINAL_WEIGHTS, TrainerError, check_comm, parse_line
-    from zoopick.training.launch import epoch_records, spawn_local
+    from zoopick.training.backends import Backend, spawn
+    from zoopick.training.config import (
+        DEFAULT_WORKERS,
+        FINAL_WEIGHTS,
+        RunEvent,
+        TrainerError,
+        describe,
+        parse_line,
+    )
+    from zoopick.training.launch import local_workers, run_records, write_config
 
     hook_options: dict[str, Any] = {}
     for item in hook_option or []:
@@ -256,38 +284,54 @@ def train(
         if not sep or not name:
             raise fail(f"--hook-option {item!r}: expected NAME=VALUE")
         hook_options[name] = json_or_text(raw)
-    cfg = FinetuneConfig(
-        zoo=str(zoo),
-        model=model,
-        data=str(data),
-        out=str(out),
-        test_data=str(test_data) if test_data else None,
-        max_per_class=max_per_class,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        optimizer=optimizer,
-        compressor=compressor,
-        density=density,
-        hook_options=hook_options,
-        seed=seed,
-        resume=resume,
-    )
     # reject bad input here, before any worker process starts
     try:
-        cfg.check()
-        check_comm(compressor, density, hook_options)
+        where = Backend(kind=backend, ray_address=ray_address, placement=placement)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    try:
+        cfg = FinetuneConfig(
+            zoo=str(zoo),
+            model=model,
+            data=str(data),
+            out=str(out),
+            test_data=str(test_data) if test_data else None,
+            max_per_class=max_per_class,
+            workers=workers or (local_workers() if backend == "local" else DEFAULT_WORKERS),
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            optimizer=optimizer,
+            compressor=compressor,
+            density=density,
+            hook_options=hook_options,
+            seed=seed,
+            resume=resume,
+        )
+    except ValidationError as exc:
+        raise fail(describe(exc)) from None
+    try:
         load_zoo(zoo)[model]
         load_dataset(data, max_per_class=max_per_class)
         if test_data:
             load_dataset(test_data)
     except (ZooError, DatasetError, ValueError) as exc:
         raise fail(str(exc)) from None
+    if config_only:
+        typer.echo(str(write_config(cfg)))
+        return
 
-    proc = spawn_local(cfg, workers)
-    for record in epoch_records(proc):
+    proc = spawn(cfg, where)
+    for record in run_records(proc):
         if as_json:
             typer.echo(record.to_json())
+        elif isinstance(record, RunEvent):
+            typer.echo(
+                f"started on {record.backend} (job {record.ref})"
+                if record.event == "started"
+                else f"resumed after epoch {record.epoch} on {record.workers} worker(s)",
+                err=True,
+            )
         else:
             typer.echo(
                 f"epoch {record.epoch}: loss {record.loss:.4f} "

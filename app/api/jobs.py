@@ -1,20 +1,19 @@
 """``/jobs``: submit a selection (and optionally fine-tuning) job, follow it, cancel it, and
-download the fine-tuned model."""
+download the fine-tuned model. A thin adapter over the service core's use cases
+(``zoopick.service.jobs``): HTTP in, a use case, a response model out."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
-from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from zoopick.app.api import pagination
-from zoopick.app.api.deps import Caller, CallerDep, DispatcherDep, JobDep, SessionDep, SettingsDep
+from zoopick.app.api.deps import CallerDep, DispatcherDep, JobDep, SessionDep, SettingsDep
 from zoopick.app.api.schemas import (
     EpochOut,
     JobCreate,
@@ -23,21 +22,32 @@ from zoopick.app.api.schemas import (
     Page,
     RankedModel,
     TrainingOut,
-    default_select_by,
 )
 from zoopick.app.problems import Problem, responses
-from zoopick.service import pipeline, quotas, zoo_catalog
-from zoopick.service.db.models import TERMINAL, Artefact, Dataset, DatasetStatus, Job, JobStatus
-from zoopick.service.db.types import utcnow
-from zoopick.service.dispatch import job_task_ids
+from zoopick.service import jobs
+from zoopick.service.db.models import TERMINAL, Artefact, Job, JobStatus
 from zoopick.service.settings import Settings
-
-log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 ERRORS = responses(400, 404, 409, 422)
-STATUSES = "^(queued|scoring|training|succeeded|failed|cancelled)$"
+STATUSES = f"^({'|'.join(jobs.STATUSES)})$"
+
+STATUS_OF_KIND = {
+    "dataset-not-ready": 409,
+    "job-finished": 409,
+    "too-many-jobs": 429,
+    "broker-unavailable": 503,
+    "unknown-status": 400,
+}
+"""HTTP status of each ``jobs.Rejected`` kind; every other kind is a 422 (the body names
+something that cannot be used)."""
+
+
+def problem(exc: jobs.Rejected) -> Problem:
+    """A use case's refusal as the API's problem document."""
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+    return Problem(STATUS_OF_KIND.get(exc.kind, 422), exc.detail, kind=exc.kind, headers=headers)
 
 
 def summary(job: Job) -> dict:
@@ -50,7 +60,7 @@ def summary(job: Job) -> dict:
         models=job.models,
         metrics=job.metrics,
         select_by=job.select_by,
-        finetune=job.finetune,
+        finetune=jobs.options_of(job),
         chosen_model=job.chosen_model,
         cancel_requested=job.cancel_requested,
         recoveries=job.recoveries or 0,
@@ -63,10 +73,10 @@ def summary(job: Job) -> dict:
 
 
 def detail(session: Session, job: Job, base: str) -> JobOut:
-    # a scoring-only job never has a run: one statement fewer on every poll of it
-    run = pipeline.latest_run(session, job.id) if job.finetune else None
+    view = jobs.show(session, job)
     training = None
-    if run is not None:
+    if view.run is not None:
+        run = view.run
         training = TrainingOut(
             run_id=run.id,
             model=run.model_id,
@@ -82,7 +92,7 @@ def detail(session: Session, job: Job, base: str) -> JobOut:
         links["model"] = f"{base}/{job.id}/model"
     return JobOut(
         **summary(job),
-        ranking=[RankedModel(**r) for r in pipeline.ranking(session, job)],
+        ranking=[RankedModel(**r) for r in view.ranking],
         training=training,
         links=links,
     )
@@ -94,111 +104,6 @@ def accepted(session: Session, job: Job, base: str, settings: Settings) -> JSONR
     if job.status not in TERMINAL:
         headers["Retry-After"] = str(settings.retry_after_seconds)
     return JSONResponse(body, status_code=202, headers=headers)
-
-
-def resolve(session: Session, caller: Caller, body: JobCreate, settings: Settings) -> dict:
-    """Check a submission against the tenant's datasets, the zoo and the metric registry;
-    returns the job's columns or raises a 4xx problem naming what is wrong."""
-    from zoopick.selection.metrics import available
-
-    ds = session.get(Dataset, body.dataset_id)
-    if ds is None or ds.tenant_id != caller.tenant_id:
-        raise Problem(422, f"unknown dataset {str(body.dataset_id)!r}", kind="unknown-dataset")
-    if ds.status != DatasetStatus.ready.value:
-        why = f": {ds.error}" if ds.error else ""
-        raise Problem(
-            409,
-            f"dataset {str(ds.id)!r} is {ds.status}, not ready{why}",
-            kind="dataset-not-ready",
-        )
-
-    known = set(available())
-    metrics = list(dict.fromkeys(body.metrics))
-    unknown = [m for m in metrics if m not in known]
-    if unknown:
-        raise Problem(
-            422,
-            f"unknown metric(s) {', '.join(map(repr, unknown))}; available: "
-            f"{', '.join(sorted(known))}",
-            kind="unknown-metric",
-        )
-    select_by = default_select_by(metrics) if body.select_by is None else body.select_by
-    if select_by not in metrics:
-        raise Problem(
-            422,
-            f"select_by {select_by!r} must be one of the requested metrics {metrics}",
-            kind="invalid-select-by",
-        )
-
-    zoo = zoo_catalog.all_ids(session)
-    if body.models == "all":
-        models = zoo
-        if not models:
-            raise Problem(422, "the zoo is empty: register a model first", kind="empty-zoo")
-    else:
-        models = list(dict.fromkeys(body.models))
-        missing = [m for m in models if m not in set(zoo)]
-        if not models:
-            raise Problem(422, 'models: give at least one zoo id, or "all"', kind="no-models")
-        if missing:
-            raise Problem(
-                422,
-                f"unknown zoo model(s) {', '.join(map(repr, missing))}",
-                kind="unknown-model",
-            )
-    if len(models) > settings.max_models_per_job:
-        raise Problem(
-            422,
-            f"{len(models)} models requested; the limit is {settings.max_models_per_job}",
-            kind="too-many-models",
-        )
-    finetune = body.finetune.model_dump() if body.finetune else None
-    if finetune:
-        check_finetune(finetune)
-        if finetune["epochs"] > settings.max_epochs:
-            raise Problem(
-                422, f"finetune.epochs above the limit of {settings.max_epochs}", kind="limit"
-            )
-        if finetune["workers"] > settings.max_train_workers:
-            raise Problem(
-                422,
-                f"finetune.workers above the limit of {settings.max_train_workers}",
-                kind="limit",
-            )
-    return {
-        "dataset_id": ds.id,
-        "models": models,
-        "metrics": metrics,
-        "select_by": select_by,
-        "finetune": finetune,
-    }
-
-
-def check_finetune(options: dict) -> None:
-    """The hook, its density and its options as the trainer will build them (422 naming the
-    bad one), so a job that could never train is refused before anything runs."""
-    from zoopick.training.config import check_comm
-
-    try:
-        check_comm(options["compressor"], options["density"], options["hook_options"])
-    except ValueError as exc:
-        raise Problem(422, f"finetune: {exc}", kind="invalid-finetune") from None
-
-
-def _by_key(session: Session, caller: Caller, key: str) -> Job | None:
-    return session.scalar(
-        select(Job).where(Job.tenant_id == caller.tenant_id, Job.idempotency_key == key)
-    )
-
-
-def _replay(session: Session, job: Job, request_body: dict, base: str, settings: Settings):
-    if job.request != request_body:
-        raise Problem(
-            422,
-            "this Idempotency-Key was already used with a different request body",
-            kind="idempotency-key-reused",
-        )
-    return accepted(session, job, base, settings)
 
 
 @router.post(
@@ -228,53 +133,20 @@ def create_job(
     """Score the chosen zoo models on the dataset, pick the best by ``select_by`` and, when
     ``finetune`` is given, fine-tune it. Answers 202 with ``Location`` to poll."""
     base = str(request.url.path).rstrip("/")
-    request_body = body.model_dump(mode="json")
-    if idempotency_key:
-        existing = _by_key(session, caller, idempotency_key)
-        if existing is not None:
-            return _replay(session, existing, request_body, base, settings)
-
-    request.app.state.rate.check("jobs", str(caller.key_id), "job submissions")
-    columns = resolve(session, caller, body, settings)
     try:
-        # count and insert under the tenant's lock, or concurrent submits all pass the count
-        with quotas.tenant_lock(session, caller.tenant_id):
-            active = quotas.active_jobs(session, caller.tenant_id)
-            if active >= settings.max_active_jobs_per_tenant:
-                session.rollback()
-                raise Problem(
-                    429,
-                    f"{active} jobs are still running; the limit is "
-                    f"{settings.max_active_jobs_per_tenant}",
-                    kind="too-many-jobs",
-                    headers={"Retry-After": str(max(30, settings.retry_after_seconds))},
-                )
-            job = Job(
-                tenant_id=caller.tenant_id,
-                request=request_body,
-                idempotency_key=idempotency_key,
-                status=JobStatus.queued.value,
-                progress=0.0,
-                **columns,
-            )
-            session.add(job)
-            session.flush()
-            job.task_ids = job_task_ids(job)
-            session.commit()
-    except IntegrityError:  # the same key raced us: answer with the winner
-        session.rollback()
-        existing = _by_key(session, caller, idempotency_key) if idempotency_key else None
-        if existing is None:
-            raise
-        return _replay(session, existing, request_body, base, settings)
-
-    try:
-        dispatcher.submit_job(job)
-    except Exception as exc:  # noqa: BLE001 - the job must not sit queued forever
-        log.exception("could not queue job %s", job.id)
-        pipeline.fail(session, job.id, f"could not queue the job: {exc}")
-        session.commit()
-        raise Problem(503, f"could not queue the job: {exc}", kind="broker-unavailable") from None
+        job = jobs.submit(
+            session,
+            caller.tenant_id,
+            body,
+            settings,
+            dispatcher,
+            idempotency_key=idempotency_key,
+            admit=lambda: request.app.state.rate.check(
+                "jobs", str(caller.key_id), "job submissions"
+            ),
+        )
+    except jobs.Rejected as exc:
+        raise problem(exc) from None
     return accepted(session, job, base, settings)
 
 
@@ -287,9 +159,10 @@ def list_jobs(
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: str | None = None,
 ) -> dict:
-    stmt = select(Job).where(Job.tenant_id == caller.tenant_id)
-    if status:
-        stmt = stmt.where(Job.status == status)
+    try:
+        stmt = jobs.listing(caller.tenant_id, status)
+    except jobs.Rejected as exc:
+        raise problem(exc) from None
     return pagination.list_page(
         session,
         stmt,
@@ -329,17 +202,10 @@ def cancel_job(
     """A queued job is cancelled at once. A running one is flagged: its tasks stop at the next
     model or epoch (the response says ``cancel_requested``; poll until ``cancelled``).
     Queued tasks are revoked either way."""
-    if job.status in TERMINAL:
-        raise Problem(409, f"job already {job.status}", kind="job-finished")
-    session.execute(
-        update(Job).where(Job.id == job.id).values(cancel_requested=True, updated_at=utcnow())
-    )
-    was_queued = pipeline.finish_cancelled_if_queued(session, job.id)
-    session.commit()
-    # a running job keeps select/finetune queued: they see the flag and settle it as cancelled
-    scoring = [t for t in job.task_ids if "-score-" in t]
-    dispatcher.revoke(list(job.task_ids) if was_queued else scoring)
-    session.refresh(job)
+    try:
+        job = jobs.cancel(session, job, dispatcher)
+    except jobs.Rejected as exc:
+        raise problem(exc) from None
     base = str(request.url.path).rsplit("/", 2)[0]
     return accepted(session, job, base, settings)
 

@@ -6,59 +6,16 @@ import uuid
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import (
-    AliasPath,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictFloat,
-    StrictInt,
-    model_validator,
-)
+from pydantic import AliasPath, BaseModel, ConfigDict, Field
 
-from zoopick.training.config import DEFAULT_WORKERS, SPARSE_WARMUP, default
+from zoopick.service.db.models import JobStatus
+from zoopick.service.inputs import NoNulModel
+from zoopick.service.jobs import JobCreate
+from zoopick.training.config import FinetuneOptions
 
-DEFAULT_METRICS = ["fsms", "logme", "sms", "isms"]
-DEFAULT_SELECT_BY = "fsms"
-"""The metric that picks when a job names none: the best of the transfer benchmark
-(`benchmarks/results/transfer.md`: highest mean weighted tau over its six targets)."""
+__all__ = ["JobCreate", "NoNulModel"]  # bodies the service core defines, in the API's schema
 
 T = TypeVar("T")
-
-
-def default_select_by(metrics: list[str]) -> str:
-    """The metric that picks when a job names none (see ``DEFAULT_SELECT_BY``)."""
-    return DEFAULT_SELECT_BY if DEFAULT_SELECT_BY in metrics else metrics[0]
-
-
-def _nul_path(value: Any, where: str) -> str | None:
-    """The location of the first string holding a NUL character (PostgreSQL's text and jsonb
-    cannot store one: without this check it surfaces as a 500 at insert)."""
-    if isinstance(value, str):
-        return where if "\x00" in value else None
-    if isinstance(value, dict):
-        for k, v in value.items():
-            found = _nul_path(k, where) or _nul_path(v, f"{where}.{k}")
-            if found:
-                return found
-    if isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            found = _nul_path(v, f"{where}[{i}]")
-            if found:
-                return found
-    return None
-
-
-class NoNulModel(BaseModel):
-    """A request body whose strings, at any depth, may not contain NUL (422 naming the field)."""
-
-    @model_validator(mode="after")
-    def _no_nul(self) -> NoNulModel:
-        for name in type(self).model_fields:
-            found = _nul_path(getattr(self, name), name)
-            if found:
-                raise ValueError(f"{found} contains a NUL character")
-        return self
 
 
 class Page(BaseModel, Generic[T]):
@@ -127,57 +84,6 @@ class ZooModelOut(BaseModel):
     created_at: datetime
 
 
-class FinetuneSpec(NoNulModel):
-    """The fine-tune options a job may set. Defaults are the trainer's own
-    (``zoopick.training.config``); the hook and its options are checked against
-    ``zoopick.training.comm`` when the job is submitted (422 naming the bad one).
-
-    Types are strict: ``"epochs": "2"`` or ``"epochs": 2.0`` is refused (422), not coerced;
-    a float field takes a JSON integer (``"lr": 1``), nothing else."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    epochs: StrictInt = Field(default("epochs"), ge=1)
-    workers: StrictInt = Field(DEFAULT_WORKERS, ge=1, description="Data-parallel worker processes.")
-    compressor: str = Field(
-        default("compressor"),
-        min_length=1,
-        max_length=64,
-        description="Communication hook: dense, topk, gaussiank, spardl, exdyna, dfs.",
-    )
-    density: StrictFloat | StrictInt = Field(
-        default("density"), gt=0, le=1, description="Fraction of gradient entries sent."
-    )
-    lr: StrictFloat | StrictInt = Field(default("lr"), gt=0, le=10)
-    hook_options: dict[str, Any] = Field(
-        default_factory=dict,
-        max_length=16,
-        description="Options of the hook (e.g. spardl's teams, warmup, fp16). Sparse hooks "
-        f"get {SPARSE_WARMUP} iterations of exponential warm-up unless warmup is given (0: none).",
-    )
-
-
-class JobCreate(NoNulModel):
-    """A job submission. Strict JSON types (no coercion of ``"2"`` to 2 or of a number to a
-    string); ``dataset_id`` is a UUID string."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    dataset_id: uuid.UUID = Field(strict=False)
-    models: list[str] | Literal["all"] = Field(
-        "all", description='Zoo model ids to score, or "all".'
-    )
-    metrics: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_METRICS), min_length=1, max_length=32
-    )
-    select_by: str | None = Field(
-        None,
-        description=f"The metric that picks the model to fine-tune. Default: {DEFAULT_SELECT_BY} "
-        "when it is among the requested metrics, else the first requested metric.",
-    )
-    finetune: FinetuneSpec | None = None
-
-
 class RankedModel(BaseModel):
     rank: int
     model: str
@@ -222,14 +128,14 @@ class TrainingOut(BaseModel):
 
 class JobSummary(BaseModel):
     id: uuid.UUID
-    status: Literal["queued", "scoring", "training", "succeeded", "failed", "cancelled"]
+    status: Literal[tuple(s.value for s in JobStatus)]  # type: ignore[valid-type]
     progress: float
     error: str | None
     dataset_id: uuid.UUID | None
     models: list[str]
     metrics: list[str]
     select_by: str
-    finetune: FinetuneSpec | None
+    finetune: FinetuneOptions | None
     chosen_model: str | None
     cancel_requested: bool
     recoveries: int = Field(

@@ -27,17 +27,12 @@ from zoopick.app.api import datasets as datasets_api
 from zoopick.app.api import jobs as jobs_api
 from zoopick.app.api import zoo as zoo_api
 from zoopick.app.api.deps import Caller, SessionDep, get_owned
-from zoopick.app.api.schemas import (
-    DEFAULT_METRICS,
-    DEFAULT_SELECT_BY,
-    FinetuneSpec,
-    JobCreate,
-    JobOut,
-)
+from zoopick.app.api.schemas import JobOut
 from zoopick.app.dashboard import auth, charts
 from zoopick.app.problems import Problem, problem_response
 from zoopick.app.uploads import UNCAPPED_BODY
-from zoopick.service.db.models import Dataset, Job
+from zoopick.service import jobs
+from zoopick.service.db.models import TERMINAL, Dataset, Job
 from zoopick.service.liveness import worker_status
 from zoopick.service.security import authenticate
 from zoopick.service.thumbnails import thumbnail_path, thumbnails
@@ -45,9 +40,7 @@ from zoopick.service.thumbnails import thumbnail_path, thumbnails
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 
-STATUSES = ("queued", "scoring", "training", "succeeded", "failed", "cancelled")
-TERMINAL = ("succeeded", "failed", "cancelled")
-COMPRESSORS = ("dense", "topk", "gaussiank", "spardl", "exdyna", "dfs")
+STATUSES = jobs.STATUSES
 PAGE_SIZE = 20
 
 
@@ -298,13 +291,10 @@ async def job_cancel(request: Request, job_id: str, form: FormDep, session: Sess
     def cancel() -> str:
         caller = _session_caller(request, session)
         row = get_owned(session, caller, Job, job_id, "job")
-        jobs_api.cancel_job(
-            job=row,
-            request=request,
-            session=session,
-            settings=request.app.state.settings,
-            dispatcher=request.app.state.dispatcher,
-        )
+        try:
+            jobs.cancel(session, row, request.app.state.dispatcher)
+        except jobs.Rejected as exc:
+            return exc.detail
         return "Cancel requested."
 
     try:
@@ -338,17 +328,17 @@ def _submit_choices(request: Request, session, caller: Caller) -> dict[str, Any]
     zoo = zoo_api.list_zoo(
         caller=caller, session=session, settings=settings, page_size=100, page_token=None
     )
-    return {"datasets": ready["items"], "zoo": zoo["items"], "compressors": COMPRESSORS}
+    return {"datasets": ready["items"], "zoo": zoo["items"], "compressors": jobs.COMPRESSORS}
 
 
 DEFAULT_FORM = {
-    "metrics": ", ".join(DEFAULT_METRICS),
-    "select_by": DEFAULT_SELECT_BY,
+    "metrics": ", ".join(jobs.DEFAULT_METRICS),
+    "select_by": jobs.DEFAULT_SELECT_BY,
     "finetune": False,
-    "epochs": FinetuneSpec().epochs,
-    "compressor": FinetuneSpec().compressor,
-    "density": FinetuneSpec().density,
-    "workers": FinetuneSpec().workers,
+    "epochs": jobs.FinetuneOptions().epochs,
+    "compressor": jobs.FinetuneOptions().compressor,
+    "density": jobs.FinetuneOptions().density,
+    "workers": jobs.FinetuneOptions().workers,
     "models": [],
 }
 
@@ -361,7 +351,6 @@ FIELD_OF_KIND = {
     "too-many-models": "models",
     "no-models": "models",
     "empty-zoo": "models",
-    "invalid-finetune": "compressor",
 }
 
 
@@ -430,28 +419,32 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
                 "workers": _form_number(form["workers"], int),
             }
         try:
-            job_in = JobCreate.model_validate(body)
+            job_in = jobs.JobCreate.model_validate(body)
         except ValidationError as exc:
             errors: dict[str, str] = {}
             for e in exc.errors():
                 errors.setdefault(_field_of(tuple(e["loc"])), e["msg"])
             return None, errors
         try:
-            response = jobs_api.create_job(
-                body=job_in,
-                request=request,
-                caller=caller,
-                session=session,
-                settings=request.app.state.settings,
-                dispatcher=request.app.state.dispatcher,
+            job = jobs.submit(
+                session,
+                caller.tenant_id,
+                job_in,
+                request.app.state.settings,
+                request.app.state.dispatcher,
                 idempotency_key=idem,
+                admit=lambda: request.app.state.rate.check(
+                    "jobs", str(caller.key_id), "job submissions"
+                ),
             )
-        except Problem as p:
-            field = FIELD_OF_KIND.get(p.kind, "__all__")
-            if p.kind == "limit":
-                field = "epochs" if "epochs" in p.detail else "workers"
-            return None, {field: p.detail}
-        return json.loads(response.body)["id"], {}
+        except jobs.Rejected as exc:
+            field = FIELD_OF_KIND.get(exc.kind, "__all__")
+            if exc.kind == "limit":
+                field = "epochs" if "epochs" in exc.detail else "workers"
+            return None, {field: exc.detail}
+        except Problem as p:  # the rate limit
+            return None, {"__all__": p.detail}
+        return str(job.id), {}
 
     job_id, errors = await run_in_threadpool(create)
     if job_id:

@@ -230,9 +230,10 @@ def run_hook(
         density=args.density,
         hook_options=options,
         seed=seed,
+        workers=args.workers,
     )
     t0 = time.time()
-    proc = spawn_local(cfg, workers=args.workers)
+    proc = spawn_local(cfg)
     stderr: list[str] = []
     drain = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)
     drain.start()

@@ -16,9 +16,9 @@ from sqlalchemy import func, select
 
 from tests.service.datafiles import npz_bytes
 from tests.service.procs import ROOT, Proc, free_port, poll, wait_http
-from zoopick.app.api.schemas import DEFAULT_METRICS
 from zoopick.service.db.models import ApiKey, Job, Score
 from zoopick.service.db.session import make_engine, make_sessionmaker
+from zoopick.service.jobs import DEFAULT_METRICS
 
 SERVE = "from zoopick.service_cli import service_app; service_app()"
 

@@ -131,7 +131,7 @@ def test_installed_wheel_adds_only_zoopick_and_runs_away_from_the_checkout(wheel
     assert Path(where).is_relative_to(site)  # the installed copy, not the checkout
     helptext = run(str(venv / "bin" / "zoopick"), "--help").stdout
     assert "score" in helptext and "jobs" in helptext  # the client's commands too
-    assert "--compressor" in run(python, "-m", "zoopick.training.launch", "--help").stdout
+    assert "--config" in run(python, "-m", "zoopick.training.launch", "--help").stdout
 
     db = tmp_path / "installed.db"
     code = (

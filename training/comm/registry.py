@@ -1,8 +1,9 @@
 """Registry of communication hooks by name, and the ``make_hook`` entry point.
 
 A hook module registers ``(state class, hook function)``; the state class's keyword-only
-constructor arguments are the hook's options, so ``make_hook`` can reject an unknown one with
-a message naming it instead of failing deep inside a training step.
+constructor arguments are the hook's options, declared (types, defaults, ranges) in the
+torch-free ``training.comm_options``, so ``make_hook`` rejects an unknown or bad one with a
+message naming it instead of failing deep inside a training step.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from zoopick.training.comm.errors import CommError
+from zoopick.training.comm_options import validate
 
 Hook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
@@ -75,9 +77,9 @@ def get(name: str) -> HookSpec:
 
 
 def check_options(name: str, *, density: float = 0.01, **options: Any) -> None:
-    """Validate a hook's name, density and options without a process group, so a launcher
-    can reject bad input before it starts any worker. Raises ``CommError``."""
-    make_hook(name, density=density, **options)
+    """Validate a hook's name, density and options without a process group (and without
+    torch: ``training.comm_options``). Raises ``CommError``."""
+    validate(name, density=density, options=options)
 
 
 def make_hook(
@@ -89,15 +91,9 @@ def make_hook(
 ) -> tuple[Any, Hook]:
     """Build ``(state, hook)`` for ``ddp_model.register_comm_hook(state, hook)``.
 
-    ``options`` are the hook's keyword options (see ``get(name).options``); an unknown one
-    raises ``CommError`` naming it."""
+    ``options`` are the hook's keyword options, checked against its model in
+    ``training.comm_options`` (an unknown or bad one raises ``CommError`` naming it)."""
     spec = get(name)
-    allowed = spec.options
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise CommError(
-            f"comm hook {name!r} has no option(s) {', '.join(map(repr, unknown))}; "
-            f"its options: {', '.join(sorted(allowed))}"
-        )
-    state = spec.state_cls(process_group, density=density, **options)
+    checked = validate(name, density=density, options=options)
+    state = spec.state_cls(process_group, **checked)
     return state, spec.hook

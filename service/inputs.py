@@ -1,0 +1,39 @@
+"""Rules every request body shares, whichever face it came through: no NUL characters
+(PostgreSQL's text and jsonb cannot store one; unchecked, it surfaces as a 500 at insert)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, model_validator
+
+
+def nul_path(value: Any, where: str) -> str | None:
+    """The location of the first string holding a NUL character, at any depth."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = nul_path(k, where) or nul_path(v, f"{where}.{k}")
+            if found:
+                return found
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            found = nul_path(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+class NoNulModel(BaseModel):
+    """A request body whose strings, at any depth, may not contain NUL (422 naming the field)."""
+
+    @model_validator(mode="after")
+    def _no_nul(self) -> NoNulModel:
+        for name in type(self).model_fields:
+            found = nul_path(getattr(self, name), name)
+            if found:
+                raise ValueError(f"{found} contains a NUL character")
+        return self

@@ -1,0 +1,285 @@
+"""A job's use cases: submit, show, list, cancel. The REST router (``app/api/jobs.py``) and the
+dashboard (``app/dashboard/pages.py``) are thin adapters over these functions, so both check a
+submission the same way, in one place.
+
+A refused input raises :class:`Rejected` with a ``kind`` (the HTTP face maps kinds to status
+codes: this module knows no HTTP) and a message naming what is wrong. The fine-tune options are
+``training.config.FinetuneOptions``: validated once, when the body is parsed (without torch),
+and stored as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+from sqlalchemy import Select, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from zoopick.service import pipeline, quotas, zoo_catalog
+from zoopick.service.db.models import (
+    TERMINAL,
+    Dataset,
+    DatasetStatus,
+    Job,
+    JobStatus,
+    TrainingRun,
+)
+from zoopick.service.db.types import utcnow
+from zoopick.service.dispatch import Dispatcher, job_task_ids
+from zoopick.service.inputs import NoNulModel
+from zoopick.service.settings import Settings
+from zoopick.training import comm_options
+from zoopick.training.config import FinetuneOptions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS = ["fsms", "logme", "sms", "isms"]
+DEFAULT_SELECT_BY = "fsms"
+"""The metric that picks when a job names none: the best of the transfer benchmark
+(`benchmarks/results/transfer.md`: highest mean weighted tau over its six targets)."""
+
+STATUSES = tuple(s.value for s in JobStatus)
+"""Every job status, in the order a job goes through them (the dashboard's filter lists it)."""
+COMPRESSORS = tuple(comm_options.HOOKS)
+"""The comm hooks a fine-tune may use (the dashboard's choice list)."""
+
+
+def default_select_by(metrics: list[str]) -> str:
+    """The metric that picks when a job names none (see ``DEFAULT_SELECT_BY``)."""
+    return DEFAULT_SELECT_BY if DEFAULT_SELECT_BY in metrics else metrics[0]
+
+
+class JobCreate(NoNulModel):
+    """A job submission. Strict JSON types (no coercion of ``"2"`` to 2 or of a number to a
+    string); ``dataset_id`` is a UUID string."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dataset_id: uuid.UUID = Field(strict=False)
+    models: list[str] | Literal["all"] = Field(
+        "all", description='Zoo model ids to score, or "all".'
+    )
+    metrics: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_METRICS), min_length=1, max_length=32
+    )
+    select_by: str | None = Field(
+        None,
+        description=f"The metric that picks the model to fine-tune. Default: {DEFAULT_SELECT_BY} "
+        "when it is among the requested metrics, else the first requested metric.",
+    )
+    finetune: FinetuneOptions | None = Field(
+        None,
+        description="Fine-tune the chosen model with these options (unset ones take the "
+        "trainer's defaults); without it the job only ranks.",
+    )
+
+
+class Rejected(Exception):
+    """A use case refused its input. ``kind`` names the problem class (e.g.
+    ``unknown-dataset``); ``retry_after`` (seconds) is set where waiting helps."""
+
+    def __init__(self, kind: str, detail: str, *, retry_after: int | None = None) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+        self.retry_after = retry_after
+
+
+def options_of(job: Job) -> FinetuneOptions | None:
+    """The job's fine-tune options as they were stored at submission (not checked again)."""
+    return FinetuneOptions.stored(job.finetune) if job.finetune else None
+
+
+# -- submit -----------------------------------------------------------------------------------
+
+
+def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: Settings) -> dict:
+    """Check a submission against the tenant's datasets, the zoo, the metric registry and the
+    deployment's limits; returns the job's columns."""
+    from zoopick.selection.metrics import available
+
+    ds = session.get(Dataset, body.dataset_id)
+    if ds is None or ds.tenant_id != tenant_id:
+        raise Rejected("unknown-dataset", f"unknown dataset {str(body.dataset_id)!r}")
+    if ds.status != DatasetStatus.ready.value:
+        why = f": {ds.error}" if ds.error else ""
+        raise Rejected(
+            "dataset-not-ready", f"dataset {str(ds.id)!r} is {ds.status}, not ready{why}"
+        )
+
+    known = set(available())
+    metrics = list(dict.fromkeys(body.metrics))
+    unknown = [m for m in metrics if m not in known]
+    if unknown:
+        raise Rejected(
+            "unknown-metric",
+            f"unknown metric(s) {', '.join(map(repr, unknown))}; available: "
+            f"{', '.join(sorted(known))}",
+        )
+    select_by = default_select_by(metrics) if body.select_by is None else body.select_by
+    if select_by not in metrics:
+        raise Rejected(
+            "invalid-select-by",
+            f"select_by {select_by!r} must be one of the requested metrics {metrics}",
+        )
+
+    zoo = zoo_catalog.all_ids(session)
+    if body.models == "all":
+        models = zoo
+        if not models:
+            raise Rejected("empty-zoo", "the zoo is empty: register a model first")
+    else:
+        models = list(dict.fromkeys(body.models))
+        if not models:
+            raise Rejected("no-models", 'models: give at least one zoo id, or "all"')
+        missing = [m for m in models if m not in set(zoo)]
+        if missing:
+            raise Rejected("unknown-model", f"unknown zoo model(s) {', '.join(map(repr, missing))}")
+    if len(models) > settings.max_models_per_job:
+        raise Rejected(
+            "too-many-models",
+            f"{len(models)} models requested; the limit is {settings.max_models_per_job}",
+        )
+    options = body.finetune
+    if options is not None:
+        if options.epochs > settings.max_epochs:
+            raise Rejected("limit", f"finetune.epochs above the limit of {settings.max_epochs}")
+        if options.workers > settings.max_train_workers:
+            raise Rejected(
+                "limit", f"finetune.workers above the limit of {settings.max_train_workers}"
+            )
+    return {
+        "dataset_id": ds.id,
+        "models": models,
+        "metrics": metrics,
+        "select_by": select_by,
+        "finetune": options.model_dump(mode="json") if options is not None else None,
+    }
+
+
+def replay(session: Session, tenant_id: uuid.UUID, key: str | None, body: JobCreate) -> Job | None:
+    """The job an earlier submission with this ``Idempotency-Key`` created, or None; the
+    same key with another body is refused."""
+    if not key:
+        return None
+    job = session.scalar(select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key))
+    if job is not None and job.request != body.model_dump(mode="json"):
+        raise Rejected(
+            "idempotency-key-reused",
+            "this Idempotency-Key was already used with a different request body",
+        )
+    return job
+
+
+def submit(
+    session: Session,
+    tenant_id: uuid.UUID,
+    body: JobCreate,
+    settings: Settings,
+    dispatcher: Dispatcher,
+    *,
+    idempotency_key: str | None = None,
+    admit: Callable[[], None] = lambda: None,
+) -> Job:
+    """Create the job and queue its tasks, or return the one this ``idempotency_key``
+    created. ``admit`` runs before a new job is checked (the faces' rate limit: a replay does
+    not count)."""
+    existing = replay(session, tenant_id, idempotency_key, body)
+    if existing is not None:
+        return existing
+    admit()
+    columns = _resolve(session, tenant_id, body, settings)
+    try:
+        # count and insert under the tenant's lock, or concurrent submits all pass the count
+        with quotas.tenant_lock(session, tenant_id):
+            active = quotas.active_jobs(session, tenant_id)
+            if active >= settings.max_active_jobs_per_tenant:
+                session.rollback()
+                raise Rejected(
+                    "too-many-jobs",
+                    f"{active} jobs are still running; the limit is "
+                    f"{settings.max_active_jobs_per_tenant}",
+                    retry_after=max(30, settings.retry_after_seconds),
+                )
+            job = Job(
+                tenant_id=tenant_id,
+                request=body.model_dump(mode="json"),
+                idempotency_key=idempotency_key,
+                status=JobStatus.queued.value,
+                progress=0.0,
+                **columns,
+            )
+            session.add(job)
+            session.flush()
+            job.task_ids = job_task_ids(job)
+            session.commit()
+    except IntegrityError:  # the same key raced us: answer with the winner
+        session.rollback()
+        winner = replay(session, tenant_id, idempotency_key, body)
+        if winner is None:
+            raise
+        return winner
+
+    try:
+        dispatcher.submit_job(job)
+    except Exception as exc:  # noqa: BLE001 - the job must not sit queued forever
+        log.exception("could not queue job %s", job.id)
+        pipeline.fail(session, job.id, f"could not queue the job: {exc}")
+        session.commit()
+        raise Rejected("broker-unavailable", f"could not queue the job: {exc}") from None
+    return job
+
+
+# -- show, list -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What showing a job reads: the row, its ranking so far, and its latest training run."""
+
+    job: Job
+    options: FinetuneOptions | None
+    ranking: list[dict[str, Any]]
+    run: TrainingRun | None
+
+
+def show(session: Session, job: Job) -> JobView:
+    # a scoring-only job never has a run: one statement fewer on every poll of it
+    run = pipeline.latest_run(session, job.id) if job.finetune else None
+    return JobView(job, options_of(job), pipeline.ranking(session, job), run)
+
+
+def listing(tenant_id: uuid.UUID, status: str | None = None) -> Select[tuple[Job]]:
+    """The tenant's jobs (newest first once paginated), optionally of one status."""
+    if status is not None and status not in STATUSES:
+        raise Rejected("unknown-status", f"unknown status {status!r}; one of {', '.join(STATUSES)}")
+    stmt = select(Job).where(Job.tenant_id == tenant_id)
+    if status:
+        stmt = stmt.where(Job.status == status)
+    return stmt
+
+
+# -- cancel -----------------------------------------------------------------------------------
+
+
+def cancel(session: Session, job: Job, dispatcher: Dispatcher) -> Job:
+    """A queued job is cancelled at once. A running one is flagged: its tasks stop at the
+    next model or epoch (``cancel_requested``). Queued tasks are revoked either way."""
+    if job.status in TERMINAL:
+        raise Rejected("job-finished", f"job already {job.status}")
+    session.execute(
+        update(Job).where(Job.id == job.id).values(cancel_requested=True, updated_at=utcnow())
+    )
+    was_queued = pipeline.finish_cancelled_if_queued(session, job.id)
+    session.commit()
+    # a running job keeps select/finetune queued: they see the flag and settle it as cancelled
+    scoring = [t for t in job.task_ids if "-score-" in t]
+    dispatcher.revoke(list(job.task_ids) if was_queued else scoring)
+    session.refresh(job)
+    return job

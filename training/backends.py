@@ -1,0 +1,102 @@
+"""Where a fine-tune runs: ``local`` (``torchrun --standalone`` on this machine) or ``ray``
+(Ray Train's ``TorchTrainer`` on a Ray cluster: a pool of GPU machines).
+
+Both start as one child process that prints the run's lines on stdout (one JSON
+:class:`~zoopick.training.config.EpochRecord` per epoch, :class:`RunEvent` lines) and a failing
+rank's :class:`TrainerError` on stderr, and both are handed the run as one JSON document
+(:class:`FinetuneConfig`, written to ``<out>/run.json``). So whoever follows a run
+(``zoopick train``, the service's training task) does the same thing for either, and stopping
+the child's process group stops the run (for ``ray``, the driver's exit takes its Ray actors
+with it).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from zoopick.training.config import FinetuneConfig
+
+Kind = Literal["local", "ray"]
+KINDS: tuple[Kind, ...] = ("local", "ray")
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+"""Ray's placement-group strategies for the run's workers (one bundle per worker)."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A deployment's choice of backend (``ZOOPICK_TRAIN_BACKEND``, ``ZOOPICK_RAY_*``; or
+    ``zoopick train --backend``)."""
+
+    kind: Kind = "local"
+    ray_address: str | None = None
+    placement: str = "PACK"
+    max_failures: int = 2
+    """Worker or node losses a ``ray`` run survives (each resumes from the last epoch's
+    checkpoint); one more fails the run."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown training backend {self.kind!r}; one of {', '.join(KINDS)}")
+        if self.kind == "ray" and not self.ray_address:
+            raise ValueError("the ray backend needs the cluster's address (ZOOPICK_RAY_ADDRESS)")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
+        if self.max_failures < 0:
+            raise ValueError("max_failures must be >= 0")
+
+
+def spawn(
+    cfg: FinetuneConfig, backend: Backend, *, preexec_fn: Callable[[], object] | None = None
+) -> subprocess.Popen[str]:
+    """Start ``cfg`` on ``backend`` as a child process in its own session (see module doc)."""
+    from zoopick.training.launch import spawn_local, write_config
+
+    if backend.kind == "local":
+        return spawn_local(cfg, preexec_fn=preexec_fn)
+    command = [
+        sys.executable,
+        "-m",
+        "zoopick.training.ray_driver",
+        "--config",
+        str(write_config(cfg)),
+        "--address",
+        str(backend.ray_address),
+        "--placement",
+        backend.placement,
+        "--max-failures",
+        str(backend.max_failures),
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=preexec_fn,
+    )
+
+
+def ray_address_problem(address: str | None, timeout: float = 2.0) -> str | None:
+    """Whether the Ray cluster at ``address`` (``host:port`` of its head's GCS) answers a
+    connection, without importing Ray: None when it does, else what went wrong (the
+    readiness check and the driver's first step)."""
+    if not address:
+        return "no Ray address is set (ZOOPICK_RAY_ADDRESS)"
+    if address == "auto" or "://" in address:
+        return None  # resolved by Ray itself (a local head's file, a ray:// client address)
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return f"the Ray address {address!r} is not host:port"
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"nothing answers at {address}: {exc.strerror or exc}"

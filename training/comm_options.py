@@ -1,0 +1,134 @@
+"""The comm hooks' names and options, without torch: what a job submission, ``zoopick train``
+and :func:`zoopick.training.comm.make_hook` validate a hook's options against.
+
+The hooks themselves (``training/comm/``) import torch; the API process must not (it would
+load torch into every API worker on the first fine-tune submission). So each hook's options
+are declared here once, as a strict pydantic model (names, types, defaults, ranges, the checks
+between options), and the hook's state class takes the same keyword arguments
+(``tests/test_comm_registry.py`` checks that both agree, names and defaults).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class CommError(ValueError):
+    """A bad hook name or option (``training.comm.CommError`` is this class)."""
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    fp16: bool = False
+    sync_cuda_timing: bool = False
+
+
+class DenseOptions(_Options):
+    density: float = Field(1.0, gt=0, le=1)
+
+
+class SparseOptions(_Options):
+    """What every sparse hook shares (``training.comm.state.HookState``)."""
+
+    density: float = Field(0.01, gt=0, le=1)
+    warmup: int = Field(0, ge=0, le=1_000_000)
+    warmup_mode: Literal["exp", "dense"] = "exp"
+    momentum: float = Field(0.0, ge=0, lt=1)
+    async_comm: bool = False
+
+
+class TopkOptions(SparseOptions):
+    pass
+
+
+class GaussianKOptions(SparseOptions):
+    refine: int = Field(3, ge=0, le=64)
+
+
+class SparDLOptions(SparseOptions):
+    teams: int = Field(1, ge=1, le=4096)
+    split: Literal["gap", "halving", "pow2"] = "gap"
+    pairs16: Literal["bf16", "fp16"] | None = None
+
+    @model_validator(mode="after")
+    def _bf16_pairs_not_fp16(self) -> SparDLOptions:
+        if self.pairs16 == "bf16" and self.fp16:
+            raise ValueError("pairs16='bf16' sends bfloat16 values; drop fp16=True")
+        return self
+
+
+class ExDynaOptions(SparseOptions):
+    blocks: int = Field(256, ge=1, le=1 << 20)
+    max_shift: int = Field(1, ge=0, le=1 << 20)
+    controller: Literal["paper", "probes"] = "probes"
+
+
+class DFSOptions(SparseOptions):
+    block_size: int = Field(16, ge=1)
+    max_block: int = Field(256, ge=1, le=1 << 20)
+    grow_at: float = Field(0.6, gt=0, le=1)
+    shrink_at: float = Field(0.3, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DFSOptions:
+        if self.block_size > self.max_block:
+            raise ValueError(f"block_size must be in [1, max_block], got {self.block_size}")
+        if not self.shrink_at < self.grow_at:
+            raise ValueError(f"need shrink_at < grow_at, got {self.shrink_at}, {self.grow_at}")
+        return self
+
+
+HOOKS: dict[str, type[_Options]] = {
+    "dense": DenseOptions,
+    "topk": TopkOptions,
+    "gaussiank": GaussianKOptions,
+    "spardl": SparDLOptions,
+    "exdyna": ExDynaOptions,
+    "dfs": DFSOptions,
+}
+"""Every hook by name: the names the job schema, the dashboard and the CLI offer."""
+
+
+def names() -> list[str]:
+    return sorted(HOOKS)
+
+
+def has_option(name: str, option: str) -> bool:
+    return option in options_model(name).model_fields
+
+
+def options_model(name: str) -> type[_Options]:
+    try:
+        return HOOKS[name]
+    except KeyError:
+        raise CommError(f"unknown comm hook {name!r}; available: {', '.join(names())}") from None
+
+
+def validate(name: str, *, density: float, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with ``density`` checked for hook ``name``: the keyword arguments of its
+    state class, defaults filled in. Raises :class:`CommError` naming the bad option."""
+    model = options_model(name)
+    if "density" in options:  # make_hook's own argument: the options must not say it twice
+        raise CommError(f"comm hook {name!r}: density is set on its own, not as an option")
+    try:
+        return model.model_validate({**options, "density": density}).model_dump()
+    except ValidationError as exc:
+        raise CommError(f"comm hook {name!r}: {describe(exc, model)}") from None
+
+
+def describe(exc: ValidationError, model: type[BaseModel]) -> str:
+    """A validation error as one line naming each bad option (and, for an unknown one, the
+    options there are)."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            known = ", ".join(sorted(set(model.model_fields) - {"density"}))
+            parts.append(f"no option(s) {where!r} (its options: {known})")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts)
