@@ -28,7 +28,7 @@ from zoopick.service.db.models import (
     TrainingRun,
 )
 from zoopick.service.db.types import utcnow
-from zoopick.training.config import EpochRecord
+from zoopick.training.config import EpochRecord, RunEvent
 
 S = JobStatus
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
@@ -262,8 +262,24 @@ def record_epoch(session: Session, run_id: uuid.UUID, record: EpochRecord) -> No
     session.execute(stmt)
 
 
+def record_run_event(session: Session, run_id: uuid.UUID, event: RunEvent) -> None:
+    """What the backend said of the run: its own id once started (the Ray job id), one more
+    resume from the checkpoint when a worker, node or task was lost."""
+    if event.event == "started":
+        values: dict[str, Any] = {"backend_ref": event.ref}
+    else:
+        values = {"resumes": TrainingRun.resumes + 1}
+    session.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(**values))
+
+
 def open_run(
-    session: Session, job: Job, model_id: str, config: dict[str, Any], world_size: int, out: str
+    session: Session,
+    job: Job,
+    model_id: str,
+    config: dict[str, Any],
+    world_size: int,
+    out: str,
+    backend: str = "local",
 ) -> TrainingRun:
     """The job's running training run: the one a re-delivered task left open (the trainer
     resumes from its last checkpoint and the epochs land on the same curve), or a new one."""
@@ -271,7 +287,12 @@ def open_run(
     if run is not None and run.status == "running":
         return run
     run = TrainingRun(
-        job_id=job.id, model_id=model_id, config=config, world_size=world_size, output_dir=out
+        job_id=job.id,
+        model_id=model_id,
+        config=config,
+        world_size=world_size,
+        output_dir=out,
+        backend=backend,
     )
     session.add(run)
     session.flush()

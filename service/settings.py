@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from zoopick.training.backends import Backend
 
 EMBEDDED_BROKER = "filesystem://"
 
@@ -107,6 +109,22 @@ class Settings(BaseSettings):
     page_size_default: int = Field(20, gt=0)
     page_size_max: int = Field(100, gt=0)
 
+    # where fine-tunes run (zoopick.training.backends)
+    train_backend: Literal["local", "ray"] = Field(
+        "local",
+        description="local: torchrun on the gpu worker's own machine; ray: Ray Train on the "
+        "cluster at ZOOPICK_RAY_ADDRESS (a pool of GPU machines).",
+    )
+    ray_address: str | None = Field(
+        None, description="The Ray cluster's head, HOST:PORT (with ZOOPICK_TRAIN_BACKEND=ray)."
+    )
+    ray_placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="How Ray places a run's workers on the cluster's machines."
+    )
+    ray_max_failures: int = Field(
+        2, ge=0, description="Worker or node losses a ray run survives (resuming each time)."
+    )
+
     # workers: time limits (seconds) and the job lease
     score_soft_time_limit: int = Field(1800, gt=0)
     score_hard_time_limit: int = Field(1900, gt=0)
@@ -185,6 +203,7 @@ class Settings(BaseSettings):
         "zoo_manifest",
         "score_max_per_class",
         "stall_seconds",
+        "ray_address",
         mode="before",
     )
     @classmethod
@@ -215,6 +234,8 @@ class Settings(BaseSettings):
         ):
             if getattr(self, soft) >= getattr(self, hard):
                 raise ValueError(f"{soft} must be below {hard}")
+        if self.train_backend == "ray" and not self.ray_address:
+            raise ValueError("ZOOPICK_TRAIN_BACKEND=ray needs ZOOPICK_RAY_ADDRESS (HOST:PORT)")
         return self
 
     def dataset_limits(self) -> Any:
@@ -254,6 +275,15 @@ class Settings(BaseSettings):
             self.score_hard_time_limit, self.train_hard_time_limit, self.light_hard_time_limit
         )
 
+    def training_backend(self) -> Backend:
+        """Where this deployment's fine-tunes run."""
+        return Backend(
+            kind=self.train_backend,
+            ray_address=self.ray_address,
+            placement=self.ray_placement,
+            max_failures=self.ray_max_failures,
+        )
+
     def env(self) -> dict[str, str]:
         """This process' environment plus the ``ZOOPICK_*`` variables that make a child process
         (a local worker, a test's server) read exactly these settings with
@@ -269,7 +299,12 @@ class Settings(BaseSettings):
             ZOOPICK_STORAGE_DIR=str(self.storage_dir),
             ZOOPICK_CACHE_DIR=str(self.cache_dir),
             ZOOPICK_REDIS_KEY_PREFIX=self.redis_key_prefix,
+            ZOOPICK_TRAIN_BACKEND=self.train_backend,
+            ZOOPICK_RAY_PLACEMENT=self.ray_placement,
+            ZOOPICK_RAY_MAX_FAILURES=str(self.ray_max_failures),
         )
+        if self.ray_address:
+            env["ZOOPICK_RAY_ADDRESS"] = self.ray_address
         return env
 
     def ensure_dirs(self) -> None:

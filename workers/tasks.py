@@ -46,6 +46,7 @@ from zoopick.training.config import (
     EpochRecord,
     FinetuneConfig,
     FinetuneOptions,
+    RunEvent,
 )
 from zoopick.workers import training_runner
 
@@ -464,6 +465,7 @@ def finetune(self, job_id: str) -> str:
             config=run_cfg.model_dump(mode="json"),
             world_size=options.workers,
             out=str(out),
+            backend=cfg.train_backend,
         )
         run_id, epochs = run.id, options.epochs
 
@@ -473,6 +475,10 @@ def finetune(self, job_id: str) -> str:
             share = pipeline.SCORING_SHARE_WITH_TRAINING
             done = min(record.epoch, epochs) / max(1, epochs)
             pipeline.set_progress(session, jid, share + (1 - share) * done * 0.99)
+
+    def on_event(event: RunEvent) -> None:
+        with session_scope(factory()) as session:
+            pipeline.record_run_event(session, run_id, event)
 
     def keep_going() -> bool:
         """Heartbeat between epochs/polls: renew the lease, honour a cancel."""
@@ -484,9 +490,10 @@ def finetune(self, job_id: str) -> str:
 
     try:
         result = training_runner.run(
-            lambda: training_runner.spawn(run_cfg),
+            lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
             on_record=on_record,
             keep_going=keep_going,
+            on_event=on_event,
         )
     except SoftTimeLimitExceeded:
         with session_scope(factory()) as session:

@@ -1,8 +1,8 @@
 """Run the trainer as a subprocess and follow it.
 
 The trainer (``zoopick.training.launch`` under ``torchrun --standalone``: one process per GPU, or
-CPU
-processes with gloo) runs in its own process session and prints one JSON line per epoch on
+CPU processes with gloo; or the Ray driver of ``zoopick.training.ray_driver``) runs in its own
+process session and prints one JSON line per epoch on
 stdout and a failing rank an error line on stderr (both read with ``training.config.parse_line``).
 :func:`run` hands each epoch record
 to a callback as it arrives, asks ``keep_going()`` between records and at least every
@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from zoopick.service.processes import die_with_parent, stop_group
-from zoopick.training.config import EpochRecord, FinetuneConfig, TrainerError, parse_line
+from zoopick.training.backends import Backend
+from zoopick.training.config import (
+    EpochRecord,
+    FinetuneConfig,
+    RunEvent,
+    TrainerError,
+    parse_line,
+)
 
 
 @dataclass
@@ -36,14 +43,14 @@ class Result:
     records: int = 0
 
 
-def spawn(cfg: FinetuneConfig) -> subprocess.Popen[str]:
-    """Start the trainer for one job's run (the one place the service calls into
-    ``training``): ``torchrun --standalone`` as ``training.launch.spawn_local`` starts it, in
-    its own process session, and tied to this process' life (the trainer gets SIGTERM if
-    this worker dies; Linux)."""
-    from zoopick.training.launch import spawn_local
+def spawn(cfg: FinetuneConfig, backend: Backend) -> subprocess.Popen[str]:
+    """Start one job's run on the deployment's backend (the one place the service calls into
+    ``training``): ``torchrun --standalone`` here, or the Ray driver for a cluster, in its own
+    process session and tied to this process' life (it gets SIGTERM if this worker dies;
+    Linux)."""
+    from zoopick.training.backends import spawn as start
 
-    return spawn_local(cfg, preexec_fn=die_with_parent())
+    return start(cfg, backend, preexec_fn=die_with_parent())
 
 
 def _pump(stream, sink: Callable[[Any], None], eof: bool = False) -> None:
@@ -59,6 +66,7 @@ def run(
     *,
     on_record: Callable[[EpochRecord], None],
     keep_going: Callable[[], bool],
+    on_event: Callable[[RunEvent], None] = lambda _: None,
     poll: float = 5.0,
 ) -> Result:
     proc = start()
@@ -110,6 +118,8 @@ def run(
                     on_record(rec)
                     result.records += 1
                     check = True  # between epochs
+                elif isinstance(rec, RunEvent):
+                    on_event(rec)
             if check and not result.stopped and proc.poll() is None:
                 last_check = time.monotonic()
                 if not keep_going():

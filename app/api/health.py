@@ -1,5 +1,6 @@
 """Liveness (``/healthz``: the process answers) and readiness (``/readyz``: it can reach the
-database and the broker, and the workers that were seen still beat)."""
+database and the broker, and the workers that were seen still beat; with the ray training
+backend, ``checks.ray`` says whether the cluster answers)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from zoopick.app.api.schemas import Health
+from zoopick.training.backends import ray_address_problem
 
 router = APIRouter(tags=["health"])
 
@@ -44,6 +46,11 @@ async def readyz(request: Request) -> JSONResponse:
     broker = await run_in_threadpool(request.app.state.dispatcher.broker_problem)
     stalled = workers if workers.startswith("no live worker") else None
     checks = {"database": db or "ok", "broker": broker or "ok", "workers": workers}
+    settings = request.app.state.settings
+    if settings.train_backend == "ray":
+        # reported, not fatal: scoring and the API go on while the GPU pool is away
+        ray = await run_in_threadpool(ray_address_problem, settings.ray_address)
+        checks["ray"] = ray or f"ok ({settings.ray_address})"
     if db or broker or stalled:
         from zoopick.app.problems import problem_response
 

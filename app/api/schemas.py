@@ -120,6 +120,11 @@ class TrainingOut(BaseModel):
     model: str
     status: str
     world_size: int
+    backend: str = Field("local", description="Where it runs: local (torchrun) or ray.")
+    backend_ref: str | None = Field(None, description="The backend's id of the run (Ray job).")
+    resumes: int = Field(
+        0, description="Times it continued from its checkpoint after a lost worker or node."
+    )
     error: str | None
     started_at: datetime
     finished_at: datetime | None

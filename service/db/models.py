@@ -222,6 +222,11 @@ class TrainingRun(Base):
     status: Mapped[str] = mapped_column(String(16), default="running")
     error: Mapped[str | None] = mapped_column(Text)
     output_dir: Mapped[str] = mapped_column(Text)
+    backend: Mapped[str] = mapped_column(String(16), default="local", server_default="local")
+    backend_ref: Mapped[str | None] = mapped_column(String(200))
+    """The backend's own id of the run (the Ray job id), once it started."""
+    resumes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Times the run continued from its checkpoint (a lost worker or node, a re-delivery)."""
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 

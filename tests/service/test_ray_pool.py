@@ -1,0 +1,131 @@
+"""A job fine-tuned on a GPU pool: the ``ray`` training backend behind the real service
+(uvicorn, a Celery worker on Redis, PostgreSQL) and a real local Ray cluster
+(``ray.cluster_utils.Cluster``: a head with no CPUs and two 1-CPU nodes, so the two training
+workers sit on different nodes), CPU workers with gloo."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.service.datafiles import npz_bytes
+from tests.service.procs import api_and_worker, create_token, free_port, poll
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+API = "/api/v1"
+FINETUNE = {
+    "epochs": 2, "workers": 2, "compressor": "spardl", "density": 0.1, "batch_size": 4,
+    "lr": 0.05,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "dashboard_port": free_port()})
+    for _ in range(2):
+        c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+def _prepare(http, admin: str) -> str:
+    """One zoo model and a ready dataset; returns the dataset id."""
+    zoo = {"id": "tiny", "arch": "test_resnet", "weights": "none", "num_classes": 10,
+           "input_size": [3, 32, 32]}  # fmt: skip
+    resp = http.post("/zoo", json=zoo, headers={"Authorization": f"Bearer {admin}"})
+    assert resp.status_code == 201, resp.text
+    resp = http.post("/datasets", files={"file": ("shapes.npz", npz_bytes(12), "x")})
+    assert resp.status_code in (201, 202), resp.text  # 201: validated inline
+    ds = poll(
+        lambda: http.get(f"/datasets/{resp.json()['id']}").json(),
+        lambda d: d["status"] in ("ready", "invalid"),
+        timeout=60,
+        what="the dataset's validation",
+    )
+    assert ds["status"] == "ready", ds
+    return ds["id"]
+
+
+def _readyz(http) -> str:
+    return str(http.base_url.copy_with(path="/readyz"))
+
+
+def _finished(http, jid: str, timeout: float) -> dict:
+    return poll(
+        lambda: http.get(f"/jobs/{jid}").json(),
+        lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+        timeout=timeout,
+        what=f"job {jid}",
+    )
+
+
+def test_a_job_fine_tunes_across_two_nodes_of_the_pool(cluster, isolated_settings):
+    cfg = isolated_settings(
+        "raypool",
+        validate_inline=True,
+        train_backend="ray",
+        ray_address=cluster.address,
+        ray_placement="STRICT_SPREAD",
+    )
+    token, admin = create_token(cfg, "pool"), create_token(cfg, "ops", admin=True)
+    with api_and_worker(cfg, "cpu,gpu", token, prefix=API) as (http, worker):
+        ds = _prepare(http, admin)
+        body = {"dataset_id": ds, "metrics": ["logme"], "finetune": FINETUNE}
+        resp = http.post("/jobs", json=body)
+        assert resp.status_code == 202, resp.text
+        job = _finished(http, resp.json()["id"], timeout=300)
+        assert job["status"] == "succeeded", (job, worker.tail())
+
+        run = job["training"]
+        assert (run["backend"], run["world_size"], run["status"]) == ("ray", 2, "succeeded")
+        assert run["backend_ref"]  # the Ray job id, kept in PostgreSQL
+        assert [e["epoch"] for e in run["epochs"]] == [1, 2]
+        assert all(e["bytes_sent"] and e["iterations"] for e in run["epochs"])
+
+        model = http.get(f"/jobs/{job['id']}/model")
+        assert model.status_code == 200
+        from safetensors.torch import load
+
+        assert load(model.content)  # a real safetensors file
+        meta = cfg.storage_dir / "jobs" / job["id"] / "train" / "model.json"
+        digests = json.loads(meta.read_text())["rank_digests"]
+        assert len(digests) == 2 and digests[0] == digests[1]  # both replicas, same weights
+
+        ready = http.get(_readyz(http)).json()
+        assert ready["checks"]["ray"].startswith("ok"), ready
+
+
+def test_an_unreachable_cluster_fails_the_job_and_nothing_else(isolated_settings):
+    cfg = isolated_settings(
+        "raygone", validate_inline=True, train_backend="ray", ray_address="127.0.0.1:9"
+    )
+    token, admin = create_token(cfg, "pool"), create_token(cfg, "ops", admin=True)
+    with api_and_worker(cfg, "cpu,gpu", token, prefix=API) as (http, _):
+        ds = _prepare(http, admin)
+        train = http.post("/jobs", json={"dataset_id": ds, "metrics": ["logme"],
+                                         "finetune": FINETUNE})  # fmt: skip
+        rank_only = http.post("/jobs", json={"dataset_id": ds, "metrics": ["logme"]})
+        failed = _finished(http, train.json()["id"], timeout=120)
+        assert failed["status"] == "failed"
+        assert "ZOOPICK_RAY_ADDRESS" in failed["error"] and "127.0.0.1:9" in failed["error"]
+        assert _finished(http, rank_only.json()["id"], timeout=120)["status"] == "succeeded"
+
+        ready = http.get(_readyz(http))
+        assert ready.status_code == 200  # the API serves on; the check names the pool
+        assert "127.0.0.1:9" in ready.json()["checks"]["ray"]
+        assert http.get("/jobs").status_code == 200
+
+
+def test_settings_refuse_the_ray_backend_without_an_address():
+    from pydantic import ValidationError
+
+    from zoopick.service.settings import Settings
+
+    with pytest.raises(ValidationError, match="ZOOPICK_RAY_ADDRESS"):
+        Settings(train_backend="ray")
