@@ -150,7 +150,7 @@ def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: 
     if options is not None:
         if options.epochs > settings.max_epochs:
             raise Rejected("limit", f"finetune.epochs above the limit of {settings.max_epochs}")
-        if options.workers > settings.max_train_workers:
+        if options.max_workers > settings.max_train_workers:
             raise Rejected(
                 "limit", f"finetune.workers above the limit of {settings.max_train_workers}"
             )

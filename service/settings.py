@@ -124,6 +124,12 @@ class Settings(BaseSettings):
     ray_max_failures: int = Field(
         2, ge=0, description="Worker or node losses a ray run survives (resuming each time)."
     )
+    ray_start_timeout_seconds: int = Field(
+        60,
+        ge=1,
+        description="How long one start of a ray run's workers waits for machines (a start "
+        "that times out counts as a failure; an elastic run then starts with fewer).",
+    )
 
     # workers: time limits (seconds) and the job lease
     score_soft_time_limit: int = Field(1800, gt=0)
@@ -282,6 +288,7 @@ class Settings(BaseSettings):
             ray_address=self.ray_address,
             placement=self.ray_placement,
             max_failures=self.ray_max_failures,
+            start_timeout=self.ray_start_timeout_seconds,
         )
 
     def env(self) -> dict[str, str]:
@@ -302,6 +309,7 @@ class Settings(BaseSettings):
             ZOOPICK_TRAIN_BACKEND=self.train_backend,
             ZOOPICK_RAY_PLACEMENT=self.ray_placement,
             ZOOPICK_RAY_MAX_FAILURES=str(self.ray_max_failures),
+            ZOOPICK_RAY_START_TIMEOUT_SECONDS=str(self.ray_start_timeout_seconds),
         )
         if self.ray_address:
             env["ZOOPICK_RAY_ADDRESS"] = self.ray_address

@@ -40,11 +40,25 @@ def cluster():
         c.shutdown()
 
 
+@pytest.fixture(scope="module")
+def epochs_of_seconds(tmp_path_factory) -> Path:
+    """600 images: an epoch lasts about a second on two 1-CPU workers, so a node removed
+    after the first epoch is lost in the middle of the run, not after its end."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    y = np.arange(600) % 3
+    x = (rng.integers(0, 60, (600, 16, 16)) + 60 * y[:, None, None]).astype(np.uint8)
+    path = tmp_path_factory.mktemp("ray-data") / "shapes600.npz"
+    np.savez(path, x=x, y=y)
+    return path
+
+
 def _args(tiny_zoo: Path, tiny_npz: Path, out: Path, address: str, **extra: str) -> list[str]:
     options = {
         "--zoo": str(tiny_zoo), "--model": "tiny-resnet", "--data": str(tiny_npz),
         "--out": str(out), "--backend": "ray", "--ray-address": address,
-        "--workers": "2", "--compressor": "spardl", "--density": "0.1", "--epochs": "2",
+        "--workers": "2", "--compressor": "spardl", "--density": "0.1", "--epochs": "4",
         "--batch-size": "4", "--lr": "0.05", "--placement": "STRICT_SPREAD", **extra,
     }  # fmt: skip
     return [*TRAIN, *(item for pair in options.items() for item in pair), "--json"]
@@ -71,12 +85,14 @@ def _epochs(lines: list[str]) -> list[EpochRecord]:
     return [r for r in map(parse_line, list(lines)) if isinstance(r, EpochRecord)]
 
 
-def test_a_node_lost_mid_run_resumes_from_the_checkpoint(cluster, tiny_zoo, tiny_npz, tmp_path):
+def test_a_node_lost_mid_run_resumes_from_the_checkpoint(
+    cluster, tiny_zoo, epochs_of_seconds, tmp_path
+):
     """spardl on two 1-CPU nodes; one node dies after the first epoch and a new one joins:
     Ray restarts the workers, the run continues from its checkpoint (rank 0 says so) and
     ends with the model written and both replicas' parameters equal."""
     out = tmp_path / "lost"
-    proc, lines = _start(_args(tiny_zoo, tiny_npz, out, cluster.address, **{"--epochs": "4"}))
+    proc, lines = _start(_args(tiny_zoo, epochs_of_seconds, out, cluster.address))
     try:
         _wait_for(lambda: len(_epochs(lines)) >= 1, 180, "the first epoch")
         victim = cluster.list_all_nodes()[-1]
@@ -99,6 +115,35 @@ def test_a_node_lost_mid_run_resumes_from_the_checkpoint(cluster, tiny_zoo, tiny
     assert (out / FINAL_WEIGHTS).is_file()
     digests = json.loads((out / FINAL_CONFIG).read_text())["rank_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
+
+
+def test_an_elastic_run_carries_on_with_fewer_workers(
+    cluster, tiny_zoo, epochs_of_seconds, tmp_path
+):
+    """workers {"min": 1, "max": 2}: a node lost after the first epoch, the run restarts on
+    the one node left (residuals start over: they belong to the old shards), the node comes
+    back, and the run finishes."""
+    out = tmp_path / "elastic"
+    # a start that waits 5 s for the lost machine gives up, and the next takes one worker
+    extra = {"--min-workers": "1", "--ray-start-timeout": "5"}
+    cmd = _args(tiny_zoo, epochs_of_seconds, out, cluster.address, **extra)
+    proc, lines = _start(cmd)
+    try:
+        _wait_for(lambda: len(_epochs(lines)) >= 1, 180, "the first epoch")
+        assert _epochs(lines)[0].workers == 2  # both nodes were free: the run took both
+        cluster.remove_node(cluster.list_all_nodes()[-1], allow_graceful=False)
+        _wait_for(lambda: any(r.workers == 1 for r in _epochs(lines)), 180, "an epoch on one")
+        cluster.add_node(num_cpus=1)
+        assert proc.wait(timeout=240) == 0, proc.stderr.read()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.5)
+    records = [r for r in map(parse_line, lines) if r is not None]
+    resumed = [r for r in records if isinstance(r, RunEvent) and r.event == "resumed"]
+    assert resumed and resumed[0].workers == 1
+    assert sorted({r.epoch for r in records if isinstance(r, EpochRecord)}) == [1, 2, 3, 4]
+    assert (out / FINAL_WEIGHTS).is_file()
 
 
 def test_one_worker_then_stopping_the_driver_leaves_no_ray_worker(

@@ -39,6 +39,9 @@ class Backend:
     max_failures: int = 2
     """Worker or node losses a ``ray`` run survives (each resumes from the last epoch's
     checkpoint); one more fails the run."""
+    start_timeout: int = 60
+    """Seconds one (re)start of a ``ray`` run's workers waits for machines; a start that
+    times out counts as a failure (an elastic run then starts with fewer)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -49,6 +52,8 @@ class Backend:
             raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
         if self.max_failures < 0:
             raise ValueError("max_failures must be >= 0")
+        if self.start_timeout < 1:
+            raise ValueError("start_timeout must be >= 1 second")
 
 
 def spawn(
@@ -71,6 +76,8 @@ def spawn(
         backend.placement,
         "--max-failures",
         str(backend.max_failures),
+        "--start-timeout",
+        str(backend.start_timeout),
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TextIO
+from typing import Annotated, Any, Literal, TextIO
 
 from pydantic import (
     BaseModel,
@@ -41,6 +41,7 @@ RUN_CONFIG = "run.json"
 
 DEFAULT_WORKERS = 2
 """Data-parallel worker processes when there is no GPU to count (one per GPU otherwise)."""
+MAX_WORKERS = 4096
 
 SPARSE_WARMUP = 4
 """Iterations of DGC's exponential warm-up a sparse hook gets when a run names none
@@ -49,6 +50,23 @@ then the target for 1 % (below 0.4 % a fourth step). Fine-tuning a pretrained mo
 spardl at 1 %, 5 seeds, ended 0.8 points below dense without it and inside dense's seed
 spread with it (``benchmarks/convergence/README.md``); it costs about a third of one dense
 iteration's bytes."""
+
+
+class WorkerRange(BaseModel):
+    """An elastic worker count: the run starts on as many workers as the pool can give, at
+    least ``min`` and at most ``max``, and carries on with fewer (down to ``min``) when a
+    machine is lost (the ``ray`` backend; the local one runs ``max``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    min: int = Field(ge=1, le=MAX_WORKERS)
+    max: int = Field(ge=1, le=MAX_WORKERS)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WorkerRange:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
 
 
 class FinetuneOptions(BaseModel):
@@ -63,8 +81,10 @@ class FinetuneOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     epochs: int = Field(3, ge=1, le=100_000)
-    workers: int = Field(
-        DEFAULT_WORKERS, ge=1, le=4096, description="Data-parallel worker processes."
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | WorkerRange = Field(
+        DEFAULT_WORKERS,
+        description='Data-parallel workers: a count, or {"min": m, "max": n} to run '
+        "elastically on a pool (as many as it can give, carrying on with fewer after a loss).",
     )
     compressor: str = Field(
         "spardl",
@@ -91,6 +111,23 @@ class FinetuneOptions(BaseModel):
     )
     bucket_cap_mb: float = Field(25.0, gt=0, le=1024, description="DDP's gradient buckets.")
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _count_or_range(cls, value: Any) -> int | WorkerRange:
+        """One clear message for either form (a plain union would report both branches)."""
+        if isinstance(value, dict):
+            try:
+                return WorkerRange.model_validate(value)
+            except ValidationError as exc:
+                raise ValueError(comm_options.describe(exc, WorkerRange)) from None
+        if isinstance(value, WorkerRange):
+            return value
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError('give a number of workers, or {"min": m, "max": n}')
+        if not 1 <= value <= MAX_WORKERS:
+            raise ValueError(f"the number of workers must be in [1, {MAX_WORKERS}]")
+        return value
+
     @field_validator("compressor")
     @classmethod
     def _known_hook(cls, value: str) -> str:
@@ -112,6 +149,21 @@ class FinetuneOptions(BaseModel):
         check_momentum(self.hook_options, self.optimizer, self.momentum)
         return self
 
+    @property
+    def max_workers(self) -> int:
+        """The most workers the run uses (its only count when it is not elastic)."""
+        return self.workers.max if isinstance(self.workers, WorkerRange) else self.workers
+
+    @property
+    def min_workers(self) -> int:
+        return self.workers.min if isinstance(self.workers, WorkerRange) else self.workers
+
+    @property
+    def workers_label(self) -> str:
+        """``"2"``, or ``"1-4"`` for an elastic run."""
+        lo, hi = self.min_workers, self.max_workers
+        return str(hi) if lo == hi else f"{lo}-{hi}"
+
     def comm_options(self) -> dict[str, Any]:
         """The hook's options as the run uses them: ``hook_options`` plus the default sparse
         warm-up (:data:`SPARSE_WARMUP`) for a hook that has one and was given none."""
@@ -125,6 +177,8 @@ class FinetuneOptions(BaseModel):
         """Options as a job row stored them (validated when the job was submitted): read
         back without validating again; fields added since take their defaults."""
         known = {k: v for k, v in data.items() if k in cls.model_fields}
+        if isinstance(known.get("workers"), Mapping):
+            known["workers"] = WorkerRange.model_construct(**known["workers"])
         return cls.model_construct(**known)
 
 

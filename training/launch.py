@@ -76,7 +76,7 @@ def torchrun_command(config: Path, workers: int) -> list[str]:
 def spawn_local(
     cfg: FinetuneConfig, *, preexec_fn: Callable[[], object] | None = None
 ) -> subprocess.Popen[str]:
-    """Start ``cfg.workers`` local worker processes in their own process session; the caller
+    """Start ``cfg.max_workers`` local worker processes in their own process session; the caller
     reads JSON lines from ``proc.stdout``. ``preexec_fn`` runs in the child before torchrun
     starts (the service uses it to tie the trainer's life to its worker's)."""
     import torch
@@ -84,10 +84,10 @@ def spawn_local(
     env = dict(os.environ)
     if not torch.cuda.is_available():
         # share the cores between CPU workers instead of oversubscribing them
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.workers)))
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.max_workers)))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return subprocess.Popen(
-        torchrun_command(write_config(cfg), cfg.workers),
+        torchrun_command(write_config(cfg), cfg.max_workers),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

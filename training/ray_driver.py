@@ -107,6 +107,11 @@ def failure_reason(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _absolute(cfg: FinetuneConfig) -> dict[str, str]:
+    paths = {"zoo": cfg.zoo, "data": cfg.data, "out": cfg.out, "test_data": cfg.test_data}
+    return {k: str(Path(v).resolve()) for k, v in paths.items() if v}
+
+
 def _clear_stale_checkpoint(out: Path) -> None:
     """A run that does not resume starts over (as the local backend does): a checkpoint
     left in its folder must not be taken for one of its own by a restarted worker."""
@@ -120,9 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", required=True, help="The Ray cluster (HOST:PORT).")
     parser.add_argument("--placement", choices=PLACEMENTS, default="PACK")
     parser.add_argument("--max-failures", type=int, default=2)
+    parser.add_argument(
+        "--start-timeout",
+        type=int,
+        default=60,
+        help="Seconds Ray waits for the machines of a (re)start of the workers.",
+    )
     args = parser.parse_args(argv)
     cfg = FinetuneConfig.from_json(args.config.read_text())
-    out = Path(cfg.out).resolve()
+    # Ray runs each worker in a folder of its own: every path must be absolute
+    cfg = cfg.model_copy(update=_absolute(cfg))
+    out = Path(cfg.out)
 
     where = f"the Ray cluster at {args.address} (ZOOPICK_RAY_ADDRESS)"
     problem = ray_address_problem(args.address)
@@ -135,7 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         return _fail("the ray backend needs Ray Train: pip install 'zoopick[ray]'")
     try:
-        ray.init(address=args.address, log_to_driver=False, logging_level="WARNING")
+        ray.init(
+            address=args.address,
+            log_to_driver=False,
+            logging_level="WARNING",
+            # read by the run's controller actor: how long one start of the worker group may
+            # wait for machines (a failed start counts against max_failures)
+            runtime_env={
+                "env_vars": {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(args.start_timeout)}
+            },
+        )
     except Exception as exc:  # noqa: BLE001 - whatever Ray raised, the job says where
         return _fail(f"cannot reach {where}: {failure_reason(exc)}")
 
@@ -147,17 +169,28 @@ def main(argv: list[str] | None = None) -> int:
         RunEvent("started", backend="ray", ref=ray.get_runtime_context().get_job_id()).to_json(),
     )
     use_gpu = ray.cluster_resources().get("GPU", 0) >= 1
+    # elastic: Ray starts as many workers as the cluster can place, within the range, and
+    # restarts with fewer (down to min) when a machine is lost
+    lo, hi = cfg.min_workers, cfg.max_workers
+    workers = (lo, hi) if lo < hi else hi
     trainer = TorchTrainer(
         _train_loop,
         train_loop_config={"config": cfg.to_json()},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(
-            num_workers=cfg.workers, use_gpu=use_gpu, placement_strategy=args.placement
+            num_workers=workers, use_gpu=use_gpu, placement_strategy=args.placement
         ),
         run_config=RunConfig(
             name="ray",
             storage_path=str(out),
-            failure_config=FailureConfig(max_failures=args.max_failures),
+            # max_failures: lost workers or nodes. A start that found too few machines counts
+            # too when the run needs all of its workers (else it would wait forever for a
+            # machine that is gone); an elastic run goes on with fewer once Ray sees the
+            # lost machine dead, so its starts may time out while Ray finds that out
+            failure_config=FailureConfig(
+                max_failures=args.max_failures,
+                controller_failure_limit=-1 if lo < hi else args.max_failures,
+            ),
         ),
     )
     follower.start()

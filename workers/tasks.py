@@ -463,7 +463,7 @@ def finetune(self, job_id: str) -> str:
             job,
             row.id,
             config=run_cfg.model_dump(mode="json"),
-            world_size=options.workers,
+            world_size=options.max_workers,
             out=str(out),
             backend=cfg.train_backend,
         )

@@ -229,6 +229,10 @@ def train(
         int | None,
         typer.Option(min=1, help="Data-parallel workers [local: one per GPU, else 2; ray: 2]"),
     ] = None,
+    min_workers: Annotated[
+        int | None,
+        typer.Option(min=1, help="Elastic (ray): carry on with as few as this after a loss."),
+    ] = None,
     compressor: Annotated[str, typer.Option(help="Comm hook: dense, topk, spardl ...")] = default(
         "compressor"
     ),
@@ -253,6 +257,9 @@ def train(
     placement: Annotated[
         str, typer.Option(help="Ray placement of the workers: PACK, SPREAD, STRICT_SPREAD ...")
     ] = "PACK",
+    ray_start_timeout: Annotated[
+        int, typer.Option(min=1, help="Seconds a (re)start of the Ray workers waits for machines.")
+    ] = 60,
     config_only: Annotated[
         bool,
         typer.Option(
@@ -286,9 +293,15 @@ def train(
         hook_options[name] = json_or_text(raw)
     # reject bad input here, before any worker process starts
     try:
-        where = Backend(kind=backend, ray_address=ray_address, placement=placement)  # type: ignore[arg-type]
+        where = Backend(
+            kind=backend,  # type: ignore[arg-type]
+            ray_address=ray_address,
+            placement=placement,
+            start_timeout=ray_start_timeout,
+        )
     except ValueError as exc:
         raise fail(str(exc)) from None
+    count = workers or (local_workers() if backend == "local" else DEFAULT_WORKERS)
     try:
         cfg = FinetuneConfig(
             zoo=str(zoo),
@@ -297,7 +310,7 @@ def train(
             out=str(out),
             test_data=str(test_data) if test_data else None,
             max_per_class=max_per_class,
-            workers=workers or (local_workers() if backend == "local" else DEFAULT_WORKERS),
+            workers=count if min_workers is None else {"min": min_workers, "max": count},
             epochs=epochs,
             batch_size=batch_size,
             lr=lr,

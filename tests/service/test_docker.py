@@ -87,3 +87,18 @@ def test_images_copy_every_package_folder_and_install_the_pinned_set(dockerfile)
     assert set(package_dir.values()) <= copied, set(package_dir.values()) - copied
     assert re.search(r"^COPY .*\bconstraints\.txt\b", text, re.M)
     assert "-c constraints.txt" in text
+
+
+def test_the_ray_profile_is_a_head_and_gpu_workers_the_service_points_at(compose):
+    services = compose["services"]
+    head, worker = services["ray-head"], services["ray-worker"]
+    assert head["profiles"] == worker["profiles"] == ["ray"]  # off unless asked for
+    assert head["command"][:3] == ["ray", "start", "--head"]
+    port = head["command"][head["command"].index("--port") + 1]
+    joins = worker["command"][worker["command"].index("--address") + 1]
+    assert joins == f"ray-head:{port}"
+    assert "ray-head:" + port in services["api"]["environment"]["ZOOPICK_RAY_ADDRESS"]
+    assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "data:/data" in worker["volumes"]  # checkpoints on the shared folder
+    gpu_image = (DOCKER / "Dockerfile.gpu").read_text()
+    assert '".[ray]"' in gpu_image  # the image the pool runs has Ray
