@@ -29,7 +29,9 @@ def cluster():
     from tests.service.procs import free_port
 
     # a dashboard of its own (the state API the cancel test reads goes through it)
-    head = {"num_cpus": 0, "dashboard_port": free_port()}
+    # a lost node is seen dead within seconds, not Ray's default half a minute
+    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    head = {"num_cpus": 0, "dashboard_port": free_port(), "_system_config": fast}
     c = Cluster(initialize_head=True, head_node_args=head)
     for _ in range(2):
         c.add_node(num_cpus=1)
