@@ -35,7 +35,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from zoopick.client.errors import EXIT_BAD_INPUT, JobFailed, ZoopickError
+from zoopick.client.errors import EXIT_BAD_INPUT, JobFailed, WaitTimeout, ZoopickError
 from zoopick.client.http import Client
 from zoopick.client.models import Job
 from zoopick.client.retry import RetryPolicy
@@ -305,11 +305,23 @@ def jobs_submit(
         if not wait:
             _emit(job.raw) if as_json else out.print(job.id)
             return
-        try:
-            job, failed = _wait(client, job, timeout), None
-        except JobFailed as exc:
-            job, failed = exc.job, exc
+        job, failed = _wait_json(client, job, timeout, as_json)
     _finish(job, failed, as_json)
+
+
+def _wait_json(
+    client: Client, job: Job, timeout: float | None, as_json: bool
+) -> tuple[Job, JobFailed | None]:
+    """``_wait``, the failure kept for the exit code; on a timeout, ``--json`` still prints
+    the job as last seen (a pipeline reads stdout whatever the exit code)."""
+    try:
+        return _wait(client, job, timeout), None
+    except JobFailed as exc:
+        return exc.job, exc
+    except WaitTimeout as exc:
+        if as_json and exc.job is not None:
+            _emit(exc.job.raw)
+        raise
 
 
 @jobs_app.command("status")
@@ -339,10 +351,7 @@ def jobs_wait(
 ) -> None:
     """Wait for a job: exit 0 if it succeeded, 1 if it failed or was cancelled, 3 on timeout."""
     with _errors(), _client(url, api_key) as client:
-        try:
-            job, failed = _wait(client, client.get_job(job_id), timeout), None
-        except JobFailed as exc:
-            job, failed = exc.job, exc
+        job, failed = _wait_json(client, client.get_job(job_id), timeout, as_json)
     _finish(job, failed, as_json)
 
 

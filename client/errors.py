@@ -66,9 +66,14 @@ class ServerError(ZoopickError):
 
 
 class WaitTimeout(ZoopickError):
-    """A wait for a dataset or job ran out of time; the job itself goes on."""
+    """A wait for a dataset or job ran out of time; the job itself goes on (``job`` holds
+    its last state, when a job was waited for)."""
 
     exit_code = EXIT_TIMEOUT
+
+    def __init__(self, message: str, job: Any = None) -> None:
+        super().__init__(message)
+        self.job = job
 
 
 class JobFailed(ZoopickError):

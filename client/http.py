@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -57,6 +58,14 @@ class _ProgressReader:
         return self._fh.tell()
 
 
+def _plain_reason(exc: Exception) -> str:
+    """What went wrong on the wire, in words: no exception class names, no errno codes."""
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    text = re.sub(r"\[Errno -?\d+\]\s*", "", str(exc)).strip()
+    return text[:1].lower() + text[1:] if text else "no answer"
+
+
 class Client:
     """A zoopick server, as one tenant (its API key) sees it."""
 
@@ -102,14 +111,15 @@ class Client:
             except NOT_SENT + MAYBE_SENT as exc:
                 retryable = isinstance(exc, NOT_SENT) or idempotent
                 if last or not retryable:
+                    tries = f"{attempt} tries" if attempt > 1 else "one try"
                     raise Unreachable(
-                        f"cannot reach the zoopick server at {self.url}: "
-                        f"{type(exc).__name__}: {exc or 'no answer'}"
+                        f"cannot reach the zoopick server at {self.url}: nothing answered "
+                        f"after {tries} ({_plain_reason(exc)})"
                     ) from None
                 time.sleep(self.retry.delay(attempt))
                 continue
             except httpx.HTTPError as exc:
-                raise Unreachable(f"request to {self.url} failed: {exc}") from None
+                raise Unreachable(f"request to {self.url} failed: {_plain_reason(exc)}") from None
             if response.is_success:
                 return response
             if response.status_code in RETRY_STATUSES and not last:
@@ -256,7 +266,8 @@ class Client:
                 return job
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(
-                    f"job {job.id} still {job.status} after {timeout:g}s (it keeps running)"
+                    f"job {job.id} still {job.status} after {timeout:g}s (it keeps running)",
+                    job,
                 )
             wait = interval if deadline is None else min(interval, deadline - time.monotonic())
             time.sleep(max(0.05, wait))

@@ -16,30 +16,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.ray_cluster import local_cluster
 from zoopick.training.config import FINAL_CONFIG, FINAL_WEIGHTS, EpochRecord, RunEvent, parse_line
 
-ray = pytest.importorskip("ray", reason="the ray extra is not installed")
-from ray.cluster_utils import Cluster  # noqa: E402
+pytest.importorskip("ray", reason="the ray extra is not installed")
 
 TRAIN = [sys.executable, "-m", "zoopick.cli", "train"]
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from tests.service.procs import free_port
-
-    # a dashboard of its own (the state API the cancel test reads goes through it)
-    # a lost node is seen dead within seconds, not Ray's default half a minute
-    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
-    head = {"num_cpus": 0, "dashboard_port": free_port(), "_system_config": fast}
-    c = Cluster(initialize_head=True, head_node_args=head)
-    for _ in range(2):
-        c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    try:
+    with local_cluster() as c:
         yield c
-    finally:
-        c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +54,26 @@ def _args(tiny_zoo: Path, tiny_npz: Path, out: Path, address: str, **extra: str)
     return [*TRAIN, *(item for pair in options.items() for item in pair), "--json"]
 
 
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_driver_left():
+    """A test that fails half-way leaves no driver running into the next one."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def _start(cmd: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
     """Start ``cmd`` in its own session; its stdout lines collect in the returned list."""
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
+    _STARTED.append(proc)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     return proc, lines
@@ -81,6 +84,13 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+def _finish(proc: subprocess.Popen[str], lines: list[str]) -> list[EpochRecord | RunEvent]:
+    """Wait for the run to succeed and return what it printed."""
+    assert proc.wait(timeout=240) == 0, proc.stderr.read()[-3000:]
+    time.sleep(0.5)  # the reader thread takes the last lines
+    return [r for r in map(parse_line, lines) if isinstance(r, EpochRecord | RunEvent)]
 
 
 def _epochs(lines: list[str]) -> list[EpochRecord]:
@@ -95,18 +105,12 @@ def test_a_node_lost_mid_run_resumes_from_the_checkpoint(
     ends with the model written and both replicas' parameters equal."""
     out = tmp_path / "lost"
     proc, lines = _start(_args(tiny_zoo, epochs_of_seconds, out, cluster.address))
-    try:
-        _wait_for(lambda: len(_epochs(lines)) >= 1, 180, "the first epoch")
-        victim = cluster.list_all_nodes()[-1]
-        assert victim is not cluster.head_node
-        cluster.remove_node(victim, allow_graceful=False)
-        cluster.add_node(num_cpus=1)  # the replacement machine
-        assert proc.wait(timeout=240) == 0, proc.stderr.read()[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    time.sleep(0.5)
-    records = [r for r in map(parse_line, lines) if r is not None]
+    _wait_for(lambda: len(_epochs(lines)) >= 1, 180, "the first epoch")
+    victim = cluster.list_all_nodes()[-1]
+    assert victim is not cluster.head_node
+    cluster.remove_node(victim, allow_graceful=False)
+    cluster.add_node(num_cpus=1)  # the replacement machine
+    records = _finish(proc, lines)
     resumed = [r for r in records if isinstance(r, RunEvent) and r.event == "resumed"]
     assert resumed and resumed[0].workers == 2 and resumed[0].epoch >= 1
     epochs = [r for r in records if isinstance(r, EpochRecord)]
@@ -130,18 +134,12 @@ def test_an_elastic_run_carries_on_with_fewer_workers(
     extra = {"--min-workers": "1", "--ray-start-timeout": "5"}
     cmd = _args(tiny_zoo, epochs_of_seconds, out, cluster.address, **extra)
     proc, lines = _start(cmd)
-    try:
-        _wait_for(lambda: len(_epochs(lines)) >= 1, 180, "the first epoch")
-        assert _epochs(lines)[0].workers == 2  # both nodes were free: the run took both
-        cluster.remove_node(cluster.list_all_nodes()[-1], allow_graceful=False)
-        _wait_for(lambda: any(r.workers == 1 for r in _epochs(lines)), 180, "an epoch on one")
-        cluster.add_node(num_cpus=1)
-        assert proc.wait(timeout=240) == 0, proc.stderr.read()[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    time.sleep(0.5)
-    records = [r for r in map(parse_line, lines) if r is not None]
+    _wait_for(lambda: len(_epochs(lines)) >= 1, 180, "the first epoch")
+    assert _epochs(lines)[0].workers == 2  # both nodes were free: the run took both
+    cluster.remove_node(cluster.list_all_nodes()[-1], allow_graceful=False)
+    _wait_for(lambda: any(r.workers == 1 for r in _epochs(lines)), 180, "an epoch on one")
+    cluster.add_node(num_cpus=1)
+    records = _finish(proc, lines)
     resumed = [r for r in records if isinstance(r, RunEvent) and r.event == "resumed"]
     assert resumed and resumed[0].workers == 1
     assert sorted({r.epoch for r in records if isinstance(r, EpochRecord)}) == [1, 2, 3, 4]

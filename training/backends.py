@@ -60,7 +60,7 @@ def spawn(
     cfg: FinetuneConfig, backend: Backend, *, preexec_fn: Callable[[], object] | None = None
 ) -> subprocess.Popen[str]:
     """Start ``cfg`` on ``backend`` as a child process in its own session (see module doc)."""
-    from zoopick.training.launch import spawn_local, write_config
+    from zoopick.training.launch import spawn_local, start_run_process, write_config
 
     if backend.kind == "local":
         return spawn_local(cfg, preexec_fn=preexec_fn)
@@ -79,16 +79,7 @@ def spawn(
         "--start-timeout",
         str(backend.start_timeout),
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-        preexec_fn=preexec_fn,
-    )
+    return start_run_process(command, dict(os.environ), preexec_fn=preexec_fn)
 
 
 def ray_address_problem(address: str | None, timeout: float = 2.0) -> str | None:

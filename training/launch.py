@@ -85,13 +85,25 @@ def spawn_local(
     if not torch.cuda.is_available():
         # share the cores between CPU workers instead of oversubscribing them
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.max_workers)))
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    return start_run_process(
+        torchrun_command(write_config(cfg), cfg.max_workers), env, preexec_fn=preexec_fn
+    )
+
+
+def start_run_process(
+    command: list[str],
+    env: dict[str, str],
+    *,
+    preexec_fn: Callable[[], object] | None = None,
+) -> subprocess.Popen[str]:
+    """A run's child process (any backend's): its own process session (stopping the group
+    stops the run), unbuffered text lines on stdout and stderr."""
     return subprocess.Popen(
-        torchrun_command(write_config(cfg), cfg.max_workers),
+        command,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env={**env, "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
         preexec_fn=preexec_fn,
     )

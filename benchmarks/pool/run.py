@@ -183,10 +183,16 @@ def timings(follow: Follow) -> dict[str, Any]:
     }
 
 
-def run_one(cfg: FinetuneConfig, backend: Backend, timeout: float) -> dict[str, Any]:
+def run(
+    cfg: FinetuneConfig, backend: Backend, timeout: float, during=None
+) -> tuple[Follow, dict[str, Any]]:
+    """Run ``cfg`` to its end; ``during(follow)`` runs meanwhile and returns facts of its own."""
     proc = spawn(cfg, backend)
     follow = Follow(proc)
+    facts: dict[str, Any] = {}
     try:
+        if during is not None:
+            facts = during(follow)
         code = proc.wait(timeout=timeout)
     finally:
         if proc.poll() is None:
@@ -194,25 +200,21 @@ def run_one(cfg: FinetuneConfig, backend: Backend, timeout: float) -> dict[str, 
     time.sleep(0.2)
     if code != 0:
         raise RuntimeError(f"{backend.kind} run failed: " + "".join(follow.stderr)[-2000:])
-    return timings(follow)
+    return follow, facts
 
 
 def run_recovery(cfg: FinetuneConfig, backend: Backend, cluster, timeout: float) -> dict[str, Any]:
     """Remove a worker node after the first epoch, add a replacement at once."""
-    proc = spawn(cfg, backend)
-    follow = Follow(proc)
-    try:
+
+    def lose_a_node(follow: Follow) -> dict[str, Any]:
         follow.wait_for(lambda: len(follow.epochs()) >= 1, timeout)
         lost_at = time.monotonic() - follow.start
         cluster.remove_node(cluster.list_all_nodes()[-1], allow_graceful=False)
         cluster.add_node(num_cpus=1)
-        code = proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    time.sleep(0.2)
-    if code != 0:
-        raise RuntimeError("recovery run failed: " + "".join(follow.stderr)[-2000:])
+        return {"node_lost_at_s": lost_at}
+
+    follow, facts = run(cfg, backend, timeout, during=lose_a_node)
+    lost_at = facts["node_lost_at_s"]
     resumed = [t for t, r in follow.lines if isinstance(r, RunEvent) and r.event == "resumed"]
     after = [t for t, _ in follow.epochs() if resumed and t > resumed[0]]
     return {
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
 
         print("local ...", flush=True)
-        local = run_one(config("local"), Backend(), args.timeout)
+        local = timings(run(config("local"), Backend(), args.timeout)[0])
         t0 = time.monotonic()
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
         for _ in range(args.workers):
@@ -307,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             pool = Backend(kind="ray", ray_address=cluster.address, placement="STRICT_SPREAD")
             print("ray ...", flush=True)
-            on_ray = run_one(config("ray"), pool, args.timeout)
+            on_ray = timings(run(config("ray"), pool, args.timeout)[0])
             recovery = None
             if not args.skip_recovery:
                 print("ray, a node lost ...", flush=True)

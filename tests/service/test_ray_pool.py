@@ -9,11 +9,11 @@ import json
 
 import pytest
 
+from tests.ray_cluster import local_cluster
 from tests.service.datafiles import npz_bytes
-from tests.service.procs import api_and_worker, create_token, free_port, poll
+from tests.service.procs import api_and_worker, create_token, poll
 
-ray = pytest.importorskip("ray", reason="the ray extra is not installed")
-from ray.cluster_utils import Cluster  # noqa: E402
+pytest.importorskip("ray", reason="the ray extra is not installed")
 
 API = "/api/v1"
 FINETUNE = {
@@ -24,14 +24,8 @@ FINETUNE = {
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "dashboard_port": free_port()})
-    for _ in range(2):
-        c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    try:
+    with local_cluster() as c:
         yield c
-    finally:
-        c.shutdown()
 
 
 def _prepare(http, admin: str) -> str:

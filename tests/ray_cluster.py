@@ -1,0 +1,29 @@
+"""A real local Ray cluster for tests (``ray.cluster_utils.Cluster``): a head with no CPUs and
+1-CPU worker nodes, so every training worker sits on a node of its own, as on a pool of
+one-GPU machines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from tests.service.procs import free_port
+
+
+@contextmanager
+def local_cluster(nodes: int = 2) -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    # a lost node is seen dead within seconds, not Ray's default half a minute; a dashboard
+    # port of its own (another cluster on this machine may hold the default one)
+    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    head = {"num_cpus": 0, "dashboard_port": free_port(), "_system_config": fast}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
