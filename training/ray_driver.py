@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             log_to_driver=False,
             logging_level="WARNING",
             # read by the run's controller actor: how long one start of the worker group may
-            # wait for machines (a failed start counts against max_failures)
+            # wait for machines (see the failure config below)
             runtime_env={
                 "env_vars": {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(args.start_timeout)}
             },
@@ -197,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer.fit()
     except Exception as exc:  # noqa: BLE001 - the run failed: say why, in the run's words
-        follower.finish()
         return _fail(failure_reason(exc))
-    follower.finish()
+    finally:
+        follower.finish()  # the last epochs' lines come out before the error or the exit
     return 0
 
 
