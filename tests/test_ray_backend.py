@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.ray_cluster import local_cluster
+from tests.service.procs import poll
 from zoopick.training.config import FINAL_CONFIG, FINAL_WEIGHTS, EpochRecord, RunEvent, parse_line
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
@@ -79,13 +80,6 @@ def _start(cmd: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
     return proc, lines
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def _finish(proc: subprocess.Popen[str], lines: list[str]) -> list[EpochRecord | RunEvent]:
     """Wait for the run to succeed and return what it printed."""
     assert proc.wait(timeout=240) == 0, proc.stderr.read()[-3000:]
@@ -105,7 +99,7 @@ def test_a_node_lost_mid_run_resumes_from_the_checkpoint(
     ends with the model written and both replicas' parameters equal."""
     out = tmp_path / "lost"
     proc, lines = _start(_args(tiny_zoo, epochs_of_seconds, out, cluster.address))
-    _wait_for(lambda: len(_epochs(lines)) >= 1, 180, "the first epoch")
+    poll(lambda: _epochs(lines), len, timeout=180, what="the first epoch")
     victim = cluster.list_all_nodes()[-1]
     assert victim is not cluster.head_node
     cluster.remove_node(victim, allow_graceful=False)
@@ -134,10 +128,15 @@ def test_an_elastic_run_carries_on_with_fewer_workers(
     extra = {"--min-workers": "1", "--ray-start-timeout": "5"}
     cmd = _args(tiny_zoo, epochs_of_seconds, out, cluster.address, **extra)
     proc, lines = _start(cmd)
-    _wait_for(lambda: len(_epochs(lines)) >= 1, 180, "the first epoch")
+    poll(lambda: _epochs(lines), len, timeout=180, what="the first epoch")
     assert _epochs(lines)[0].workers == 2  # both nodes were free: the run took both
     cluster.remove_node(cluster.list_all_nodes()[-1], allow_graceful=False)
-    _wait_for(lambda: any(r.workers == 1 for r in _epochs(lines)), 180, "an epoch on one")
+    poll(
+        lambda: _epochs(lines),
+        lambda e: any(r.workers == 1 for r in e),
+        180,
+        what="an epoch on one",
+    )
     cluster.add_node(num_cpus=1)
     records = _finish(proc, lines)
     resumed = [r for r in records if isinstance(r, RunEvent) and r.event == "resumed"]
@@ -156,7 +155,7 @@ def test_one_worker_then_stopping_the_driver_leaves_no_ray_worker(
     cmd = _args(tiny_zoo, tiny_npz, out, cluster.address, **{"--workers": "1", "--epochs": "50"})
     proc, lines = _start(cmd)
     try:
-        _wait_for(lambda: len(_epochs(lines)) >= 1, 180, "the first epoch")
+        poll(lambda: _epochs(lines), len, timeout=180, what="the first epoch")
         assert _training_processes(cluster)  # the check below sees them while they run
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -164,7 +163,7 @@ def test_one_worker_then_stopping_the_driver_leaves_no_ray_worker(
     first = _epochs(lines)[0]
     assert (first.epoch, first.workers, first.compressor) == (1, 1, "spardl")
     assert first.iterations and first.loss is not None
-    _wait_for(lambda: not _training_processes(cluster), 60, "the run's Ray workers to exit")
+    poll(lambda: _training_processes(cluster), lambda p: not p, 60, what="the Ray workers to exit")
 
 
 def _training_processes(cluster) -> list[str]:
