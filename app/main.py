@@ -13,11 +13,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from zoopick.app import dashboard
+from zoopick.app import bodies, dashboard
+from zoopick.app import metrics as prometheus
 from zoopick.app.api import datasets, health, jobs, zoo
+from zoopick.app.api import webhooks as webhook_api
 from zoopick.app.dashboard.auth import load_secret
 from zoopick.app.problems import install as install_problems
 from zoopick.app.ratelimit import RateLimits
+from zoopick.service import webhooks
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.dispatch import Dispatcher
 from zoopick.service.recovery import Sweeper
@@ -65,8 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url="/docs",
         openapi_url="/openapi.json",
         lifespan=lifespan,
-        # JSON and form bodies are read whole: 413 beyond this (uploads stream, uncapped here)
-        max_body_size=settings.body_max_bytes,
+        # no Starlette body cap: zoopick.app.bodies caps JSON and form bodies (its 413 is a
+        # problem document), uploads cap their own stream (zoopick.app.uploads)
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -75,11 +78,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # until its session is sure of a connection (zoopick.app.api.deps.get_session)
     app.state.session_slots = asyncio.Semaphore(settings.db_pool_size + settings.db_max_overflow)
     app.state.dispatcher = Dispatcher(settings)
+    # a job moved by a request sends its webhook's task through this app's broker settings
+    app.state.sessionmaker.configure(info={webhooks.DISPATCHER_KEY: app.state.dispatcher})
     app.state.rate = RateLimits(settings)
     app.state.session_secret = load_secret(settings)  # signs dashboard session cookies
     install_problems(app)
     app.include_router(health.router)
-    for module in (datasets, zoo, jobs):
+    for module in (datasets, zoo, jobs, webhook_api):
         app.include_router(module.router, prefix=API_PREFIX)
     dashboard.install(app)  # the web pages at /, over the same functions
+    bodies.install(app, settings.body_max_bytes)  # JSON and form bodies: size, depth
+    prometheus.install(app)  # GET /metrics and the HTTP latency histogram
     return app

@@ -14,9 +14,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from zoopick.service.inputs import clip
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +91,7 @@ def problem_response(
         "type": TYPE_PREFIX + p.kind,
         "title": p.title,
         "status": p.status,
-        "detail": p.detail,
+        "detail": clip(p.detail, MAX_DETAIL),
     }
     if request is not None:
         body["instance"] = request.url.path
@@ -107,9 +110,28 @@ def busy() -> Problem:
     )
 
 
+MAX_DETAIL = 2000
+"""Characters of a problem's ``detail``: whatever it quotes of the input, it stays small."""
+MAX_ERRORS = 20
+"""Validation errors listed (50,000 wrongly typed list items give 50,000 errors)."""
+MAX_PART = 100
+"""Characters of one part of an error's location, or of a message (a 200 kB key is echoed
+in both)."""
+
+
 def _describe(err: dict[str, Any]) -> str:
     loc = ".".join(str(part) for part in err.get("loc", ()) if part != "body") or "request"
-    return f"{loc}: {err.get('msg', 'invalid')}"
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{loc}: {msg}"
+
+
+def _bounded(err: dict[str, Any]) -> dict[str, Any]:
+    """One validation error as the body lists it, each part clipped."""
+    return {
+        "loc": [p if isinstance(p, int) else clip(str(p), MAX_PART) for p in err.get("loc", ())],
+        "msg": clip(str(err.get("msg", "")), 3 * MAX_PART),
+        "type": err.get("type", ""),
+    }
 
 
 def install(app: FastAPI) -> None:
@@ -133,15 +155,18 @@ def install(app: FastAPI) -> None:
         elif exc.status_code == 413:  # Starlette's body cap (FastAPI's max_body_size)
             limit = request.app.state.settings.body_max_bytes
             detail = f"the request body is over {limit} bytes (ZOOPICK_BODY_MAX_BYTES)"
-        return problem_response(request, exc.status_code, detail, headers=dict(exc.headers or {}))
+        kind = getattr(exc, "kind", None)  # zoopick.app.bodies.BodyRefused names its own
+        return problem_response(
+            request, exc.status_code, detail, kind=kind, headers=dict(exc.headers or {})
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
+        every = exc.errors()
+        errors = [_bounded(e) for e in every[:MAX_ERRORS]]
         detail = "; ".join(_describe(e) for e in errors) or "invalid request"
+        if len(every) > len(errors):
+            detail += f"; and {len(every) - len(errors):,} more errors"
         return problem_response(
             request,
             422,
@@ -150,6 +175,15 @@ def install(app: FastAPI) -> None:
             title="Request validation failed",
             errors=errors,
         )
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> Response:
+        # a client that left mid-body (closed tab, cancelled upload): no one reads this answer
+        from zoopick.app.bodies import GONE, client_gone
+
+        if not request.scope.get(GONE):
+            client_gone(request.scope)
+        return Response(status_code=400)
 
     from sqlalchemy.exc import TimeoutError as PoolTimeout
 

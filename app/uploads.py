@@ -26,6 +26,9 @@ UNCAPPED_BODY = 2**62
 and stops it at ``ZOOPICK_UPLOAD_MAX_BYTES`` itself."""
 MAX_FIELDS = 16
 FILE_FIELD = "file"
+BODY_SLACK = 64 * 1024 + MAX_FIELDS * MAX_FIELD_BYTES
+"""What a body may carry besides the file's bytes (boundaries, part headers, text fields):
+every byte of the body counts against ``max_bytes + BODY_SLACK``, whatever part it is in."""
 
 
 @dataclass
@@ -72,8 +75,10 @@ async def receive_file(
         )
     over = too_large or too_large_problem(max_bytes)
     length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > max_bytes + 64 * 1024:
+    declared = int(length[:19]) if length and length.isascii() and length.isdigit() else 0
+    if declared > max_bytes + BODY_SLACK:  # 19 digits are enough to refuse, not to overflow
         raise over
+    received = 0
 
     state = {"size": 0, "file_parts": 0, "ended": 0}
     current = _Part()
@@ -151,6 +156,9 @@ async def receive_file(
     try:
         with dest.open("wb") as out:
             async for chunk in request.stream():
+                received += len(chunk)
+                if received > max_bytes + BODY_SLACK:  # a second file part, or chunked
+                    raise over
                 try:
                     parser.write(chunk)
                 except Exception as exc:  # noqa: BLE001 - python-multipart's parse errors

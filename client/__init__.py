@@ -4,7 +4,7 @@ It imports nothing of the service: it speaks HTTP only, so it works against any 
 server, local or remote (an import-linter contract keeps it so).
 """
 
-from zoopick.client.errors import (
+from .errors import (
     BadRequest,
     Conflict,
     JobFailed,
@@ -15,8 +15,8 @@ from zoopick.client.errors import (
     WaitTimeout,
     ZoopickError,
 )
-from zoopick.client.http import Client
-from zoopick.client.models import Dataset, Epoch, Job, RankedModel, Training, ZooModel
+from .http import Client
+from .models import Dataset, Epoch, Job, RankedModel, Training, ZooModel
 
 __all__ = [
     "BadRequest",

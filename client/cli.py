@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,12 +34,12 @@ from rich.progress import (
     TimeElapsedColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
-from zoopick.client.errors import EXIT_BAD_INPUT, JobFailed, WaitTimeout, ZoopickError
-from zoopick.client.http import Client
-from zoopick.client.models import Job
-from zoopick.client.retry import RetryPolicy
+from .errors import EXIT_BAD_INPUT, JobFailed, WaitTimeout, ZoopickError
+from .http import Client
+from .models import Job
+from .retry import RetryPolicy
+from .tables import show, table
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 done/succeeded, 1 job failed or cancelled, 2 usage or bad input, "
@@ -171,9 +172,9 @@ def datasets_list(
     if as_json:
         _emit([d.raw for d in items])
         return
-    table = Table("id", "name", "status", "classes", "images", "created")
+    rows = table("id", "name", "status", "classes", "images", "created")
     for d in items:
-        table.add_row(
+        rows.add_row(
             d.id,
             d.name,
             d.status,
@@ -181,7 +182,7 @@ def datasets_list(
             str(d.num_samples or ""),
             d.created_at,
         )
-    out.print(table)
+    show(out, rows)
 
 
 @datasets_app.command("get")
@@ -275,6 +276,23 @@ def jobs_submit(
     density: Annotated[float | None, typer.Option(help="Fraction of gradients sent.")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Data-parallel workers.")] = None,
     lr: Annotated[float | None, typer.Option(help="Fine-tune learning rate.")] = None,
+    shortlist: Annotated[
+        int | None,
+        typer.Option(
+            "--shortlist",
+            min=2,
+            help="Race the metric's K best models with short fine-tunes and choose the "
+            "winner [server: 3 when --budget is given].",
+        ),
+    ] = None,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            "--budget",
+            help="The race's training budget in epochs of the training data, summed over "
+            "every candidate [server: 3 when --shortlist is given].",
+        ),
+    ] = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option(help="Retrying with the same key returns the same job (default: fresh)."),
@@ -286,12 +304,15 @@ def jobs_submit(
     as_json: AsJson = False,
 ) -> None:
     """Submit a job: score the models, pick one, and (with any fine-tune option) fine-tune it.
+    With --shortlist/--budget the metric's best models first race short fine-tunes.
 
     Without --wait prints the job id (with --json, the job). With --wait, exits 0 if the job
     succeeded, 1 if it failed or was cancelled, 3 on --timeout."""
     given = {"epochs": finetune_epochs, "compressor": compressor, "density": density}
     given.update(workers=workers, lr=lr)
     finetune = {k: v for k, v in given.items() if v is not None} or None
+    race = {"shortlist": shortlist, "budget_epochs": budget}
+    selection = {k: v for k, v in race.items() if v is not None} or None
     with _errors(), _client(url, api_key) as client:
         job = client.submit_job(
             dataset,
@@ -299,6 +320,7 @@ def jobs_submit(
             metrics=_split(metric),
             select_by=select_by,
             finetune=finetune,
+            selection=selection,
             idempotency_key=idempotency_key,
         )
         err.print(f"submitted job {job.id} ({job.status})", highlight=False)
@@ -369,12 +391,12 @@ def jobs_list(
     if as_json:
         _emit([j.raw for j in items])
         return
-    table = Table("id", "status", "progress", "chosen", "select by", "created")
+    rows = table("id", "status", "progress", "chosen", "select by", "created")
     for j in items:
-        table.add_row(
+        rows.add_row(
             j.id, j.status, f"{j.progress:.0%}", j.chosen_model or "", j.select_by, j.created_at
         )
-    out.print(table)
+    show(out, rows)
 
 
 @jobs_app.command("cancel")
@@ -396,16 +418,35 @@ def jobs_cancel(
 
 
 def _print_results(job: Job) -> None:
-    table = Table("rank", "model", *job.metrics, "seconds", title=f"job {job.id} ({job.status})")
+    rows = table("rank", "model", *job.metrics, "seconds", title=f"job {job.id} ({job.status})")
     for r in job.ranking:
         mark = " *" if r.model == job.chosen_model else ""
-        table.add_row(
+        rows.add_row(
             str(r.rank),
             r.model + mark,
             *[f"{r.scores[m]:.4g}" if m in r.scores else "" for m in job.metrics],
             f"{sum(r.seconds.values()):.2f}",
         )
-    out.print(table)
+    show(out, rows)
+    race = job.raw.get("race")
+    if race:
+        rungs = table("rung", "model", "steps", "val accuracy", "status", title="race")
+        for rung in race["rungs"]:
+            for e in rung["entries"]:
+                acc = e.get("val_accuracy")
+                rungs.add_row(
+                    str(rung["index"] + 1),
+                    e["model"],
+                    str(e.get("steps") if e.get("steps") is not None else ""),
+                    "" if acc is None else f"{acc:.4f}",
+                    e["status"],
+                )
+        show(out, rungs)
+        out.print(
+            f"race: {race['spent_steps']} of {race['budget_steps']} budget steps spent"
+            + (f"; {race['why']}" if race.get("why") else ""),
+            highlight=False,
+        )
     if job.training and job.training.epochs:
         last = job.training.epochs[-1]
         out.print(
@@ -431,21 +472,39 @@ def jobs_results(
 # -- model and zoo -------------------------------------------------------------------------
 
 
+class ModelFormat(StrEnum):
+    safetensors = "safetensors"
+    timm = "timm"
+    onnx = "onnx"
+
+
 @model_app.command("download")
 def model_download(
     job_id: Annotated[str, typer.Argument(metavar="JOB")],
     output: Annotated[Path, typer.Option("--output", "-o", help="File or folder to write.")],
+    format: Annotated[  # noqa: A002 - the option's name
+        ModelFormat,
+        typer.Option(
+            "--format",
+            help="safetensors (the weights), timm (a tar of the folder timm.create_model "
+            "loads: config.json + model.safetensors) or onnx; the server makes the last two "
+            "on first request.",
+        ),
+    ] = ModelFormat.safetensors,
     url: Url = None,
     api_key: Key = None,
 ) -> None:
-    """Download a succeeded job's fine-tuned model (safetensors), checked by its SHA-256."""
+    """Download a succeeded job's fine-tuned model, checked by its SHA-256."""
     if output.parent and not output.parent.exists():
         err.print(f"error: folder {output.parent} does not exist", highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT)
     with _errors(), _client(url, api_key) as client, _bytes_progress("downloading") as bar:
         task = bar.add_task("download", total=None)
         path = client.download_model(
-            job_id, output, progress=lambda d, t: bar.update(task, completed=d, total=t or None)
+            job_id,
+            output,
+            format=format.value,
+            progress=lambda d, t: bar.update(task, completed=d, total=t or None),
         )
     err.print(f"model written to {path}", highlight=False)
 
@@ -458,7 +517,7 @@ def zoo_list(url: Url = None, api_key: Key = None, as_json: AsJson = False) -> N
     if as_json:
         _emit([m.raw for m in models])
         return
-    table = Table("id", "architecture", "classes", "source", "tags")
+    rows = table("id", "architecture", "classes", "source", "tags")
     for m in models:
-        table.add_row(m.id, m.arch, str(m.num_classes), m.source or "", ", ".join(m.tags))
-    out.print(table)
+        rows.add_row(m.id, m.arch, str(m.num_classes), m.source or "", ", ".join(m.tags))
+    show(out, rows)

@@ -19,15 +19,15 @@ from typing import Any, BinaryIO
 
 import httpx
 
-from zoopick.client.errors import (
+from .errors import (
     JobFailed,
     Unreachable,
     WaitTimeout,
     ZoopickError,
     from_response,
 )
-from zoopick.client.models import Dataset, Job, ZooModel
-from zoopick.client.retry import MAYBE_SENT, NOT_SENT, RETRY_STATUSES, RetryPolicy
+from .models import Dataset, Job, ZooModel
+from .retry import MAYBE_SENT, NOT_SENT, RETRY_STATUSES, RetryPolicy
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 API = "/api/v1"
@@ -191,7 +191,7 @@ class Client:
     ) -> Dataset:
         """Poll until the dataset is ``ready`` (returned) or ``invalid`` (:class:`BadRequest`
         naming why); :class:`WaitTimeout` after ``timeout`` seconds."""
-        from zoopick.client.errors import BadRequest
+        from .errors import BadRequest
 
         deadline = time.monotonic() + timeout
         while True:
@@ -214,10 +214,13 @@ class Client:
         metrics: list[str] | None = None,
         select_by: str | None = None,
         finetune: dict[str, Any] | None = None,
+        selection: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Job:
-        """Submit a job (``models=None``: the whole zoo). The ``Idempotency-Key`` (a fresh
-        one unless given) makes retries of this call return the same job."""
+        """Submit a job (``models=None``: the whole zoo). ``selection`` (e.g.
+        ``{"shortlist": 3, "budget_epochs": 3}``) races the metric's shortlist with short
+        fine-tunes before choosing. The ``Idempotency-Key`` (a fresh one unless given) makes
+        retries of this call return the same job."""
         body: dict[str, Any] = {"dataset_id": dataset_id, "models": models or "all"}
         if metrics:
             body["metrics"] = metrics
@@ -225,6 +228,8 @@ class Client:
             body["select_by"] = select_by
         if finetune is not None:
             body["finetune"] = finetune
+        if selection is not None:
+            body["selection"] = selection
         key = idempotency_key or str(uuid.uuid4())
         response = self._send("POST", "/jobs", json=body, headers={"Idempotency-Key": key})
         return Job.from_json(response.json())
@@ -273,12 +278,30 @@ class Client:
             time.sleep(max(0.05, wait))
 
     def download_model(
-        self, job_id: str, dest: str | Path, *, progress: Progress | None = None
+        self,
+        job_id: str,
+        dest: str | Path,
+        *,
+        format: str = "safetensors",  # noqa: A002 - the server's query parameter
+        timeout: float = 600,
+        progress: Progress | None = None,
     ) -> Path:
         """Save the fine-tuned model of a succeeded job to ``dest`` (a file, or a folder to
-        put it in under the server's file name), checked against the server's SHA-256."""
+        put it in under the server's file name), checked against the server's SHA-256.
+        ``format``: ``safetensors``, ``timm`` (a tar of the folder timm loads) or ``onnx``; the
+        server makes the last two on first request, waited for up to ``timeout`` seconds."""
         dest = Path(dest)
-        response = self._send("GET", f"/jobs/{job_id}/model", stream=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            response = self._send(
+                "GET", f"/jobs/{job_id}/model", params={"format": format}, stream=True
+            )
+            if response.status_code != 202:  # 202: the export is being made
+                break
+            response.close()
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"the {format} export of job {job_id} took over {timeout:g} s")
+            time.sleep(float(response.headers.get("retry-after") or 2))
         try:
             if dest.is_dir():
                 name = response.headers.get("content-disposition", "")

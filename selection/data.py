@@ -15,13 +15,16 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import lzma
 import os
 import posixpath
 import tarfile
+import threading
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -29,7 +32,9 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from zoopick.selection.limits import DEFAULT_LIMITS, DatasetLimits
+from zoopick.selection.archives import ZIP_ERRORS, MeteredStream, open_zip
+from zoopick.selection.errors import DatasetError, LimitExceeded
+from zoopick.selection.limits import DEFAULT_LIMITS, Budget, DatasetLimits
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -45,15 +50,6 @@ IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 _READ_CHUNK = 1 << 20
 _DIGEST_VERSION = b"zoopick-dataset-v1"
-
-
-class DatasetError(ValueError):
-    """A target dataset cannot be used (the message names the file or member at fault)."""
-
-
-class LimitExceeded(DatasetError):
-    """A dataset is over one of its :class:`~zoopick.selection.limits.DatasetLimits` (the
-    message names the limit)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,7 +185,10 @@ def _decode(
     except (OSError, ValueError, SyntaxError) as exc:
         raise DatasetError(f"unreadable or corrupt image {where}: {_plain(exc)}") from exc
     except Image.DecompressionBombError as exc:
-        raise DatasetError(f"image {where} is too large: {exc}") from exc
+        # Pillow refuses it in Image.open, before our own check: name our limit, not Pillow's
+        raise LimitExceeded(
+            f"image {where} has more pixels than max_pixels ({limits.max_pixels}) allows"
+        ) from exc
 
 
 def _plain(exc: BaseException) -> str:
@@ -199,6 +198,44 @@ def _plain(exc: BaseException) -> str:
 
     text = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "the data", str(exc)).strip()
     return text or type(exc).__name__
+
+
+class _PixelGate:
+    """Bounds the pixels decoded at once by :func:`_parallel`'s threads. A decode holds about
+    4 bytes a pixel (the image and its RGB copy): eight threads on images of 4096 x 4096
+    (the service's ``max_pixels``) would hold over 500 MB. A decode waits until its pixels
+    fit under ``cap`` beside those in flight (one always runs, whatever its size)."""
+
+    def __init__(self, cap: int | None) -> None:
+        self.cap = cap
+        self.busy = 0
+        self.cond = threading.Condition()
+
+    @contextmanager
+    def hold(self, pixels: int) -> Iterator[None]:
+        if self.cap is None:
+            yield
+            return
+        with self.cond:
+            self.cond.wait_for(lambda: self.busy == 0 or self.busy + pixels <= self.cap)
+            self.busy += pixels
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.busy -= pixels
+                self.cond.notify_all()
+
+
+def _decode_pixels(data: bytes) -> int:
+    """Pixels decoding ``data`` will produce, from its header (JPEG at the 1/8 draft scale);
+    0 where the header does not open (the decode itself then names the problem)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            pixels = img.width * img.height
+            return pixels // 64 if img.format == "JPEG" else pixels
+    except Exception:  # noqa: BLE001 - any failure is reported by the decode that follows
+        return 0
 
 
 def _parallel(fn: Callable[[int], Any], n: int) -> list[Any]:
@@ -258,16 +295,20 @@ def load_dataset(
             f"{', '.join(ARCHIVE_SUFFIXES)} archive, or .npz)"
         )
     limits = limits or DEFAULT_LIMITS
+    budget = Budget(limits)
     if kind == "npz":
-        return _load_npz(path, name, max_per_class, seed, split, limits)
+        from zoopick.selection.npzfile import load_npz
+
+        return load_npz(path, name, max_per_class, seed, split, limits, budget)
     if split != "train":
         raise DatasetError("split='test' applies to .npz files with x_test/y_test only")
     if kind == "dir":
         reader: _Reader = _DirReader(path, limits)
     elif kind == "zip":
-        reader = _ZipReader(path, limits)
+        reader = _ZipReader(path, limits, budget)
     else:
-        reader = _TarReader(path, limits)
+        reader = _TarReader(path, limits, budget)
+    reader.budget = budget
     with reader:
         return _load_folder(reader, name, max_per_class, seed, limits)
 
@@ -309,45 +350,56 @@ def _check_classes(
 # ---- npz
 
 
-def _check_arrays(
-    x: Any, y: Any, class_names: Any, where: str, limits: DatasetLimits = DEFAULT_LIMITS
-) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    x = np.asarray(x)
-    y = np.asarray(y)
-    if x.ndim == 4 and x.shape[-1] not in (1, 3):
-        hint = (
-            " (looks channels-first: use x.transpose(0, 2, 3, 1))" if x.shape[1] in (1, 3) else ""
-        )
+def _check_x_shape(shape: tuple[int, ...], where: str) -> None:
+    """An images array's shape must be (N,H,W), (N,H,W,1) or (N,H,W,3): checked from a header's
+    shape as from an array's."""
+    if len(shape) == 4 and shape[-1] not in (1, 3):
+        hint = " (looks channels-first: use x.transpose(0, 2, 3, 1))" if shape[1] in (1, 3) else ""
         raise DatasetError(
             f"{where}: x must be (N,H,W), (N,H,W,1) or (N,H,W,3) channels-last, got shape "
-            f"{x.shape}{hint}"
+            f"{shape}{hint}"
         )
-    if x.ndim not in (3, 4) or 0 in x.shape:
-        raise DatasetError(
-            f"{where}: x must be (N,H,W), (N,H,W,1) or (N,H,W,3), got shape {x.shape}"
-        )
+    if len(shape) not in (3, 4) or 0 in shape:
+        raise DatasetError(f"{where}: x must be (N,H,W), (N,H,W,1) or (N,H,W,3), got shape {shape}")
+
+
+def _check_x_dtype(dtype: np.dtype, where: str) -> None:
+    if dtype == np.bool_ or not (
+        np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)
+    ):
+        raise DatasetError(f"{where}: x must be uint8 or float in [0, 1], got dtype {dtype}")
+
+
+def _to_uint8(x: np.ndarray, where: str) -> np.ndarray:
+    """Pixel values as uint8: uint8 as is, floats in [0, 1] scaled, integers in 0..255 cast
+    (works on a whole array or on any chunk of one)."""
+    _check_x_dtype(x.dtype, where)
     if x.dtype == np.uint8:
-        images = np.ascontiguousarray(x)
-    elif np.issubdtype(x.dtype, np.floating):
+        return np.ascontiguousarray(x)
+    if not x.size:
+        return np.zeros(x.shape, np.uint8)
+    if np.issubdtype(x.dtype, np.floating):
         if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1:
             raise DatasetError(f"{where}: float x must lie in [0, 1] (got {x.min()}..{x.max()})")
-        images = np.rint(x * 255).astype(np.uint8)
-    elif np.issubdtype(x.dtype, np.integer) and x.dtype != np.bool_:
-        if x.min() < 0 or x.max() > 255:
-            raise DatasetError(f"{where}: integer x must lie in 0..255 (got {x.min()}..{x.max()})")
-        images = x.astype(np.uint8)
-    else:
-        raise DatasetError(f"{where}: x must be uint8 or float in [0, 1], got dtype {x.dtype}")
-    if images.ndim == 4 and images.shape[-1] == 1:
-        images = np.ascontiguousarray(images[..., 0])
+        return np.rint(x * 255).astype(np.uint8)
+    if x.min() < 0 or x.max() > 255:
+        raise DatasetError(f"{where}: integer x must lie in 0..255 (got {x.min()}..{x.max()})")
+    return x.astype(np.uint8)
+
+
+def _check_labels(
+    y: Any, class_names: Any, n_images: int, where: str, limits: DatasetLimits = DEFAULT_LIMITS
+) -> tuple[np.ndarray, list[str]]:
+    """(labels indexing the class names, class names) from ``y`` and optional names."""
+    y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1:
         raise DatasetError(f"{where}: y must be a 1-D label vector, got shape {y.shape}")
     if not np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_:
         raise DatasetError(f"{where}: y must hold integer labels, got dtype {y.dtype}")
-    if len(y) != len(images):
-        raise DatasetError(f"{where}: x has {len(images)} images but y has {len(y)} labels")
+    if len(y) != n_images:
+        raise DatasetError(f"{where}: x has {n_images} images but y has {len(y)} labels")
     if len(y) and y.min() < 0:
         raise DatasetError(f"{where}: labels must be non-negative, got {y.min()}")
     if class_names is None:
@@ -367,99 +419,19 @@ def _check_arrays(
         labels = y
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
     _check_classes(labels, names, where, limits)
+    return labels, names
+
+
+def _check_arrays(
+    x: Any, y: Any, class_names: Any, where: str, limits: DatasetLimits = DEFAULT_LIMITS
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    x = np.asarray(x)
+    _check_x_shape(x.shape, where)
+    images = _to_uint8(x, where)
+    if images.ndim == 4 and images.shape[-1] == 1:
+        images = np.ascontiguousarray(images[..., 0])
+    labels, names = _check_labels(y, class_names, len(images), where, limits)
     return images, labels, names
-
-
-def _npy_header(fh: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
-    """(shape, dtype) from an ``.npy`` header, reading nothing of the data."""
-    fmt = np.lib.format
-    try:
-        version = fmt.read_magic(fh)
-        if version == (1, 0):
-            shape, _, dtype = fmt.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, _, dtype = fmt.read_array_header_2_0(fh)
-        else:
-            raise DatasetError(f"{where}: unsupported .npy format version {version}")
-    except DatasetError:
-        raise
-    except (ValueError, OSError, EOFError, SyntaxError, zipfile.BadZipFile, zlib.error) as exc:
-        raise DatasetError(f"{where}: malformed .npy header: {_plain(exc)}") from exc
-    return tuple(int(d) for d in shape), np.dtype(dtype)
-
-
-def _check_npz_sizes(path: Path, keys: Sequence[str], limits: DatasetLimits) -> None:
-    """What loading ``keys`` of the npz would allocate, from their ``.npy`` headers (shape x
-    itemsize), checked against ``limits`` before a byte of the arrays is read."""
-    total = 0
-    try:
-        with zipfile.ZipFile(path) as zf:
-            infos = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
-            for key in keys:
-                info = infos.get(key)
-                if info is None:
-                    continue
-                with zf.open(info) as fh:
-                    shape, dtype = _npy_header(fh, f"{path.name}: array {key!r}")
-                size = dtype.itemsize
-                for d in shape:
-                    size *= d
-                limits.check("max_total_bytes", size, f"{path.name}: array {key!r} bytes")
-                total += size
-                if key.startswith("x") and len(shape) >= 3:
-                    limits.check("max_members", shape[0], f"{path.name}: images in {key!r}")
-                    limits.check(
-                        "max_pixels", shape[1] * shape[2], f"{path.name}: pixels per image"
-                    )
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
-        raise DatasetError(f"{path.name}: not a readable .npz file: {_plain(exc)}") from exc
-    limits.check("max_total_bytes", total, f"{path.name}: bytes of all arrays")
-
-
-def _load_npz(
-    path: Path,
-    name: str,
-    max_per_class: int | None,
-    seed: int,
-    split: str,
-    limits: DatasetLimits = DEFAULT_LIMITS,
-) -> TargetDataset:
-    with path.open("rb") as fh:
-        magic = fh.read(4)
-    if magic[:4] != b"PK\x03\x04" and magic[:4] != b"PK\x05\x06":
-        what = "a single .npy array" if magic.startswith(b"\x93NUM") else "not a zip file"
-        raise DatasetError(
-            f"{path.name}: not an .npz archive ({what}); save with numpy.savez(file, x=..., y=...)"
-        )
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            files = set(npz.files)
-            if split == "train":
-                keys = ("x", "y") if {"x", "y"} <= files else ("x_train", "y_train")
-            else:
-                keys = ("x_test", "y_test")
-            if not set(keys) <= files:
-                raise DatasetError(
-                    f"{path.name}: needs arrays {keys[0]!r} and {keys[1]!r} for split "
-                    f"{split!r} (has {', '.join(sorted(files)) or 'none'})"
-                )
-            wanted = [*keys, "class_names"] if "class_names" in files else list(keys)
-            _check_npz_sizes(path, wanted, limits)
-            x, y = npz[keys[0]], npz[keys[1]]
-            class_names = npz["class_names"] if "class_names" in files else None
-    except DatasetError:
-        raise
-    except ValueError as exc:  # object arrays (allow_pickle=False) and malformed members
-        raise DatasetError(f"{path.name}: cannot read arrays: {_plain(exc)}") from exc
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise DatasetError(f"{path.name}: not a readable .npz file: {_plain(exc)}") from exc
-    images, labels, names = _check_arrays(x, y, class_names, path.name, limits)
-    keep = _subsample(labels, names, max_per_class, seed)
-    ds = TargetDataset(name, labels, names, "", images)
-    if len(keep) != len(labels):
-        return ds.subset(keep)
-    ds.digest = ds.compute_digest()
-    return ds
 
 
 # ---- ImageFolder
@@ -471,11 +443,17 @@ class _Reader:
 
     where: str
     limits: DatasetLimits = DEFAULT_LIMITS
+    budget: Budget | None = None
     produced: int = 0  # uncompressed bytes read so far
+    archive_bytes: int | None = None  # the compressed archive's size, for its overall ratio
 
     def _count(self, n: int, name: str) -> None:
         self.produced += n
         self.limits.check("max_total_bytes", self.produced, f"{self.where}: uncompressed bytes")
+        if self.archive_bytes is not None:  # members overlapping one compressed kernel
+            self.limits.check_ratio(self.produced, self.archive_bytes, self.where)
+        if self.budget is not None:
+            self.budget.check(self.where)
 
     def _read_stream(self, fh: Any, name: str, compressed: int | None) -> bytes:
         """All of ``fh``, chunk by chunk: the member limit, the running total and (for a
@@ -560,13 +538,14 @@ class _DirReader(_Reader):
 
 
 class _ZipReader(_Reader):
-    def __init__(self, path: Path, limits: DatasetLimits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self, path: Path, limits: DatasetLimits = DEFAULT_LIMITS, budget: Budget | None = None
+    ) -> None:
         self.where = path.name
         self.limits = limits
-        try:
-            self.zf = zipfile.ZipFile(path)
-        except (zipfile.BadZipFile, OSError) as exc:
-            raise DatasetError(f"{path.name}: not a readable zip archive: {exc}") from exc
+        self.budget = budget
+        self.archive_bytes = path.stat().st_size
+        self.zf = open_zip(path, limits, budget, "zip archive")  # entries counted first
         self.members: dict[str, zipfile.ZipInfo] = {}
         try:
             infos = self.zf.infolist()
@@ -589,6 +568,8 @@ class _ZipReader(_Reader):
         out = []
         for n in names:
             info = self.members[n]
+            if info.flag_bits & 0x1:  # zipfile would ask for a password (RuntimeError)
+                raise DatasetError(f"{self.where}: member {n} is encrypted")
             # the declared size first (cheap); then counted while inflating (it can lie)
             self.limits.check(
                 "max_member_bytes", info.file_size, f"{self.where}: member {n} declared bytes"
@@ -596,7 +577,9 @@ class _ZipReader(_Reader):
             try:
                 with self.zf.open(info) as fh:
                     out.append(self._read_stream(fh, n, info.compress_size))
-            except (zipfile.BadZipFile, OSError, zlib.error, NotImplementedError) as exc:
+            except DatasetError:
+                raise
+            except ZIP_ERRORS as exc:
                 raise DatasetError(f"{self.where}: cannot read member {n}: {_plain(exc)}") from exc
         return out
 
@@ -605,39 +588,59 @@ class _ZipReader(_Reader):
 
 
 class _TarReader(_Reader):
-    def __init__(self, path: Path, limits: DatasetLimits = DEFAULT_LIMITS) -> None:
+    """A tar, plain or compressed, walked through a :class:`MeteredStream`: the headers are
+    walked (and what they skip inflated) under the stream bound, the ratio and the CPU
+    budget, and each header's declared size is checked as it is read."""
+
+    def __init__(
+        self, path: Path, limits: DatasetLimits = DEFAULT_LIMITS, budget: Budget | None = None
+    ) -> None:
         self.where = path.name
         self.limits = limits
-        self.compressed = not path.name.lower().endswith(".tar")
-        self.archive_bytes = path.stat().st_size
+        self.budget = budget or Budget(limits)
+        self.stream = MeteredStream(path, limits, self.budget)
         try:
-            self.tf = tarfile.open(path, "r:*")  # noqa: SIM115 - closed by __exit__
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-            raise DatasetError(f"{path.name}: not a readable tar archive: {exc}") from exc
-        infos: list[tarfile.TarInfo] = []
-        try:
-            # one entry at a time, so a flood of entries stops at the limit, not in memory
-            while (info := self.tf.next()) is not None:
-                infos.append(info)
-                limits.check("max_members", len(infos), f"{self.where}: archive entries")
+            self.tf = tarfile.open(fileobj=self.stream, mode="r:")  # noqa: SIM115 - __exit__
         except DatasetError:
-            self.tf.close()
+            self.stream.close()
             raise
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-            self.tf.close()
-            raise DatasetError(f"{path.name}: not a readable tar archive: {exc}") from exc
+        except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+            self.stream.close()
+            raise DatasetError(f"{path.name}: not a readable tar archive: {_plain(exc)}") from exc
         self.members: dict[str, tarfile.TarInfo] = {}
+        count = 0
+        bound = limits.stream_bytes()
         try:
-            for info in infos:
+            # one entry at a time, so a flood of entries stops at the limit, not in memory,
+            # and a header declaring gigabytes is refused before they are inflated to skip it
+            while (info := self.tf.next()) is not None:
+                count += 1
+                self.tf.members.clear()  # tarfile's own list of every entry: not kept
+                limits.check("max_members", count, f"{self.where}: archive entries")
                 name = _safe_member(info.name, self.where)
                 if info.issym() or info.islnk():
                     _check_link(info, self.where)
                     continue  # links are not followed
-                if name is not None and info.isfile():
-                    self.members[name] = info
+                if not info.isfile() or name is None:
+                    continue
+                if bound is not None and info.offset_data + info.size > bound:
+                    limits.check(
+                        "max_total_bytes",
+                        info.offset_data + info.size,
+                        f"{self.where}: member {name} declares {info.size:,} bytes; the tar "
+                        "stream up to its end",
+                    )
+                if _is_image(name):
+                    limits.check(
+                        "max_member_bytes", info.size, f"{self.where}: member {name} bytes"
+                    )
+                self.members[name] = info
         except DatasetError:
-            self.tf.close()
+            self.__exit__()
             raise
+        except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+            self.__exit__()
+            raise DatasetError(f"{path.name}: not a readable tar archive: {_plain(exc)}") from exc
 
     def names(self) -> list[str]:
         return list(self.members)
@@ -658,15 +661,16 @@ class _TarReader(_Reader):
                 fh = self.tf.extractfile(info)
                 if fh is None:
                     raise DatasetError(f"{self.where}: member {names[i]} is not a file")
-                out[i] = self._read_stream(fh, names[i], None)
-                if self.compressed:  # the whole stream is compressed: its overall ratio
-                    self.limits.check_ratio(self.produced, self.archive_bytes, self.where)
-            except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-                raise DatasetError(f"{self.where}: cannot read member {names[i]}: {exc}") from exc
+                out[i] = self._read_stream(fh, names[i], None)  # the stream meters the ratio
+            except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+                raise DatasetError(
+                    f"{self.where}: cannot read member {names[i]}: {_plain(exc)}"
+                ) from exc
         return out
 
     def __exit__(self, *exc: object) -> None:
         self.tf.close()
+        self.stream.close()
 
 
 def _check_link(info: tarfile.TarInfo, where: str) -> None:
@@ -756,9 +760,16 @@ def _load_folder(
     limits.check("max_total_bytes", total, f"{where}: declared image bytes")
     blobs = reader.read(files)
     # decode each image once now, so a corrupt file is named at load time
-    _parallel(
-        lambda i: _decode(blobs[i], f"{where}/{files[i]}", draft=True, limits=limits), len(blobs)
-    )
+    budget = reader.budget or Budget(limits)
+
+    gate = _PixelGate(2 * limits.max_pixels if limits.max_pixels else None)
+
+    def check(i: int) -> None:
+        budget.check(where)
+        with gate.hold(_decode_pixels(blobs[i])):
+            _decode(blobs[i], f"{where}/{files[i]}", draft=True, limits=limits)
+
+    _parallel(check, len(blobs))
     ds = TargetDataset(name, labels, class_names, "", blobs, files)
     ds.digest = ds.compute_digest()
     return ds
@@ -766,6 +777,15 @@ def _load_folder(
 
 # --------------------------------------------------------------------------------------------
 # splitting
+
+
+def split_count(members: int, fraction: float) -> int:
+    """How many of a class's ``members`` images :func:`split_dataset` holds out:
+    ``round(members * fraction)``, at least 1 and leaving at least 1; none of a class with
+    fewer than 2 (one place for the rule, so a planner can count a split without loading)."""
+    if members < 2:
+        return 0
+    return min(max(int(round(members * fraction)), 1), members - 1)
 
 
 def split_dataset(
@@ -779,9 +799,9 @@ def split_dataset(
     test_idx = []
     for c, cname in enumerate(ds.class_names):
         members = np.flatnonzero(ds.labels == c)
-        if len(members) < 2:
+        n_test = split_count(len(members), test_fraction)
+        if not n_test:
             continue
-        n_test = min(max(int(round(len(members) * test_fraction)), 1), len(members) - 1)
         rng = np.random.default_rng([seed, zlib.crc32(str(cname).encode())])
         test_idx.append(rng.choice(members, n_test, replace=False))
     if not test_idx:

@@ -13,17 +13,18 @@ settings (``zoopick.service.settings``), kept far below a worker's memory.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_LIMITS", "DatasetLimits"]
+from zoopick.selection.errors import LimitExceeded
+
+__all__ = ["DEFAULT_LIMITS", "Budget", "DatasetLimits"]
 
 MiB = 1 << 20
 GiB = 1 << 30
 
 
 def _exceeded(message: str) -> Exception:
-    from zoopick.selection.data import LimitExceeded  # the dataset error family lives there
-
     return LimitExceeded(message)
 
 
@@ -46,8 +47,22 @@ class DatasetLimits:
     """Classes of a dataset (every metric's memory grows with it)."""
     min_per_class: int = 1
     """Images every class must have."""
+    max_cpu_seconds: float | None = None
+    """CPU seconds (of the loading process, threads included) one load may spend reading,
+    inflating and decoding: the backstop for inputs cheap in bytes and costly in work."""
 
     RATIO_FLOOR = 1 * MiB
+    HEADER_BYTES_PER_ENTRY = 1024
+    """What an archive entry's own headers may add to a tar stream (512-byte header, padding,
+    a long name), and (a quarter of it) to a zip's central directory."""
+
+    def stream_bytes(self) -> int | None:
+        """Bytes an archive's whole inflated stream may hold (images, headers, padding, other
+        members alike): ``max_total_bytes`` plus headers for ``max_members`` entries. A tar
+        must be inflated to be walked, so this bounds walking it, not only reading images."""
+        if self.max_total_bytes is None:
+            return None
+        return self.max_total_bytes + self.HEADER_BYTES_PER_ENTRY * (self.max_members or 0)
 
     def check(self, name: str, value: float, what: str) -> None:
         """Raise ``zoopick.selection.data.LimitExceeded`` if ``value`` is over limit ``name``."""
@@ -63,6 +78,26 @@ class DatasetLimits:
         if ratio > limit:
             raise _exceeded(
                 f"{what} expands {ratio:,.0f}-fold, over the limit max_compression_ratio={limit:g}"
+            )
+
+
+class Budget:
+    """The CPU time one load has spent, checked (``check``) between chunks of work, so a load
+    that is cheap in bytes and costly in work stops at ``max_cpu_seconds``, not minutes later.
+    Process CPU time: the decoding threads count too; a pool process' earlier tasks do not."""
+
+    def __init__(self, limits: DatasetLimits) -> None:
+        self.limit = limits.max_cpu_seconds
+        self.start = time.process_time()
+
+    def spent(self) -> float:
+        return time.process_time() - self.start
+
+    def check(self, what: str) -> None:
+        if self.limit is not None and (spent := self.spent()) > self.limit:
+            raise _exceeded(
+                f"{what}: validation took {spent:.1f} s of CPU, over the limit "
+                f"max_cpu_seconds={self.limit:g}"
             )
 
 

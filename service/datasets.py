@@ -79,6 +79,17 @@ def fail_validation(
     return DatasetStatus.invalid.value
 
 
+def _thumbnails(loaded: Any, path: Path) -> None:
+    """The dashboard's thumbnails, made here from the dataset just loaded (the API never loads
+    one); a dataset without them is still ready."""
+    from zoopick.service.thumbnails import write_thumbnails
+
+    try:
+        write_thumbnails(loaded, path)
+    except Exception:  # noqa: BLE001 - thumbnails are a convenience, not validation
+        log.warning("thumbnails of %s could not be made", path, exc_info=True)
+
+
 def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Settings) -> str:
     """Load the dataset with the selection engine, within ``settings``' dataset limits
     (checked before the memory is allocated), and record the outcome; returns the final
@@ -109,6 +120,7 @@ def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Se
             "digest": str(loaded.digest),
             "error": None,
         }
+        _thumbnails(loaded, path)
     except DatasetError as exc:
         values = {"status": DatasetStatus.invalid.value, "error": str(exc)}
     except Exception:  # noqa: BLE001 - an unreadable upload must not stay "validating"

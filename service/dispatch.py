@@ -1,6 +1,10 @@
 """Sending work to the Celery workers: dataset validation and a job's canvas.
 
-A job is ``chord(group(score(job, m) for m in models), select(job) [-> finetune(job)])``. Task
+A job is ``chord(group(score(job, m) for m in models), select(job) [-> finetune(job)])``. A job
+that races its shortlist (``selection``) has no fine-tune in its canvas: the select task opens
+the race and sends the first rung's tasks (:meth:`Dispatcher.race_steps`), each rung's last
+task sends the next rung's, and the last rung sends the fine-tune (:meth:`Dispatcher.finetune`)
+once a winner is known. Task
 ids are derived from the job id, so the API can revoke a job's queued tasks without having kept
 any Celery state. Tasks are sent by name: the API never imports task code (or torch).
 """
@@ -14,7 +18,17 @@ from celery import Celery, chain, chord, group
 from celery.canvas import Signature
 
 from zoopick.service.db.models import Job, JobStatus
-from zoopick.service.queue import FINETUNE, SCORE, SELECT, VALIDATE, WORKFLOW_FAILED, make_celery
+from zoopick.service.queue import (
+    DELIVER_WEBHOOK,
+    EXPORT_MODEL,
+    FINETUNE,
+    RACE_STEP,
+    SCORE,
+    SELECT,
+    VALIDATE,
+    WORKFLOW_FAILED,
+    make_celery,
+)
 from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -28,7 +42,7 @@ def task_prefix(job: Job, attempt: int = 0) -> str:
 def job_task_ids(job: Job, attempt: int = 0) -> list[str]:
     pre = task_prefix(job, attempt)
     ids = [f"{pre}-score-{i}" for i in range(len(job.models))] + [f"{pre}-select"]
-    if job.finetune:
+    if job.finetune and not job.selection:  # a race sends its fine-tune itself
         ids.append(f"{pre}-finetune")
     return ids
 
@@ -58,7 +72,7 @@ class Dispatcher:
             self._sig(SCORE, jid, model, task_id=ids[i]) for i, model in enumerate(job.models)
         )
         body: Signature = self._sig(SELECT, jid, task_id=f"{pre}-select")
-        if job.finetune:
+        if job.finetune and not job.selection:
             body = chain(body, self._sig(FINETUNE, jid, task_id=f"{pre}-finetune"))
         workflow = chord(header, body)
         # a crashed or timed-out task never reaches its own error handling: settle the job here
@@ -69,20 +83,59 @@ class Dispatcher:
         self.workflow(job).apply_async()
         return job_task_ids(job)
 
-    def requeue(self, job: Job, attempt: int) -> list[str]:
+    def race_steps(
+        self, job: Job, rung: int, models: list[str] | tuple[str, ...], attempt: int = 0
+    ) -> list[str]:
+        """One task per candidate of a rung (gpu queue: they run in parallel on as many
+        workers as there are); returns their ids."""
+        jid, pre = str(job.id), task_prefix(job, attempt)
+        shortlist = list((job.race or {}).get("shortlist", []))
+        ids = []
+        for model in models:
+            place = shortlist.index(model) if model in shortlist else len(ids)
+            task_id = f"{pre}-race-{rung}-{place}"
+            sig = self._sig(RACE_STEP, jid, model, str(rung), task_id=task_id)
+            sig.link_error(self._sig(WORKFLOW_FAILED, jid))
+            sig.apply_async()
+            ids.append(task_id)
+        return ids
+
+    def finetune(self, job: Job, attempt: int = 0) -> list[str]:
+        """The fine-tune of a job whose race picked its model."""
+        jid, pre = str(job.id), task_prefix(job, attempt)
+        sig = self._sig(FINETUNE, jid, task_id=f"{pre}-finetune")
+        sig.link_error(self._sig(WORKFLOW_FAILED, jid))
+        sig.apply_async()
+        return [f"{pre}-finetune"]
+
+    def requeue(self, job: Job, attempt: int, racing: list[tuple[str, int]] = ()) -> list[str]:
         """Send a lost job's remaining work again, under fresh task ids; returns them.
 
         A job lost in training gets its fine-tuning task again (which resumes the run from its
         last checkpoint); one lost before gets its whole canvas again (scoring tasks skip the
-        models already scored, so only the missing ones are computed)."""
-        jid, pre = str(job.id), task_prefix(job, attempt)
+        models already scored, so only the missing ones are computed).
+        A racing job gets the tasks of its current rung's unsettled candidates (``racing``:
+        (model, rung) pairs; each resumes its candidate's checkpoint).
+        """
         if job.status == JobStatus.training.value:
-            sig = self._sig(FINETUNE, jid, task_id=f"{pre}-finetune")
-            sig.link_error(self._sig(WORKFLOW_FAILED, jid))
-            sig.apply_async()
-            return [f"{pre}-finetune"]
+            return self.finetune(job, attempt)
+        if job.status == JobStatus.racing.value:
+            ids: list[str] = []
+            for model, rung in racing:
+                ids += self.race_steps(job, rung, [model], attempt)
+            return ids
         self.workflow(job, attempt).apply_async()
         return job_task_ids(job, attempt)
+
+    def deliver_webhook(self, delivery_id: str, countdown: float | None = None) -> None:
+        """Send (or, after ``countdown`` seconds, retry) one webhook delivery
+        (``zoopick.service.webhooks``)."""
+        self._sig(DELIVER_WEBHOOK, delivery_id).apply_async(countdown=countdown)
+
+    def export_model(self, job_id: str, fmt: str) -> None:
+        """Make the job's model in ``fmt`` (``zoopick.service.exports``); a second request
+        while one runs finds the file made, or makes it again (atomically)."""
+        self._sig(EXPORT_MODEL, job_id, fmt).apply_async()
 
     def revoke(self, task_ids: list[str]) -> None:
         """Drop tasks still queued (never terminate running ones: they stop cooperatively).

@@ -32,10 +32,12 @@ from zoopick.service.db.models import (
 )
 from zoopick.service.db.types import utcnow
 from zoopick.service.dispatch import Dispatcher, job_task_ids
-from zoopick.service.inputs import NoNulModel
+from zoopick.service.inputs import NoNulModel, quoted
 from zoopick.service.settings import Settings
+from zoopick.service.webhooks import WebhookOptions, check_url
 from zoopick.training import comm_options
 from zoopick.training.config import FinetuneOptions
+from zoopick.training.race import SelectionOptions
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,18 @@ class JobCreate(NoNulModel):
         description="Fine-tune the chosen model with these options (unset ones take the "
         "trainer's defaults); without it the job only ranks.",
     )
+    selection: SelectionOptions | None = Field(
+        None,
+        description="Two-stage selection: the metric's `shortlist` best models race short "
+        "fine-tunes (successive halving on a validation split of the training data, within "
+        "`budget_epochs`) and the race's winner is chosen (and fine-tuned from its race "
+        "checkpoint). Without it the metric alone picks.",
+    )
+    webhook: WebhookOptions | None = Field(
+        None,
+        description="Call this URL (signed POST of the job's summary) when the job finishes, "
+        "and on phase changes with `phases`; default: the tenant's webhook (`PUT /webhook`).",
+    )
 
 
 class Rejected(Exception):
@@ -104,6 +118,10 @@ def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: 
     deployment's limits; returns the job's columns."""
     from zoopick.selection.metrics import available
 
+    if body.webhook is not None:  # an address the server may not call: no job at all
+        refused = check_url(body.webhook.url, settings)
+        if refused:
+            raise Rejected("invalid-webhook", f"webhook.url: {refused}")
     ds = session.get(Dataset, body.dataset_id)
     if ds is None or ds.tenant_id != tenant_id:
         raise Rejected("unknown-dataset", f"unknown dataset {str(body.dataset_id)!r}")
@@ -119,8 +137,7 @@ def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: 
     if unknown:
         raise Rejected(
             "unknown-metric",
-            f"unknown metric(s) {', '.join(map(repr, unknown))}; available: "
-            f"{', '.join(sorted(known))}",
+            f"unknown metric(s) {quoted(unknown)}; available: {', '.join(sorted(known))}",
         )
     select_by = default_select_by(metrics) if body.select_by is None else body.select_by
     if select_by not in metrics:
@@ -138,9 +155,10 @@ def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: 
         models = list(dict.fromkeys(body.models))
         if not models:
             raise Rejected("no-models", 'models: give at least one zoo id, or "all"')
-        missing = [m for m in models if m not in set(zoo)]
+        in_zoo = set(zoo)  # once: not a set per requested id
+        missing = [m for m in models if m not in in_zoo]
         if missing:
-            raise Rejected("unknown-model", f"unknown zoo model(s) {', '.join(map(repr, missing))}")
+            raise Rejected("unknown-model", f"unknown zoo model(s) {quoted(missing)}")
     if len(models) > settings.max_models_per_job:
         raise Rejected(
             "too-many-models",
@@ -154,13 +172,68 @@ def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: 
             raise Rejected(
                 "limit", f"finetune.workers above the limit of {settings.max_train_workers}"
             )
+    selection = body.selection
+    if selection is not None:
+        _check_race(session, ds, selection, options, models, settings)
     return {
         "dataset_id": ds.id,
         "models": models,
         "metrics": metrics,
         "select_by": select_by,
         "finetune": options.model_dump(mode="json") if options is not None else None,
+        "selection": selection.model_dump(mode="json") if selection is not None else None,
+        "webhook": body.webhook.model_dump(mode="json") if body.webhook is not None else None,
     }
+
+
+def _check_race(
+    session: Session,
+    ds: Dataset,
+    selection: SelectionOptions,
+    options: FinetuneOptions | None,
+    models: list[str],
+    settings: Settings,
+) -> None:
+    """A race must have two models to race, stay within the deployment's training limit and
+    give every candidate of every rung at least one step on this dataset."""
+    from zoopick.service import race
+
+    if len(models) < 2:
+        raise Rejected(
+            "invalid-selection", "selection: a race needs at least 2 models; this job has 1"
+        )
+    if selection.budget_epochs > settings.max_epochs:
+        raise Rejected("limit", f"selection.budget_epochs above the limit of {settings.max_epochs}")
+    shortlist = min(selection.shortlist, len(models))
+    try:
+        race.plan_for(
+            selection.model_copy(update={"shortlist": shortlist}),
+            options or FinetuneOptions(),
+            dict(ds.counts or {}),
+        )
+    except race.RaceRefused as exc:
+        raise Rejected("invalid-selection", str(exc)) from None
+
+
+IDEMPOTENCY_KEY_MAX = 200
+"""Longest ``Idempotency-Key`` (the column's width), whichever face it came through."""
+
+
+def check_idempotency_key(key: str | None) -> None:
+    """The API's rules for an idempotency key, for every face (the dashboard's form sends it
+    in a hidden field, where any text can be put): 1 to 200 printable characters."""
+    if key is None:
+        return
+    if not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
+        raise Rejected(
+            "invalid-idempotency-key",
+            f"the Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} characters, not {len(key)}",
+        )
+    if not key.isprintable():
+        raise Rejected(
+            "invalid-idempotency-key",
+            "the Idempotency-Key may hold printable characters only (no NUL or control codes)",
+        )
 
 
 def replay(session: Session, tenant_id: uuid.UUID, key: str | None, body: JobCreate) -> Job | None:
@@ -190,6 +263,7 @@ def submit(
     """Create the job and queue its tasks, or return the one this ``idempotency_key``
     created. ``admit`` runs before a new job is checked (the faces' rate limit: a replay does
     not count)."""
+    check_idempotency_key(idempotency_key)
     existing = replay(session, tenant_id, idempotency_key, body)
     if existing is not None:
         return existing

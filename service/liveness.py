@@ -216,6 +216,12 @@ class DispatchCheck:
         return None
 
 
+NO_WORKER_SEEN = (
+    "no worker has been seen yet: uploads and jobs wait in the queue until one runs "
+    "(zoopick worker, or the local worker of zoopick serve while it starts)"
+)
+
+
 @dataclass(frozen=True)
 class WorkerStatus:
     live: list[str]
@@ -223,9 +229,13 @@ class WorkerStatus:
     last_seen: datetime | None
 
     def problem(self) -> str | None:
-        """Why no worker can run tasks, when workers were seen but none lately."""
-        if self.live or not self.stale:
+        """Why no worker can run tasks: none was ever seen (e.g. the local worker of ``serve``
+        is still starting), or those seen stopped beating. A service without a worker only
+        queues work, so it is not ready (``/readyz``)."""
+        if self.live:
             return None
+        if not self.stale:
+            return NO_WORKER_SEEN
         ago = (utcnow() - self.last_seen).total_seconds() if self.last_seen else 0
         return (
             f"no live worker: the last heartbeat was {ago:.0f} s ago "
@@ -235,7 +245,7 @@ class WorkerStatus:
     def summary(self) -> str:
         if self.live:
             return f"ok ({len(self.live)} live worker(s))"
-        return self.problem() or "no worker has been seen"
+        return self.problem() or NO_WORKER_SEEN
 
 
 def worker_status(

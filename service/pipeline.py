@@ -18,6 +18,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from zoopick.selection.ties import tie_groups
+from zoopick.service import progress, webhooks
 from zoopick.service.db.models import (
     TERMINAL,
     Artefact,
@@ -33,7 +34,8 @@ from zoopick.training.config import EpochRecord, RunEvent
 S = JobStatus
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     S.queued: frozenset({S.scoring, S.failed, S.cancelled}),
-    S.scoring: frozenset({S.training, S.succeeded, S.failed, S.cancelled}),
+    S.scoring: frozenset({S.racing, S.training, S.succeeded, S.failed, S.cancelled}),
+    S.racing: frozenset({S.training, S.succeeded, S.failed, S.cancelled}),
     S.training: frozenset({S.succeeded, S.failed, S.cancelled}),
 }
 SCORING_SHARE_WITH_TRAINING = 0.2
@@ -57,7 +59,10 @@ def transition(session: Session, job_id: uuid.UUID, to: JobStatus, **values: Any
     stmt = update(Job).where(Job.id == job_id, Job.status.in_(sources_of(to))).values(**values)
     if to is S.scoring:
         stmt = stmt.values(started_at=func.coalesce(Job.started_at, now))
-    return session.execute(stmt).rowcount == 1
+    moved = session.execute(stmt).rowcount == 1
+    if moved:  # its webhook's event, in the same transaction (an outbox row)
+        webhooks.enqueue(session, job_id, to)
+    return moved
 
 
 def fail(session: Session, job_id: uuid.UUID, error: str) -> bool:
@@ -125,9 +130,10 @@ def upsert_scores(
     model_id: str,
     scores: Mapping[str, float],
     seconds: Mapping[str, float],
+    cached: bool = False,
 ) -> None:
     """Write one model's scores; a second write of the same (job, model, metric) replaces the
-    first instead of adding a row."""
+    first instead of adding a row. ``cached``: its forward pass came from the feature cache."""
     if not scores:
         return
     now = utcnow()
@@ -139,6 +145,7 @@ def upsert_scores(
             "value": float(value),
             "seconds": float(seconds.get(metric, 0.0)),
             "forward_seconds": seconds.get("forward"),
+            "cached": bool(cached),
             "created_at": now,
         }
         for metric, value in scores.items()
@@ -150,6 +157,7 @@ def upsert_scores(
             "value": stmt.excluded.value,
             "seconds": stmt.excluded.seconds,
             "forward_seconds": stmt.excluded.forward_seconds,
+            "cached": stmt.excluded.cached,
             "created_at": stmt.excluded.created_at,
         },
     )
@@ -200,7 +208,10 @@ def ranking(session: Session, job: Job) -> list[dict[str, Any]]:
     (models the metric cannot tell apart share a rank)."""
     by_model: dict[str, dict[str, Any]] = {}
     for s in session.scalars(select(Score).where(Score.job_id == job.id)):
-        entry = by_model.setdefault(s.model_id, {"model": s.model_id, "scores": {}, "seconds": {}})
+        entry = by_model.setdefault(
+            s.model_id, {"model": s.model_id, "scores": {}, "seconds": {}, "cached": False}
+        )
+        entry["cached"] = entry["cached"] or bool(s.cached)
         entry["scores"][s.metric] = s.value
         entry["seconds"][s.metric] = s.seconds
         if s.forward_seconds is not None:
@@ -265,11 +276,27 @@ def record_epoch(session: Session, run_id: uuid.UUID, record: EpochRecord) -> No
 def record_run_event(session: Session, run_id: uuid.UUID, event: RunEvent) -> None:
     """What the backend said of the run: its own id once started (the Ray job id), one more
     resume from the checkpoint when a worker, node or task was lost."""
+    if event.event == "progress":
+        record_progress(session, run_id, event)
+        return
     if event.event == "started":
         values: dict[str, Any] = {"backend_ref": event.ref}
     else:
         values = {"resumes": TrainingRun.resumes + 1}
     session.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(**values))
+
+
+def record_progress(session: Session, run_id: uuid.UUID, event: RunEvent) -> None:
+    """Fold a progress event into the run's ``progress`` (one follower per run writes it) and
+    move the job's bar with the steps done."""
+    run = session.get(TrainingRun, run_id)
+    if run is None or run.status != "running":
+        return
+    run.progress = progress.apply(run.progress, event)
+    done = progress.fraction(run.progress)
+    if done is not None:
+        share = SCORING_SHARE_WITH_TRAINING
+        set_progress(session, run.job_id, share + (1 - share) * done * 0.99)
 
 
 def open_run(
@@ -285,6 +312,7 @@ def open_run(
     resumes from its last checkpoint and the epochs land on the same curve), or a new one."""
     run = latest_run(session, job.id)
     if run is not None and run.status == "running":
+        run.progress = progress.starting(run.progress)
         return run
     run = TrainingRun(
         job_id=job.id,
@@ -293,6 +321,7 @@ def open_run(
         world_size=world_size,
         output_dir=out,
         backend=backend,
+        progress=progress.starting(None),
     )
     session.add(run)
     session.flush()
@@ -358,7 +387,10 @@ def finish_cancelled_if_queued(session: Session, job_id: uuid.UUID) -> bool:
         .where(Job.id == job_id, Job.status == S.queued.value)
         .values(status=S.cancelled.value, finished_at=now, updated_at=now, cancel_requested=True)
     )
-    return session.execute(stmt).rowcount == 1
+    moved = session.execute(stmt).rowcount == 1
+    if moved:
+        webhooks.enqueue(session, job_id, S.cancelled)
+    return moved
 
 
 def set_progress(session: Session, job_id: uuid.UUID, progress: float) -> None:

@@ -5,6 +5,14 @@ Each child runs in its own process session, so one signal to its group reaches i
 its own children (Celery's pool, torchrun's ranks); :func:`stop_group` asks politely, then
 kills whatever is left. :func:`die_with_parent` covers the case where the parent itself is
 killed without a chance to clean up (SIGKILL, the out-of-memory killer).
+
+That signal alone does not make a Celery worker exit: it starts a *warm* shutdown, which
+waits for the tasks its pool is running (a dataset bomb, a long scoring run: minutes, up to
+the hard time limits), and Linux sends it when the *thread* that started the child ends, not
+the process (``serve`` restarts its worker from a watch thread). So a worker that ``serve``
+starts is also told ``serve``'s pid (:data:`SUPERVISOR_ENV`) and watches it itself
+(:class:`SupervisorWatch`, portable): once it has been orphaned, it kills its own process
+group (itself and its pool) after a short grace.
 """
 
 from __future__ import annotations
@@ -13,10 +21,16 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 STOP_GRACE_SECONDS = 15.0
+SUPERVISOR_ENV = "ZOOPICK_SUPERVISOR_PID"
+"""Environment variable naming the process a child must not outlive (``zoopick serve``)."""
+ORPHAN_GRACE_SECONDS = 2.0
+"""How long an orphaned worker may take to finish the warm shutdown that ``die_with_parent``'s
+signal started (an idle one exits cleanly, removing its heartbeat row) before it is killed."""
 
 
 def die_with_parent(parent: int | None = None) -> Callable[[], None] | None:
@@ -59,3 +73,61 @@ def stop_group(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> Non
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+class SupervisorWatch:
+    """A daemon thread in a child that must not outlive ``supervisor`` (its parent): every
+    ``interval`` seconds it compares ``os.getppid()`` with it; once they differ (the parent
+    died and the child was re-parented, also before this watch started) it waits ``grace``
+    seconds and then SIGKILLs the calling process' group when it leads one (a worker started
+    with ``start_new_session=True``: itself, its pool and whatever they started in it), else
+    the process alone (a Celery pool process gets SIGKILL with its parent anyway).
+
+    Polling ``getppid`` is one cheap system call; it needs no Linux feature, and unlike a
+    parent-death signal it cannot be caught and turned into a shutdown that waits."""
+
+    def __init__(
+        self,
+        supervisor: int,
+        interval: float = 0.5,
+        grace: float = ORPHAN_GRACE_SECONDS,
+        on_orphaned: Callable[[int], None] = lambda _: None,
+    ) -> None:
+        self.supervisor, self.interval, self.grace = supervisor, interval, grace
+        self.on_orphaned = on_orphaned
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="zoopick-supervisor", daemon=True)
+
+    @classmethod
+    def from_env(
+        cls, on_orphaned: Callable[[int], None] = lambda _: None
+    ) -> SupervisorWatch | None:
+        """The watch named by :data:`SUPERVISOR_ENV`, if it is set (by ``zoopick serve``)."""
+        raw = os.environ.get(SUPERVISOR_ENV, "")
+        return cls(int(raw), on_orphaned=on_orphaned) if raw.isdigit() else None
+
+    def start(self) -> SupervisorWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def orphaned(self) -> bool:
+        return os.getppid() != self.supervisor
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self.orphaned():
+                self.on_orphaned(self.supervisor)
+                if not self._stop.wait(self.grace):
+                    kill_own_group()
+                return
+            self._stop.wait(self.interval)
+
+
+def kill_own_group() -> None:
+    """SIGKILL the calling process' group when it leads it, else the process alone."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -35,14 +35,20 @@ VALIDATE = "zoopick.validate_dataset"
 SCORE = "zoopick.score_model"
 SELECT = "zoopick.select_model"
 FINETUNE = "zoopick.finetune"
+RACE_STEP = "zoopick.race_step"
 WORKFLOW_FAILED = "zoopick.workflow_failed"
+DELIVER_WEBHOOK = "zoopick.deliver_webhook"
+EXPORT_MODEL = "zoopick.export_model"
 
 ROUTES = {
     VALIDATE: {"queue": CPU},
     SCORE: {"queue": GPU},
     SELECT: {"queue": CPU},
     FINETUNE: {"queue": GPU},
+    RACE_STEP: {"queue": GPU},
     WORKFLOW_FAILED: {"queue": CPU},
+    DELIVER_WEBHOOK: {"queue": CPU},
+    EXPORT_MODEL: {"queue": CPU},
     "celery.chord_unlock": {"queue": CPU},  # polling join of result backends without counters
 }
 

@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, exists, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from zoopick.service.db.models import Dataset, DatasetStatus, Job, JobStatus
+from zoopick.service import webhooks
+from zoopick.service.db.models import Dataset, DatasetStatus, Job, JobStatus, RaceEntry
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
 from zoopick.service.db.types import utcnow
 from zoopick.service.pipeline import finish_run
@@ -45,7 +46,14 @@ from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-UNFINISHED = (JobStatus.queued.value, JobStatus.scoring.value, JobStatus.training.value)
+UNFINISHED = (
+    JobStatus.queued.value,
+    JobStatus.scoring.value,
+    JobStatus.racing.value,
+    JobStatus.training.value,
+)
+LEASED = (JobStatus.racing.value, JobStatus.training.value)
+"""Statuses whose tasks hold the job's lease while they train (a race's candidates share it)."""
 BATCH = 100
 
 
@@ -58,11 +66,25 @@ class Action:
     reason: str
 
 
+def _dead_candidate(now: datetime) -> Any:
+    """A racing job one of whose candidates' task stopped renewing its lease: the others may
+    still train (and keep the job's lease alive), but that one needs a new task."""
+    return and_(
+        Job.status == JobStatus.racing.value,
+        exists().where(
+            RaceEntry.job_id == Job.id,
+            RaceEntry.status == "running",
+            RaceEntry.lease_expires_at < now,
+        ),
+    )
+
+
 def _lost_clause(now: datetime, cutoff: datetime) -> Any:
-    leased = and_(Job.status == JobStatus.training.value, Job.lease_owner.is_not(None))
+    leased = and_(Job.status.in_(LEASED), Job.lease_owner.is_not(None))
     return and_(
         Job.status.in_(UNFINISHED),
         or_(
+            _dead_candidate(now),
             and_(leased, Job.lease_expires_at < now),
             # a live lease is proof of life (renewed every few seconds), however long an
             # epoch takes: only jobs without one can be stalled
@@ -76,17 +98,17 @@ def lost_reason(job: Job, now: datetime, settings: Settings) -> str | None:
     if job.status not in UNFINISHED:
         return None
     if (
-        job.status == JobStatus.training.value
+        job.status in LEASED
         and job.lease_owner
         and job.lease_expires_at is not None
         and job.lease_expires_at < now
     ):
         return (
-            f"its training task ({job.lease_owner}) stopped renewing its lease, which expired "
+            f"its {job.status} task ({job.lease_owner}) stopped renewing its lease, which expired "
             f"at {job.lease_expires_at.isoformat(timespec='seconds')}"
         )
     live_lease = job.lease_owner and job.lease_expires_at and job.lease_expires_at >= now
-    if job.status == JobStatus.training.value and live_lease:
+    if job.status in LEASED and live_lease:
         return None
     if job.updated_at < now - timedelta(seconds=settings.stall_timeout):
         return (
@@ -115,7 +137,7 @@ def _recover(
     factory: sessionmaker[Session], dispatcher: Any, settings: Settings, job: Job, now: datetime
 ) -> Action | None:
     cutoff = now - timedelta(seconds=settings.stall_timeout)
-    reason = lost_reason(job, now, settings)
+    reason = lost_reason(job, now, settings) or _dead_candidates(factory, job, now)
     if reason is None:
         return None
     with session_scope(factory) as session:
@@ -145,6 +167,7 @@ def _recover(
             )
             if done:
                 finish_run(session, job.id, status, error)
+                webhooks.enqueue(session, job.id, JobStatus(status))
             return Action(job.id, status, reason) if done else None
         # re-queue: count the attempt and clear the dead lease first (so the new task can
         # claim it and no other sweeper re-queues the same loss), then send the work
@@ -159,9 +182,19 @@ def _recover(
             lease_expires_at=None,
         ):
             return None
+        # a racing job's dead candidates are queued again (live ones keep their lease)
+        session.execute(
+            update(RaceEntry)
+            .where(
+                RaceEntry.job_id == job.id,
+                RaceEntry.status == "running",
+                RaceEntry.lease_expires_at < now,
+            )
+            .values(status="queued", lease_owner=None, lease_expires_at=None)
+        )
     attempt = job.recoveries + 1
     try:
-        ids = dispatcher.requeue(job, attempt)
+        ids = dispatcher.requeue(job, attempt, _race_work(factory, job))
     except Exception:  # the broker is down: undo, so a later sweep tries again
         log.warning("could not re-queue lost job %s", job.id, exc_info=True)
         with session_scope(factory) as session:
@@ -187,6 +220,40 @@ def _recover(
     return Action(job.id, "requeued", reason)
 
 
+def _dead_candidates(factory: sessionmaker[Session], job: Job, now: datetime) -> str | None:
+    if job.status != JobStatus.racing.value:
+        return None
+    with factory() as session:
+        dead = session.scalars(
+            select(RaceEntry).where(
+                RaceEntry.job_id == job.id,
+                RaceEntry.status == "running",
+                RaceEntry.lease_expires_at < now,
+            )
+        ).all()
+    if not dead:
+        return None
+    names = ", ".join(f"{e.model_id} ({e.lease_owner})" for e in dead)
+    return f"the task racing {names} stopped renewing its lease"
+
+
+def _race_work(factory: sessionmaker[Session], job: Job) -> list[tuple[str, int]]:
+    """(model, rung) of a racing job's candidates still to train; when none is left (the
+    rung's last task died before moving the race on), one of the last rung's, whose task finds
+    it settled and moves the race on."""
+    if job.status != JobStatus.racing.value:
+        return []
+    from zoopick.service import race
+
+    with factory() as session:
+        found = race.entries(session, job.id)
+    todo = [(e.model_id, e.rung) for e in found if e.status not in race.SETTLED]
+    if todo or not found:
+        return todo
+    last = max(e.rung for e in found)
+    return [next((e.model_id, e.rung) for e in found if e.rung == last)]
+
+
 def sweep(
     factory: sessionmaker[Session],
     dispatcher: Any,
@@ -208,6 +275,10 @@ def sweep(
         actions += sweep_datasets(factory, dispatcher, settings, now)
     except Exception:  # noqa: BLE001 - the jobs' sweep must still run
         log.exception("sweeping lost datasets")
+    try:
+        webhooks.resend_stale(factory, dispatcher, settings)
+    except Exception:  # noqa: BLE001 - the jobs' sweep must still run
+        log.exception("re-sending lost webhook deliveries")
     for job in jobs:
         try:
             action = _recover(factory, dispatcher, settings, job, now)

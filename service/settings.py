@@ -89,6 +89,12 @@ class Settings(BaseSettings):
         2000, ge=2, description="Classes of a dataset (metric memory grows with it)."
     )
     dataset_min_per_class: int = Field(2, ge=1, description="Images every class must have.")
+    dataset_max_cpu_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="CPU seconds validating one upload may spend (inflating, decoding): the "
+        "backstop for files cheap in bytes and costly in work.",
+    )
 
     # jobs
     max_models_per_job: int = Field(64, gt=0)
@@ -166,6 +172,41 @@ class Settings(BaseSettings):
         20 * 1024**3, gt=0, description="Bytes of datasets a tenant may keep stored."
     )
     quota_datasets: int = Field(200, gt=0, description="Datasets a tenant may keep stored.")
+
+    # integrations: Prometheus scrapes (zoopick.app.metrics) and webhooks
+    # (zoopick.service.webhooks, zoopick.service.netguard)
+    metrics_public: bool = Field(
+        False,
+        description="Let anyone who reaches the API scrape /metrics; default: an admin API key "
+        "only (queue depths and worker names describe the deployment).",
+    )
+    webhook_allow_networks: list[str] = Field(
+        default_factory=list,
+        description="Networks (CIDR, e.g. 10.0.0.0/8, 127.0.0.1/32) webhooks may be sent to "
+        "although they are loopback, private, link-local, multicast or reserved; default: none "
+        "(JSON list in the environment).",
+    )
+    webhook_max_attempts: int = Field(
+        6, ge=1, description="Tries of one webhook delivery before it is given up."
+    )
+    webhook_backoff_seconds: float = Field(
+        2.0, gt=0, description="Wait before the second try; doubled before each next one."
+    )
+    webhook_timeout_seconds: float = Field(
+        10.0, gt=0, description="Connect and read timeout of one webhook request."
+    )
+
+    @field_validator("webhook_allow_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for net in value:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"not a network: {net!r} (e.g. '10.0.0.0/8')") from None
+        return value
 
     @field_validator("rate_uploads", "rate_jobs", "rate_auth_failures")
     @classmethod
@@ -257,6 +298,7 @@ class Settings(BaseSettings):
             max_pixels=self.dataset_max_pixels,
             max_classes=self.dataset_max_classes,
             min_per_class=self.dataset_min_per_class,
+            max_cpu_seconds=self.dataset_max_cpu_seconds,
         )
 
     @property
@@ -313,6 +355,15 @@ class Settings(BaseSettings):
         )
         if self.ray_address:
             env["ZOOPICK_RAY_ADDRESS"] = self.ray_address
+        if self.webhook_allow_networks:  # workers send the webhooks: they need the allow-list
+            import json
+
+            env["ZOOPICK_WEBHOOK_ALLOW_NETWORKS"] = json.dumps(self.webhook_allow_networks)
+        env.update(
+            ZOOPICK_WEBHOOK_MAX_ATTEMPTS=str(self.webhook_max_attempts),
+            ZOOPICK_WEBHOOK_BACKOFF_SECONDS=str(self.webhook_backoff_seconds),
+            ZOOPICK_WEBHOOK_TIMEOUT_SECONDS=str(self.webhook_timeout_seconds),
+        )
         return env
 
     def ensure_dirs(self) -> None:

@@ -38,6 +38,9 @@ def declared() -> list[Requirement]:
     reqs = [Requirement(r) for r in project["dependencies"]]
     for extra in INSTALLED_EXTRAS:
         reqs += [Requirement(r) for r in project["optional-dependencies"][extra]]
+    # the light client distribution (client/pyproject.toml) is tested with the same pins
+    light = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]
+    reqs += [Requirement(r) for r in light["dependencies"]]
     return [r for r in reqs if canonicalize_name(r.name) != "zoopick"]
 
 

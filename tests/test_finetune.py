@@ -37,20 +37,33 @@ def test_every_hook_lowers_the_loss(tiny_zoo, tiny_npz, tmp_path):
     configs = [_cfg(tiny_zoo, tiny_npz, tmp_path / h, compressor=h) for h in hooks]
     launch(_run_many, 2, configs)
     for hook in hooks:
-        lines = (tmp_path / hook / METRICS).read_text().splitlines()
-        curve = [json.loads(line) for line in lines]
+        curve = _epoch_lines(tmp_path / hook)
         assert [r["epoch"] for r in curve] == [1, 2, 3, 4], hook
         assert curve[-1]["loss"] < curve[0]["loss"], (hook, [r["loss"] for r in curve])
         assert all(r["bytes_sent"] > 0 and r["workers"] == 2 for r in curve), hook
         assert set(curve[0]["seconds"]) == {"compute", "select", "communicate"}
     # a sparse hook sends far fewer bytes than the dense all-reduce
-    dense = json.loads((tmp_path / "dense" / METRICS).read_text().splitlines()[0])
-    topk = json.loads((tmp_path / "topk" / METRICS).read_text().splitlines()[0])
+    dense, topk = _epoch_lines(tmp_path / "dense")[0], _epoch_lines(tmp_path / "topk")[0]
     assert topk["bytes_sent"] < 0.5 * dense["bytes_sent"]
     # the dense baseline each epoch reports is what the dense hook really sent
     assert dense["dense_bytes"] == pytest.approx(dense["bytes_sent"], rel=1e-9)
     assert topk["dense_bytes"] == pytest.approx(dense["dense_bytes"], rel=1e-9)
     assert dense["iterations"] == topk["iterations"] > 0
+    # rank 0 says what it is doing as it goes: the phases, in order, and each epoch's start
+    events = [json.loads(x) for x in (tmp_path / "dense" / METRICS).read_text().splitlines()]
+    phases = [e["phase"] for e in events if e.get("event") == "progress"]
+    changes = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
+    assert changes == ["loading data", *["training", "evaluating"] * 4, "saving the model"]
+    # within an epoch of several steps: a sub-epoch point, rank 0's running loss so far
+    points = [e for e in events if e.get("event") == "progress" and e.get("loss") is not None]
+    assert points and 0 < points[0]["step"] < points[0]["steps"] and points[0]["epoch"] == 1
+    assert points[0]["loss"] > 0 and 0 <= points[0]["train_acc"] <= 1
+
+
+def _epoch_lines(run) -> list[dict]:
+    """The run's epoch records (``metrics.jsonl`` also holds its progress events)."""
+    lines = (run / METRICS).read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "event" not in r]
 
 
 def test_resume_continues_the_same_run_and_model_loads(tiny_zoo, tiny_npz, tmp_path):
@@ -61,8 +74,11 @@ def test_resume_continues_the_same_run_and_model_loads(tiny_zoo, tiny_npz, tmp_p
     launch(_run_many, 2, [straight, first, resumed])
     from zoopick.training.config import EpochRecord, RunEvent, parse_line
 
-    a = [parse_line(x) for x in (tmp_path / "straight" / METRICS).read_text().splitlines()]
-    b = [parse_line(x) for x in (tmp_path / "split" / METRICS).read_text().splitlines()]
+    def lines(run: str) -> list:
+        records = map(parse_line, (tmp_path / run / METRICS).read_text().splitlines())
+        return [r for r in records if not (isinstance(r, RunEvent) and r.event == "progress")]
+
+    a, b = lines("straight"), lines("split")
     # the resumed run says where it continued from, between its epochs 2 and 3
     assert b[2] == RunEvent("resumed", epoch=2, workers=2)
     del b[2]

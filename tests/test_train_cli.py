@@ -19,8 +19,10 @@ def test_train_two_workers_streams_epochs_and_writes_model(tiny_zoo, tiny_npz, t
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    records = [json.loads(line) for line in r.stdout.splitlines()]
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    records = [rec for rec in lines if "event" not in rec]  # the rest: progress events
     assert [rec["epoch"] for rec in records] == [1, 2]
+    assert {rec["event"] for rec in lines if "event" in rec} <= {"progress", "started"}
     assert all(rec["compressor"] == "spardl" and rec["workers"] == 2 for rec in records)
     assert (out / "model.safetensors").is_file()
     meta = json.loads((out / "model.json").read_text())

@@ -92,6 +92,19 @@ HOOKS: dict[str, type[_Options]] = {
 """Every hook by name: the names the job schema, the dashboard and the CLI offer."""
 
 
+def option_schemas() -> list[dict[str, Any]]:
+    """Each hook's options as a JSON schema (``density`` aside: it is a field of its own),
+    for the job schema's ``hook_options``: published in the OpenAPI document, one per hook."""
+    schemas = []
+    for name, model in HOOKS.items():
+        schema = model.model_json_schema()
+        schema["properties"].pop("density", None)
+        schema["title"] = f"{name} options"
+        schema["description"] = f'hook_options when "compressor" is "{name}"'
+        schemas.append(schema)
+    return schemas
+
+
 def names() -> list[str]:
     return sorted(HOOKS)
 
@@ -117,6 +130,24 @@ def validate(name: str, *, density: float, options: dict[str, Any]) -> dict[str,
         return model.model_validate({**options, "density": density}).model_dump()
     except ValidationError as exc:
         raise CommError(f"comm hook {name!r}: {describe(exc, model)}") from None
+
+
+def check_world(name: str, options: dict[str, Any], min_workers: int, max_workers: int) -> None:
+    """Refuse options that no world size of the run can use: spardl's ``teams`` must divide
+    the number of workers, at every count an elastic run (``min``..``max``) may take (the
+    hook itself would only fail at its first step, after the job scored every model)."""
+    teams = options.get("teams", 1) if name == "spardl" else 1
+    if not isinstance(teams, int) or teams <= 1:
+        return
+    bad = [n for n in range(min_workers, max_workers + 1) if n % teams]
+    if bad:
+        counts = (
+            f"{min_workers}" if min_workers == max_workers else f"{min_workers} to {max_workers}"
+        )
+        raise CommError(
+            f"hook_options.teams: {teams} teams cannot divide {bad[0]} workers (spardl splits "
+            f"the workers into equal teams; this run may have {counts} workers)"
+        )
 
 
 def describe(exc: ValidationError, model: type[BaseModel]) -> str:

@@ -97,7 +97,9 @@ class FinetuneOptions(BaseModel):
         max_length=16,
         description="Options of the hook (e.g. spardl's teams, warmup, fp16). Sparse hooks "
         f"get {SPARSE_WARMUP} iterations of exponential warm-up unless warmup is given "
-        "(0: none).",
+        "(0: none). Typed per hook, never coerced: the schema of each hook's options is "
+        "below (anyOf, one per compressor).",
+        json_schema_extra={"anyOf": comm_options.option_schemas()},
     )
     lr: float = Field(0.01, gt=0, le=10)
     batch_size: int = Field(32, ge=1, le=65_536, description="Images per worker and step.")
@@ -147,6 +149,9 @@ class FinetuneOptions(BaseModel):
     @model_validator(mode="after")
     def _momentum_once(self) -> FinetuneOptions:
         check_momentum(self.hook_options, self.optimizer, self.momentum)
+        comm_options.check_world(
+            self.compressor, self.hook_options, self.min_workers, self.max_workers
+        )
         return self
 
     @property
@@ -194,9 +199,31 @@ class FinetuneConfig(FinetuneOptions):
     out: str = Field(min_length=1, description="Run folder.")
     test_data: str | None = None
     resume: bool = False
+    max_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Stop after this many optimizer steps in all, counted from the run's start "
+        "across resumptions, mid-epoch if need be; it replaces epochs as the run's length (a "
+        "rung of a race: the next rung resumes the same run with a larger value).",
+    )
+    validation_fraction: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Hold out this stratified share of the training split and report "
+        "validation accuracy on it instead of test accuracy (a race: the test split is never "
+        "looked at, so it stays an unbiased estimate for the final fine-tune).",
+    )
+    init_from: str | None = Field(
+        None,
+        min_length=1,
+        description="A checkpoint of another run (its checkpoint.pt) whose model and optimizer "
+        "state start this run when it has none of its own (the final fine-tune starts from the "
+        "race winner's).",
+    )
 
     # fields that may change between a run and its resumption
-    _RESUMABLE = frozenset({"epochs", "resume", "out"})
+    _RESUMABLE = frozenset({"epochs", "resume", "out", "max_steps"})
 
     @classmethod
     def for_run(
@@ -259,7 +286,8 @@ class EpochRecord:
 
     On the wire (stdout, ``metrics.jsonl``) it is one JSON object per line:
     ``{"epoch", "loss", "train_acc", "test_acc", "bytes_sent", "seconds": {"compute",
-    "select", "communicate"}, "workers", "compressor", "iterations", "dense_bytes"}``;
+    "select", "communicate"}, "workers", "compressor", "iterations", "dense_bytes", "val_acc",
+    "steps"}``;
     :meth:`to_json` and :func:`parse_line` are the only writer and reader of that form.
     ``dense_bytes`` is what a dense float32 all-reduce of the same gradients would have sent
     per worker over the epoch (``comm.stats.dense_allreduce_bytes``): the baseline of
@@ -277,6 +305,10 @@ class EpochRecord:
     compressor: str | None = None
     iterations: int | None = None
     dense_bytes: float | None = None
+    val_accuracy: float | None = None
+    steps: int | None = None
+    """Optimizer steps since the run started (a record may close a partial epoch when the
+    run has ``max_steps``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -294,6 +326,8 @@ class EpochRecord:
             "compressor": self.compressor,
             "iterations": self.iterations,
             "dense_bytes": self.dense_bytes,
+            "val_acc": self.val_accuracy,
+            "steps": self.steps,
         }
 
     def to_json(self) -> str:
@@ -320,6 +354,8 @@ class EpochRecord:
             compressor=None if data.get("compressor") is None else str(data["compressor"]),
             iterations=None if data.get("iterations") is None else int(data["iterations"]),
             dense_bytes=num(data.get("dense_bytes")),
+            val_accuracy=num(data.get("val_acc")),
+            steps=None if data.get("steps") is None else int(data["steps"]),
         )
 
 
@@ -333,6 +369,17 @@ def write_line(stream: TextIO, line: str) -> None:
     so two ranks failing at once could interleave into one unreadable line."""
     stream.write(line + "\n")
     stream.flush()
+
+
+PLAIN_ERRORS = frozenset({"CommError", "DatasetError", "LimitExceeded", "ZooError"})
+"""Our own errors, whose messages already say in plain words what is wrong: a failed job's
+error shows the message alone, not the class name (which tells a user nothing)."""
+
+
+def failure_text(name: str, message: str) -> str:
+    """What a run's error says: ``message``, after the exception's class ``name`` unless
+    it is one of :data:`PLAIN_ERRORS` (an unexpected error keeps its name: a clue)."""
+    return message if name in PLAIN_ERRORS else f"{name}: {message}"
 
 
 @dataclass(frozen=True)
@@ -354,13 +401,24 @@ class RunEvent:
     """Something that happened to a run besides an epoch, on its own line:
     ``{"event": "started", "backend": "ray", "ref": <the Ray job id>}`` (the driver, once
     connected) or ``{"event": "resumed", "epoch": e, "workers": w}`` (rank 0, continuing
-    from the checkpoint of epoch ``e`` after a worker or node was lost, or a re-delivery)."""
+    from the checkpoint of epoch ``e`` after a worker or node was lost, or a re-delivery), or
+    ``{"event": "progress", "phase": ..., "epoch": e, "epochs": n, "step": j, "steps": m,
+    "loss": l, "train_acc": a, "host": h}`` (rank 0, as it goes: the phase it is in, and during
+    an epoch the step reached with rank 0's running mean loss and accuracy so far, a
+    sub-epoch point of the curve, read from values the loop already holds on the host)."""
 
-    event: Literal["started", "resumed"]
+    event: Literal["started", "resumed", "progress"]
     epoch: int | None = None
     workers: int | None = None
     backend: str | None = None
     ref: str | None = None
+    phase: str | None = None
+    epochs: int | None = None
+    step: int | None = None
+    steps: int | None = None
+    loss: float | None = None
+    train_acc: float | None = None
+    host: str | None = None
 
     def to_json(self) -> str:
         fields = {k: v for k, v in vars(self).items() if v is not None}
@@ -383,10 +441,13 @@ def parse_line(line: str) -> EpochRecord | TrainerError | RunEvent | None:
         if "error" in data:
             rank = data.get("rank")
             return TrainerError(str(data["error"]), rank if isinstance(rank, int) else None)
-        if data.get("event") in ("started", "resumed"):
-            num = {k: int(data[k]) for k in ("epoch", "workers") if data.get(k) is not None}
-            text = {k: str(data[k]) for k in ("backend", "ref") if data.get(k) is not None}
-            return RunEvent(data["event"], **num, **text)
+        if data.get("event") in ("started", "resumed", "progress"):
+            ints = ("epoch", "workers", "epochs", "step", "steps")
+            num = {k: int(data[k]) for k in ints if data.get(k) is not None}
+            real = {k: float(data[k]) for k in ("loss", "train_acc") if data.get(k) is not None}
+            texts = ("backend", "ref", "phase", "host")
+            text = {k: str(data[k])[:200] for k in texts if data.get(k) is not None}
+            return RunEvent(data["event"], **num, **real, **text)
         if "epoch" in data:
             return EpochRecord.from_dict(data)
     except (TypeError, ValueError):

@@ -30,8 +30,10 @@ from zoopick.training.config import (
     FinetuneConfig,
     RunEvent,
     TrainerError,
+    failure_text,
     write_line,
 )
+from zoopick.training.progress import Reporter
 
 
 def _log(record: EpochRecord | RunEvent, out: Path) -> None:
@@ -42,6 +44,11 @@ def _log(record: EpochRecord | RunEvent, out: Path) -> None:
 
 
 def _load_data(cfg: FinetuneConfig):
+    """(train, held out): the held-out part is the test data (or split), or, for a run with
+    ``validation_fraction`` (a race), a stratified share of the training split, so the test
+    split is never looked at. The training split is the same either way (same seed), which is
+    what lets the final fine-tune start from a race checkpoint without having seen its test
+    images."""
     from zoopick.selection.data import load_dataset, split_dataset
 
     train = load_dataset(cfg.data, max_per_class=cfg.max_per_class, seed=cfg.seed)
@@ -54,6 +61,8 @@ def _load_data(cfg: FinetuneConfig):
             raise ValueError("test data classes differ from training data classes")
     else:
         train, test = split_dataset(train, cfg.test_fraction, cfg.seed)
+    if cfg.validation_fraction is not None:
+        return split_dataset(train, cfg.validation_fraction, cfg.seed + 1)
     return train, test
 
 
@@ -127,6 +136,8 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
+    report = Reporter(lambda event: _log(event, out), active=rank == 0)
+    report.phase("loading data")
 
     entry = load_zoo(cfg.zoo)[cfg.model]
     train, test = _load_data(cfg)
@@ -155,11 +166,13 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     else:
         opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    start_epoch = 0
+    start_epoch = start_step = 0
     if cfg.resume and (out / CHECKPOINT).exists():
-        start_epoch = _restore(out, cfg, model, opt, state, rank, world)
+        start_epoch, start_step = _restore(out, cfg, model, opt, state, rank, world)
         if rank == 0:
             _log(RunEvent("resumed", epoch=start_epoch, workers=world), out)
+    elif cfg.init_from:
+        _init_from(Path(cfg.init_from), cfg, model, opt)
     timer = _CommTimer(state)
 
     # every rank runs the same number of equally sized batches (DDP needs it); the last
@@ -169,15 +182,25 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
         raise ValueError(f"{len(y_train)} training images cannot feed {world} workers")
     batch = min(cfg.batch_size, per_rank)
     steps = per_rank // batch
-    used = steps * batch
+    # max_steps, when set, is the run's length (epochs then only says what a full run is)
+    limit = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * steps
+    epochs = -(-limit // steps)
+    held = "val_accuracy" if cfg.validation_fraction is not None else "test_accuracy"
     record: EpochRecord | None = None
-    for epoch in range(start_epoch, cfg.epochs):
+    for epoch in range(start_epoch, epochs):
+        first = start_step if epoch == start_epoch else 0
+        last = min(steps, limit - epoch * steps)  # a run with max_steps may stop mid-epoch
+        if last <= first:
+            break
         gen = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
         order = torch.randperm(len(y_train), generator=gen)[rank * per_rank : (rank + 1) * per_rank]
         ddp.train()
         t0 = time.perf_counter()
-        loss_sum = correct = 0.0
-        for step in range(steps):
+        report.phase("training", epoch=epoch + 1, epochs=cfg.epochs, step=first, steps=steps)
+        # summed on the device: a step never waits for the GPU (a report reads them)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        correct = torch.zeros((), dtype=torch.float64, device=device)
+        for step in range(first, last):
             idx = order[step * batch : (step + 1) * batch]
             xb = normalise(x_train[idx], data_config, device)
             if amp:
@@ -189,21 +212,33 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
                 loss = torch.nn.functional.cross_entropy(logits, yb)
             loss.backward()
             opt.step()
-            loss_sum += float(loss.detach()) * len(idx)
-            correct += float((logits.argmax(1) == yb).sum())
+            loss_sum += loss.detach().double() * len(idx)
+            correct += (logits.argmax(1) == yb).sum()
+            if report.due(step, first, last):
+                report.step(
+                    epoch=epoch + 1,
+                    epochs=cfg.epochs,
+                    step=step + 1,
+                    steps=steps,
+                    loss_sum=loss_sum,
+                    correct=correct,
+                    seen=(step + 1 - first) * batch,
+                )
+        used = (last - first) * batch
         wall = time.perf_counter() - t0
         comm = timer.take()
+        report.phase("evaluating", epoch=epoch + 1, epochs=cfg.epochs)
         test_correct, test_n = _evaluate(
             model, x_test, y_test, data_config, device, cfg.batch_size * 2, amp
         )
         totals = _all_sum(
-            [loss_sum, correct, used, test_correct, test_n, comm["bytes_sent"]], device
+            [float(loss_sum), float(correct), used, test_correct, test_n, comm["bytes_sent"]],
+            device,
         )
         record = EpochRecord(
             epoch=epoch + 1,
             loss=totals[0] / totals[2],
             train_accuracy=totals[1] / totals[2],
-            test_accuracy=totals[3] / max(totals[4], 1),
             bytes_sent=totals[5] / world,  # per worker
             compute_seconds=max(wall - comm["select_s"] - comm["comm_s"], 0.0),
             select_seconds=comm["select_s"],
@@ -212,16 +247,42 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
             compressor=cfg.compressor,
             iterations=int(comm["iterations"]),
             dense_bytes=dense_allreduce_bytes(comm["numel"], world),
+            steps=epoch * steps + last,
+            **{held: totals[3] / max(totals[4], 1)},
         )
         if rank == 0:
             _log(record, out)
-        _save(out, cfg, model, opt, state, epoch + 1, rank, world)
+        finished = last == steps
+        _save(out, cfg, model, opt, state, epoch + finished, 0 if finished else last, rank, world)
+        if not finished:
+            break
+    if record is None and cfg.max_steps is not None:
+        # nothing left to train (a re-delivered rung that had already finished): say where
+        # the run stands, so whoever waits for this rung gets its validation accuracy
+        held_correct, held_n = _evaluate(
+            model, x_test, y_test, data_config, device, cfg.batch_size * 2, amp
+        )
+        totals = _all_sum([held_correct, held_n], device)
+        record = EpochRecord(
+            epoch=start_epoch + (1 if start_step else 0),
+            steps=start_epoch * steps + start_step,
+            workers=world,
+            compressor=cfg.compressor,
+            **{held: totals[0] / max(totals[1], 1)},
+        )
+        if rank == 0:
+            _log(record, out)
+
+    if cfg.max_steps is not None:  # a rung: its checkpoint is the product, not a model file
+        dist.barrier()
+        return record.to_dict() if record else {}
 
     # every replica must end with the same parameters (the hooks apply the same averaged
     # update on every rank): recorded, so a run whose replicas drifted apart can be told
     digests: list[str | None] = [None] * world
     dist.all_gather_object(digests, _parameter_digest(model))
     if rank == 0:
+        report.phase("saving the model")
         save_checkpoint(model, out / FINAL_WEIGHTS)
         meta = {
             "rank_digests": digests,
@@ -256,13 +317,16 @@ def _state_file(out: Path, rank: int) -> Path:
     return out / f"comm-state-rank{rank}.pt"
 
 
-def _save(out, cfg, model, opt, state, epoch, rank, world) -> None:
+def _save(out, cfg, model, opt, state, epoch, step, rank, world) -> None:
     """Model + optimizer from rank 0 (identical everywhere); each rank's error-feedback
-    residuals beside it, since those differ per worker and a resumed run needs them."""
+    residuals beside it, since those differ per worker and a resumed run needs them.
+    ``epoch`` epochs are complete, and ``step`` steps of the next one (a run that stopped at
+    ``max_steps``)."""
     _atomic_save(state.state_dict(model), _state_file(out, rank))
     if rank == 0:
         blob = {
             "epoch": epoch,
+            "step": step,
             "world": world,
             "model": model.state_dict(),
             "optimizer": opt.state_dict(),
@@ -278,24 +342,40 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _restore(out, cfg, model, opt, state, rank, world) -> int:
-    """The epoch to continue after. The hook's residuals and scheme state come back too,
-    unless the run continues on another number of workers (an elastic run that lost or
-    gained one): each rank's residuals belong to its shard of the data, so they start from
-    zero then, as at the start of a run."""
+def _restore(out, cfg, model, opt, state, rank, world) -> tuple[int, int]:
+    """(epochs done, steps done of the next epoch) to continue after. The hook's residuals
+    and scheme state come back too, unless the run continues on another number of workers (an
+    elastic run that lost or gained one): each rank's residuals belong to its shard of the
+    data, so they start from zero then, as at the start of a run."""
     blob = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=False)
     changed = cfg.same_run(blob["config"])
     if changed:
         raise ValueError(f"--resume: the run's settings changed since the checkpoint: {changed}")
     model.load_state_dict(blob["model"])
     opt.load_state_dict(blob["optimizer"])
+    where = int(blob["epoch"]), int(blob.get("step", 0))
     if blob.get("world", world) != world:
-        return int(blob["epoch"])
+        return where
     path = _state_file(out, rank)
     if not path.exists():
         raise ValueError(f"--resume: {path.name} is missing (was the run on more workers?)")
     state.load_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))
-    return int(blob["epoch"])
+    return where
+
+
+def _init_from(path: Path, cfg: FinetuneConfig, model, opt) -> None:
+    """Start from another run's checkpoint (a race winner's): its model, and its optimizer
+    state (momentum, Adam's moments) when it used the same optimizer, so no step it took is
+    lost; this run's own learning rate and weight decay apply from here on. The comm hook's
+    residuals start from zero (the other run had its own workers)."""
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(blob["model"])
+    if blob.get("config", {}).get("optimizer") == cfg.optimizer:
+        opt.load_state_dict(blob["optimizer"])
+        for group in opt.param_groups:
+            group["lr"], group["weight_decay"] = cfg.lr, cfg.weight_decay
+            if "momentum" in group:
+                group["momentum"] = cfg.momentum
 
 
 def main_worker(cfg: FinetuneConfig) -> int:
@@ -307,7 +387,7 @@ def main_worker(cfg: FinetuneConfig) -> int:
     try:
         run(cfg)
     except Exception as exc:
-        error = TrainerError(f"{type(exc).__name__}: {exc}", dist.get_rank())
+        error = TrainerError(failure_text(type(exc).__name__, str(exc)), dist.get_rank())
         write_line(sys.stderr, error.to_json())
         raise
     finally:

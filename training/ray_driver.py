@@ -29,6 +29,7 @@ from zoopick.training.config import (
     FinetuneConfig,
     RunEvent,
     TrainerError,
+    failure_text,
     write_line,
 )
 
@@ -102,7 +103,7 @@ def failure_reason(exc: BaseException) -> str:
         head, sep, rest = line.strip().partition(": ")
         named = head.isidentifier() and head.endswith(("Error", "Exception"))
         if sep and named:
-            return f"{head}: {rest}"
+            return failure_text(head, rest)
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
 

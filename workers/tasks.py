@@ -28,12 +28,16 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from zoopick.service import datasets as store
-from zoopick.service import liveness, pipeline, recovery, zoo_catalog
+from zoopick.service import liveness, pipeline, recovery, webhooks, zoo_catalog
+from zoopick.service import race as races
 from zoopick.service.db.models import TERMINAL, Dataset, Job, JobStatus, ZooModel
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
 from zoopick.service.queue import (
+    DELIVER_WEBHOOK,
+    EXPORT_MODEL,
     FINETUNE,
     PRELOAD_ALIVE_TIMEOUT,
+    RACE_STEP,
     SCORE,
     SELECT,
     VALIDATE,
@@ -48,6 +52,7 @@ from zoopick.training.config import (
     FinetuneOptions,
     RunEvent,
 )
+from zoopick.training.race import SelectionOptions
 from zoopick.workers import training_runner
 
 log = logging.getLogger(__name__)
@@ -363,7 +368,9 @@ def score_model(self, job_id: str, model_id: str) -> str:
         job = session.get(Job, jid)
         if job is None:
             return "deleted"
-        pipeline.upsert_scores(session, jid, model_id, result.scores, result.seconds)
+        pipeline.upsert_scores(
+            session, jid, model_id, result.scores, result.seconds, cached=result.cached
+        )
         pipeline.update_scoring_progress(session, job)
         if job.cancel_requested:  # checked between models
             pipeline.finish_cancelled(session, jid)
@@ -403,6 +410,19 @@ def select_model(self, job_id: str) -> str:
             pipeline.fail(session, jid, f"no model could be scored ({why})" if why else
                           "no model could be scored")  # fmt: skip
             return "failed"
+        if job.selection:
+            ranked = [r["model"] for r in pipeline.ranking(session, job)]
+            if len(ranked) >= 2:
+                try:
+                    models = races.start(session, job, ranked)
+                except races.RaceRefused as exc:  # the dataset changed since submission
+                    pipeline.fail(session, jid, f"the race cannot run: {exc}")
+                    return "failed"
+                session.commit()
+                if models:
+                    session.refresh(job)
+                    _dispatcher().race_steps(job, 0, models)
+                return f"racing {len(models)}"
         if job.finetune:
             moved = pipeline.transition(
                 session,
@@ -450,6 +470,7 @@ def finetune(self, job_id: str) -> str:
         out = run_dir(cfg, jid)
         manifest = zoo_catalog.write_manifest([row], out.parent / "zoo.json")
         options = FinetuneOptions.stored(job.finetune or {})
+        winner = race_dir(cfg, jid, job.chosen_model) / CHECKPOINT if job.race else None
         run_cfg = FinetuneConfig.for_run(
             options,
             zoo=str(manifest),
@@ -457,6 +478,8 @@ def finetune(self, job_id: str) -> str:
             data=ds.storage_path,
             out=str(out),
             resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
+            # the race winner's training is where this run starts: no step is thrown away
+            init_from=str(winner) if winner is not None and winner.is_file() else None,
         )
         run = pipeline.open_run(
             session,
@@ -494,6 +517,7 @@ def finetune(self, job_id: str) -> str:
             on_record=on_record,
             keep_going=keep_going,
             on_event=on_event,
+            log=out,
         )
     except SoftTimeLimitExceeded:
         with session_scope(factory()) as session:
@@ -528,6 +552,131 @@ def finetune(self, job_id: str) -> str:
     return "trained"
 
 
+# -- the race: stage 2 of a two-stage selection -------------------------------------------
+
+
+def _dispatcher() -> Any:
+    from zoopick.service.dispatch import Dispatcher
+
+    return Dispatcher(settings())
+
+
+def race_dir(cfg: Settings, job_id: uuid.UUID, model_id: str) -> Path:
+    """A candidate's run folder, fixed per (job, model): every rung resumes it."""
+    import hashlib
+
+    key = hashlib.sha256(model_id.encode()).hexdigest()[:16]
+    return cfg.storage_dir / "jobs" / str(job_id) / "race" / key
+
+
+@shared_task(
+    name=RACE_STEP,
+    bind=True,
+    soft_time_limit=_settings.train_soft_time_limit,
+    time_limit=_settings.train_hard_time_limit,
+)
+def race_step(self, job_id: str, model_id: str, rung: str) -> str:
+    """Train one shortlisted model to its rung's step count (resuming its checkpoint), validate
+    it, then move the race on if it was the rung's last candidate."""
+    jid, level = uuid.UUID(job_id), int(rung)
+    cfg = settings()
+    owner = owner_id(self)
+    shared = f"race:{jid}"  # every candidate's task renews the job's lease: proof of life
+    with session_scope(factory()) as session:
+        job = _open_job(session, jid)
+        if job is None or job.status != JobStatus.racing.value:
+            return "skipped"
+        entry = races.claim(session, jid, model_id, level, owner, cfg.lease_seconds)
+        if entry is None:  # settled, or another live task trains it: maybe move on
+            outcome = "already settled"
+        else:
+            pipeline.claim_lease(session, jid, shared, cfg.lease_seconds)
+            row = session.get(ZooModel, model_id)
+            ds = session.get(Dataset, job.dataset_id) if job.dataset_id else None
+            if row is None or ds is None:
+                races.settle(session, entry.id, "failed", error="the model or dataset was deleted")
+                outcome = "failed"
+            else:
+                out = race_dir(cfg, jid, model_id)
+                manifest = zoo_catalog.write_manifest([row], out / "zoo.json")
+                selection = SelectionOptions.model_validate(job.selection)
+                run_cfg = FinetuneConfig.for_run(
+                    races.race_options(job),
+                    zoo=str(manifest),
+                    model=row.id,
+                    data=ds.storage_path,
+                    out=str(out),
+                    resume=(out / CHECKPOINT).exists(),
+                    max_steps=entry.target_steps,
+                    validation_fraction=selection.validation_fraction,
+                )
+                entry_id = entry.id
+                outcome = "train"
+    if outcome == "train":
+        outcome = _run_rung(jid, entry_id, run_cfg, owner, shared, cfg)
+    with session_scope(factory()) as session:
+        job = session.get(Job, jid)
+        if job is None:
+            return outcome
+        if job.cancel_requested:
+            pipeline.finish_cancelled(session, jid)
+            return "cancelled"
+        step = races.advance(session, job, level)
+        if step.action == "failed":
+            pipeline.fail(session, jid, f"the race failed: {step.error}")
+        session.commit()
+        session.refresh(job)
+        if step.action == "next":
+            _dispatcher().race_steps(job, step.rung, step.models)
+        elif step.action == "chosen" and job.finetune:
+            _dispatcher().finetune(job)
+        elif step.action == "wait":
+            races.set_race_progress(session, job)
+    return f"{outcome}; {step.action}"
+
+
+def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str, shared: str,
+              cfg: Settings) -> str:  # fmt: skip
+    """One candidate's rung through the configured backend; the entry is settled with what
+    the trainer counted (steps, validation accuracy) or why it failed."""
+    import time
+
+    last: list[EpochRecord] = []
+    started = time.monotonic()
+
+    def keep_going() -> bool:
+        with session_scope(factory()) as session:
+            if not races.renew(session, entry_id, owner, cfg.lease_seconds):
+                return False
+            pipeline.claim_lease(session, jid, shared, cfg.lease_seconds)
+            job = session.get(Job, jid)
+            return job is not None and not job.cancel_requested
+
+    try:
+        result = training_runner.run(
+            lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
+            on_record=last.append,
+            keep_going=keep_going,
+            poll=min(5.0, cfg.lease_seconds / 4),  # renewed well before it runs out
+        )
+    except SoftTimeLimitExceeded:
+        with session_scope(factory()) as session:
+            races.settle(session, entry_id, "failed", error="the rung exceeded its time limit")
+        raise
+    seconds = time.monotonic() - started
+    with session_scope(factory()) as session:
+        if result.stopped:
+            races.settle(session, entry_id, "cancelled", seconds=seconds)
+            return "cancelled"
+        record = last[-1] if last else None
+        if result.returncode != 0 or record is None or record.val_accuracy is None:
+            error = result.error or f"trainer exited with code {result.returncode}"
+            races.settle(session, entry_id, "failed", seconds=seconds, error=error)
+            return "failed"
+        races.settle(session, entry_id, "done", record=record, seconds=seconds)
+    return "trained"
+
+
 # -- the canvas' error callback ---------------------------------------------------------------
 
 
@@ -546,3 +695,70 @@ def workflow_failed(self, job_id: str, *args: Any) -> str:
             return "cancelled"
         pipeline.fail(session, jid, "a task of this job crashed or exceeded its hard time limit")
     return "failed"
+
+
+# -- webhooks ---------------------------------------------------------------------------------
+
+
+@shared_task(name=DELIVER_WEBHOOK, bind=True)
+def deliver_webhook(self, delivery_id: str) -> str:
+    """One try of a webhook delivery (``zoopick.service.webhooks``); a failed try sends the
+    next one with a doubled countdown, after this try is logged."""
+    with session_scope(factory()) as session:
+        outcome = webhooks.deliver(session, uuid.UUID(delivery_id), settings())
+    if outcome.done:
+        return "done"
+    _dispatcher().deliver_webhook(delivery_id, countdown=outcome.retry_in)
+    return f"retry in {outcome.retry_in:g} s"
+
+
+# -- model export -----------------------------------------------------------------------------
+
+
+@shared_task(name=EXPORT_MODEL, bind=True)
+def export_model(self, job_id: str, fmt: str) -> str:
+    """The job's fine-tuned model as ``fmt`` (``timm`` or ``onnx``), stored beside it and
+    recorded as an artefact; a failure is written where the API reads it
+    (``service.exports.error_file``)."""
+    from zoopick.service import exports
+
+    jid = uuid.UUID(job_id)
+    with session_scope(factory()) as session:
+        job = session.get(Job, jid)
+        model = exports.artefact(session, job, "safetensors") if job is not None else None
+        if model is None or fmt not in exports.FORMATS[1:]:
+            return "no model"
+        if exports.artefact(session, job, fmt) is not None:
+            return "exported"
+        row = session.get(ZooModel, job.chosen_model)
+        dataset = session.get(Dataset, job.dataset_id) if job.dataset_id else None
+        entry = zoo_catalog.to_entry(row) if row is not None else None
+        classes = list(dataset.classes or []) if dataset is not None else []
+        weights = model.path
+    folder = exports.export_dir(weights)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        if entry is None:
+            raise ValueError(f"zoo model {job.chosen_model!r} is no longer in the zoo")
+        if not classes:
+            raise ValueError("the job's dataset was deleted: its class names are unknown")
+        out = _export(entry, weights, classes, fmt, folder)
+    except Exception as exc:  # noqa: BLE001 - the reason is the API's answer to the user
+        log.exception("export of job %s as %s failed", job_id, fmt)
+        exports.error_file(weights, fmt).write_text(f"{type(exc).__name__}: {exc}"[:2000])
+        return "failed"
+    digest, size = training_runner.file_digest(out)
+    with session_scope(factory()) as session:
+        pipeline.add_artefact(session, jid, exports.KIND[fmt], str(out), digest, size)
+    return "exported"
+
+
+def _export(entry: Any, weights: str, classes: list[str], fmt: str, folder: Path) -> Path:
+    from zoopick.training import export
+
+    model = export.load_finetuned(entry.arch, weights, len(classes))
+    data_config = entry.data_config(model)
+    if fmt == "onnx":
+        return export.onnx_file(model, data_config, folder / "model.onnx")
+    export.timm_folder(model, data_config, classes, folder / export.TIMM_FOLDER)
+    return export.tar_folder(folder / export.TIMM_FOLDER, folder / "timm.tar")

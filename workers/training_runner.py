@@ -7,7 +7,9 @@ stdout and a failing rank an error line on stderr (both read with ``training.con
 :func:`run` hands each epoch record
 to a callback as it arrives, asks ``keep_going()`` between records and at least every
 ``poll`` seconds (lease renewal, cancellation), and stops the whole process group when told to
-or when the task itself is interrupted.
+or when the task itself is interrupted. Run events (started, resumed, the live progress) go to
+``on_event``; everything else the trainer prints is kept in the run folder's ``train.log``
+(``service.run_log``, bounded) when ``log`` names the folder.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from zoopick.service.processes import die_with_parent, stop_group
+from zoopick.service.run_log import LogWriter
 from zoopick.training.backends import Backend
 from zoopick.training.config import (
     EpochRecord,
@@ -68,13 +71,19 @@ def run(
     keep_going: Callable[[], bool],
     on_event: Callable[[RunEvent], None] = lambda _: None,
     poll: float = 5.0,
+    log: Path | None = None,
 ) -> Result:
+    """``log``: the run folder whose ``train.log`` keeps what the trainer prints (progress
+    events left out: the database holds where the run is)."""
+    writer = LogWriter(log) if log is not None else None
     proc = start()
     lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
     tail: deque[str] = deque(maxlen=50)
     errors: list[str] = []
 
     def from_stderr(line: str) -> None:
+        if writer is not None:
+            writer.write("stderr", line)
         if line.strip():
             tail.append(line)
         rec = parse_line(line)
@@ -112,6 +121,10 @@ def run(
             check = line is None or time.monotonic() - last_check >= poll
             if line is not None:
                 rec = parse_line(line)
+                if writer is not None and not (
+                    isinstance(rec, RunEvent) and rec.event == "progress"
+                ):
+                    writer.write("stdout", line)
                 if isinstance(rec, TrainerError):
                     errors.append(rec.describe())
                 elif isinstance(rec, EpochRecord):
@@ -131,6 +144,8 @@ def run(
         # rank's error line may still be in the stderr pipe behind torchrun's traceback)
         for t in threads:
             t.join(timeout=30)
+        if writer is not None:
+            writer.close()
     result.returncode = proc.returncode if proc.returncode is not None else -1
     result.stderr_tail = list(tail)
     if result.returncode != 0 and not result.stopped:

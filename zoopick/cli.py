@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from zoopick.client.cli import register as register_client
+from zoopick.client.tables import show as show_table
 from zoopick.service_cli import service_app
 from zoopick.training.config import FinetuneConfig, default
 
@@ -166,7 +167,7 @@ def _print_table(ranking) -> None:
             place[m.id] = f"{rank}{tie}"
     table = Table(title=f"{ranking.dataset}: ranked by {first} (= marks a tie)")
     table.add_column("rank", justify="right")
-    table.add_column("model")
+    table.add_column("model", overflow="fold")  # never cut: a model id is copied from here
     for name in ranking.metrics:
         table.add_column(name, justify="right")
     table.add_column("forward s", justify="right")
@@ -176,7 +177,7 @@ def _print_table(ranking) -> None:
             row += [f"{m.scores[name]:.4g}" for name in ranking.metrics]
             row.append("cached" if m.cached else f"{m.seconds['forward']:.2f}")
             table.add_row(*row)
-    Console().print(table)
+    show_table(Console(), table)
 
 
 @app.command()
@@ -184,17 +185,23 @@ def demo(
     folder: Annotated[Path, typer.Option("--dir", help="Where the demo zoo is built.")] = Path(
         ".zoopick/demo"
     ),
-    metric: Annotated[list[str], typer.Option("--metric", "-m")] = [  # noqa: B006
-        "sms",
-        "isms",
-        "sms+",
-        "logme",
-        "leep",
-    ],
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric", "-m", help="Metric; the first ranks [the service's default metrics]."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Build a small demo zoo and target on the spot (seconds, no download) and rank it."""
+    """Build a small demo zoo and target on the spot (seconds, no download) and rank it.
+
+    Ranked by the metric the service picks with (its default ``select_by``) unless
+    ``--metric`` says otherwise."""
     from zoopick.selection.demo import build_demo
+    from zoopick.service.jobs import DEFAULT_METRICS, DEFAULT_SELECT_BY
+
+    if not metric:
+        metric = [DEFAULT_SELECT_BY] + [m for m in DEFAULT_METRICS if m != DEFAULT_SELECT_BY]
 
     typer.echo(f"building the demo zoo in {folder} ...", err=True)
     manifest, target = build_demo(folder)
@@ -338,6 +345,8 @@ def train(
     for record in run_records(proc):
         if as_json:
             typer.echo(record.to_json())
+        elif isinstance(record, RunEvent) and record.event == "progress":
+            continue  # the service's live view; the terminal shows the epochs
         elif isinstance(record, RunEvent):
             typer.echo(
                 f"started on {record.backend} (job {record.ref})"

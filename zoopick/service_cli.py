@@ -11,6 +11,7 @@ commands run distributed: ``zoopick serve --no-worker`` on one machine, ``zoopic
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,8 +124,9 @@ def serve(
     """
     import uvicorn
 
+    from zoopick.app.httpcaps import PROTOCOL as HTTP_PROTOCOL  # request-head caps
     from zoopick.app.main import create_app
-    from zoopick.service.processes import die_with_parent, stop_group
+    from zoopick.service.processes import SUPERVISOR_ENV, die_with_parent, stop_group
 
     settings = get_settings()
     key = bootstrap(settings, demo=demo, local_key=local_key)
@@ -146,10 +148,11 @@ def serve(
 
     def start_worker() -> subprocess.Popen:
         # its own process group (one signal reaches its pool and their trainers), and it
-        # dies with us even if we are killed outright
+        # dies with us even if we are killed outright: a parent-death signal, and the worker
+        # watches our pid itself (zoopick.workers.supervision), also when it was restarted
         return subprocess.Popen(
             worker_argv("cpu,gpu", concurrency, loglevel="warning"),
-            env=settings.env(),
+            env={**settings.env(), SUPERVISOR_ENV: str(os.getpid())},
             start_new_session=True,
             preexec_fn=die_with_parent(),
         )
@@ -170,11 +173,19 @@ def serve(
 
             watch = LocalWorkerWatch(settings, restart_worker, exited).start()
         if workers == 1:
-            uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+            uvicorn.run(
+                create_app(settings), host=host, port=port, log_level="info", http=HTTP_PROTOCOL
+            )
         else:
             # several processes need the app by import path; they read the settings from the
             # environment, exactly as a worker does
             os.environ.update(settings.env())
+            # each process' HTTP latency histogram in files that /metrics reads all of
+            # (prometheus_client's multiprocess mode); emptied, as the processes are new
+            prom_dir = settings.data_dir / "prometheus"
+            shutil.rmtree(prom_dir, ignore_errors=True)
+            prom_dir.mkdir(parents=True)
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(prom_dir)
             uvicorn.run(
                 "zoopick.app.main:create_app",
                 factory=True,
@@ -182,6 +193,7 @@ def serve(
                 host=host,
                 port=port,
                 log_level="info",
+                http=HTTP_PROTOCOL,
             )
     except ServerStopped:
         pass

@@ -1,5 +1,5 @@
 """Liveness (``/healthz``: the process answers) and readiness (``/readyz``: it can reach the
-database and the broker, and the workers that were seen still beat; with the ray training
+database and the broker, a worker has been seen and one still beats; with the ray training
 backend, ``checks.ray`` says whether the cluster answers)."""
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ def healthz() -> Health:
     return Health(status="ok")
 
 
-def _database(request: Request) -> tuple[str | None, str]:
-    """(database problem, worker summary): the workers' heartbeats are read in the same
-    session (``zoopick.service.liveness``)."""
+def _database(request: Request) -> tuple[str | None, str | None, str]:
+    """(database problem, worker problem, worker summary): the workers' heartbeats are read in
+    the same session (``zoopick.service.liveness``). No worker seen yet, or none beating
+    lately, is not ready: work would only queue."""
     from zoopick.service.liveness import worker_status
 
     try:
@@ -30,9 +31,8 @@ def _database(request: Request) -> tuple[str | None, str]:
             session.execute(text("SELECT 1"))
             workers = worker_status(session, request.app.state.settings)
     except Exception as exc:  # noqa: BLE001
-        return f"database unreachable: {type(exc).__name__}", "unknown"
-    problem = workers.problem()
-    return None, problem or workers.summary()
+        return f"database unreachable: {type(exc).__name__}", None, "unknown"
+    return None, workers.problem(), workers.summary()
 
 
 @router.get(
@@ -42,9 +42,8 @@ def _database(request: Request) -> tuple[str | None, str]:
     summary="Readiness",
 )
 async def readyz(request: Request) -> JSONResponse:
-    db, workers = await run_in_threadpool(_database, request)
+    db, stalled, workers = await run_in_threadpool(_database, request)
     broker = await run_in_threadpool(request.app.state.dispatcher.broker_problem)
-    stalled = workers if workers.startswith("no live worker") else None
     checks = {"database": db or "ok", "broker": broker or "ok", "workers": workers}
     settings = request.app.state.settings
     if settings.train_backend == "ray":

@@ -4,12 +4,10 @@ download the fine-tuned model. A thin adapter over the service core's use cases
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import FileResponse, JSONResponse
-from sqlalchemy import select
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from sqlalchemy.orm import Session
 
 from zoopick.app.api import pagination
@@ -24,8 +22,8 @@ from zoopick.app.api.schemas import (
     TrainingOut,
 )
 from zoopick.app.problems import Problem, responses
-from zoopick.service import jobs
-from zoopick.service.db.models import TERMINAL, Artefact, Job, JobStatus
+from zoopick.service import exports, jobs, pipeline, progress, race, run_log
+from zoopick.service.db.models import TERMINAL, Job, JobStatus
 from zoopick.service.settings import Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -61,6 +59,7 @@ def summary(job: Job) -> dict:
         metrics=job.metrics,
         select_by=job.select_by,
         finetune=jobs.options_of(job),
+        selection=job.selection,
         chosen_model=job.chosen_model,
         cancel_requested=job.cancel_requested,
         recoveries=job.recoveries or 0,
@@ -89,16 +88,32 @@ def detail(session: Session, job: Job, base: str) -> JobOut:
             started_at=run.started_at,
             finished_at=run.finished_at,
             epochs=[EpochOut.model_validate(e) for e in run.epochs],
+            options={k: v for k, v in (run.config or {}).items() if k in OPTION_FIELDS},
+            progress=progress.run_view(run.progress, run.started_at, run.finished_at),
         )
     links = {"self": f"{base}/{job.id}", "cancel": f"{base}/{job.id}/cancel"}
     if job.finetune:
         links["model"] = f"{base}/{job.id}/model"
+        links["log"] = f"{base}/{job.id}/log"
+    scoring = progress.scoring_view(
+        job.models,
+        [r["model"] for r in view.ranking],
+        job.model_errors or {},
+        job.status in TERMINAL,
+    )
     return JobOut(
         **summary(job),
         ranking=[RankedModel(**r) for r in view.ranking],
+        race=race.view(session, job),
         training=training,
+        scoring=scoring,
         links=links,
     )
+
+
+OPTION_FIELDS = frozenset(jobs.FinetuneOptions.model_fields)
+"""What of a run's stored config is its fine-tune options (the rest says where its files are,
+which is the server's business)."""
 
 
 def accepted(session: Session, job: Job, base: str, settings: Settings) -> JSONResponse:
@@ -217,26 +232,89 @@ def cancel_job(
     "/{job_id}/model",
     response_class=FileResponse,
     responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "safetensors"},
+        200: {
+            "content": {"application/octet-stream": {}, "application/x-tar": {}},
+            "description": "safetensors, a tar of the timm folder, or ONNX",
+        },
+        202: {"description": "The export to this format is being made: ask again"},
         **ERRORS,
     },
     summary="Download the fine-tuned model",
 )
-def download_model(job: JobDep, session: SessionDep) -> FileResponse:
+def download_model(
+    job: JobDep,
+    session: SessionDep,
+    request: Request = None,  # type: ignore[assignment] - FastAPI always passes it
+    format: Annotated[  # noqa: A002 - the query parameter's name
+        Literal["safetensors", "timm", "onnx"],
+        Query(
+            description="safetensors: the weights (timm state dict); timm: a tar of a folder "
+            "(config.json + model.safetensors) that timm.create_model loads; onnx: ONNX, "
+            "batch size dynamic. timm and onnx are made on first request (202 until ready)."
+        ),
+    ] = "safetensors",
+) -> Response:
     if not job.finetune:
         raise Problem(404, "this job does not fine-tune a model", kind="no-model")
     if job.status != JobStatus.succeeded.value:
         raise Problem(
             409, f"job is {job.status}; the model exists once it succeeded", kind="model-not-ready"
         )
-    art = session.scalar(
-        select(Artefact).where(Artefact.job_id == job.id, Artefact.kind == "model")
-    )
-    if art is None or not Path(art.path).is_file():
+    art = exports.artefact(session, job, "safetensors")
+    if art is None:
         raise Problem(404, "the model file of this job is missing", kind="no-model")
+    if format != "safetensors":
+        export = exports.state(session, job, art, format)
+        if export.error:
+            raise Problem(422, f"the {format} export failed: {export.error}", kind="export-failed")
+        if export.ready is None:
+            state = request.app.state
+            state.dispatcher.export_model(str(job.id), format)
+            return JSONResponse(
+                {"status": "exporting", "format": format},
+                status_code=202,
+                headers={
+                    "Retry-After": str(state.settings.retry_after_seconds),
+                    "Location": str(request.url),
+                },
+            )
+        art = export.ready
     return FileResponse(
         art.path,
-        media_type="application/octet-stream",
-        filename=f"{job.chosen_model or 'model'}-{job.id}.safetensors",
+        media_type=exports.MEDIA_TYPE[format],
+        filename=f"{job.chosen_model or 'model'}-{job.id}{exports.SUFFIX[format]}",
         headers={"Digest": f"sha-256={art.digest}", "ETag": f'"{art.digest}"'},
+    )
+
+
+def _run_folder(session: Session, job: Job) -> str:
+    run = pipeline.latest_run(session, job.id) if job.finetune else None
+    if run is None:
+        raise Problem(404, "this job has no training run (yet)", kind="no-training-log")
+    return run.output_dir
+
+
+def log_tail(session: Session, job: Job, lines: int = 40) -> list[str]:
+    """The last lines of the job's training log (the dashboard's tail); empty without one."""
+    try:
+        return run_log.tail(_run_folder(session, job), lines)
+    except Problem:
+        return []
+
+
+@router.get(
+    "/{job_id}/log",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/plain": {}}, "description": "the log"}, **ERRORS},
+    summary="Download the training run's log",
+)
+def download_log(job: JobDep, session: SessionDep) -> StreamingResponse:
+    """What the trainer printed (bounded: ``service.run_log.MAX_BYTES`` twice at most)."""
+    folder = _run_folder(session, job)
+    if not run_log.log_files(folder):
+        raise Problem(404, "the training run has written no log yet", kind="no-training-log")
+    return StreamingResponse(
+        run_log.chunks(folder),
+        media_type="text/plain; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="train-{job.id}.log"'},
     )

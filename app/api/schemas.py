@@ -12,6 +12,7 @@ from zoopick.service.db.models import JobStatus
 from zoopick.service.inputs import NoNulModel
 from zoopick.service.jobs import JobCreate
 from zoopick.training.config import FinetuneOptions
+from zoopick.training.race import SelectionOptions
 
 __all__ = ["JobCreate", "NoNulModel"]  # bodies the service core defines, in the API's schema
 
@@ -89,6 +90,47 @@ class RankedModel(BaseModel):
     model: str
     scores: dict[str, float]
     seconds: dict[str, float]
+    cached: bool = Field(
+        False, description="Its forward pass was skipped: the features came from the cache."
+    )
+
+
+class ScoringOut(BaseModel):
+    """How far scoring is (``service.progress.scoring_view``)."""
+
+    done: int = Field(description="Models settled: scored on every metric, or skipped.")
+    total: int
+    fraction: float
+    never_scored: list[str] = Field(
+        description="Once the job ended: models never scored (a cancelled job stops between "
+        "models)."
+    )
+
+
+class CurvePointOut(BaseModel):
+    x: float = Field(description="Epochs done, with the share of the current one.")
+    loss: float | None
+    train_accuracy: float | None
+
+
+class RunProgressOut(BaseModel):
+    """Where a training run is (``service.progress.run_view``)."""
+
+    phase: str | None = Field(
+        description="starting workers, loading data, training, evaluating, saving the model "
+        "or finished."
+    )
+    epoch: int | None
+    epochs: int | None
+    step: int | None
+    steps: int | None = Field(description="Optimizer steps per epoch.")
+    fraction: float | None = Field(description="Share of the run's epochs done.")
+    elapsed_seconds: float
+    remaining_seconds: float | None = Field(description="Expected from the pace so far.")
+    hosts: list[str]
+    points: list[CurvePointOut] = Field(
+        description="Rank 0's running loss and accuracy within epochs (sub-epoch curve)."
+    )
 
 
 class EpochOut(BaseModel):
@@ -129,6 +171,44 @@ class TrainingOut(BaseModel):
     started_at: datetime
     finished_at: datetime | None
     epochs: list[EpochOut]
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="The run's fine-tune options (learning rate...)."
+    )
+    progress: RunProgressOut | None = None
+
+
+class RaceEntryOut(BaseModel):
+    model: str
+    status: str = Field(description="queued, running, done, failed or cancelled.")
+    steps: int | None = Field(description="Optimizer steps its checkpoint holds after the rung.")
+    target_steps: int
+    val_accuracy: float | None
+    loss: float | None
+    seconds: float | None
+    attempts: int
+    error: str | None
+
+
+class RaceRungOut(BaseModel):
+    index: int
+    candidates: int
+    steps_each: int = Field(description="Steps each candidate trains in this rung.")
+    total_steps: int = Field(description="Steps each candidate holds once the rung is done.")
+    entries: list[RaceEntryOut]
+
+
+class RaceOut(BaseModel):
+    """Stage 2 of a two-stage selection: the metric's shortlist racing short fine-tunes."""
+
+    shortlist: list[str]
+    train_images: int | None
+    steps_per_epoch: int | None
+    budget_steps: int | None = Field(description="The budget in optimizer steps (never exceeded).")
+    spent_steps: int = Field(description="Steps the candidates hold in all (counted).")
+    rung: int = Field(description="The rung running now (0-based).")
+    rungs: list[RaceRungOut]
+    winner: str | None
+    why: str | None
 
 
 class JobSummary(BaseModel):
@@ -141,6 +221,7 @@ class JobSummary(BaseModel):
     metrics: list[str]
     select_by: str
     finetune: FinetuneOptions | None
+    selection: SelectionOptions | None = None
     chosen_model: str | None
     cancel_requested: bool
     recoveries: int = Field(
@@ -160,7 +241,9 @@ class JobOut(JobSummary):
     ranking: list[RankedModel] = Field(
         description="Models scored so far, best first by select_by (equal scores share a rank)."
     )
+    race: RaceOut | None = None
     training: TrainingOut | None
+    scoring: ScoringOut | None = None
     links: dict[str, str]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from zoopick.app.dashboard.auth import CsrfFailed, LoginRequired
@@ -20,6 +20,12 @@ def install(app: FastAPI) -> None:
 
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def _favicon() -> FileResponse:
+        # pages name /static/favicon.svg; a browser that asks the default path (a JSON page
+        # opened directly) gets the same icon instead of a 404
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
 
     @app.exception_handler(LoginRequired)
     async def _login(request: Request, exc: LoginRequired) -> RedirectResponse:

@@ -138,6 +138,21 @@ def require_caller(request: Request, session: Session) -> Caller:
     return caller
 
 
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def sign_in_allowed(request: Request) -> None:
+    """429 (a :class:`Problem`) once this address has failed authentication as often as the
+    API allows (``ZOOPICK_RATE_AUTH_FAILURES``): the sign-in form is a door to the same keys,
+    and shares the API's counter, so guessing keys there costs as much as on the API."""
+    request.app.state.rate.blocked("auth_failures", _client(request), "failed authentications")
+
+
+def sign_in_failed(request: Request) -> None:
+    request.app.state.rate.count("auth_failures", _client(request))
+
+
 def sign_in(response: Response, request: Request, key: ApiKey) -> None:
     expires = int(time.time()) + MAX_AGE
     response.set_cookie(

@@ -25,10 +25,11 @@ from starlette.datastructures import FormData
 
 from zoopick.app.api import datasets as datasets_api
 from zoopick.app.api import jobs as jobs_api
+from zoopick.app.api import webhooks as webhooks_api
 from zoopick.app.api import zoo as zoo_api
 from zoopick.app.api.deps import Caller, SessionDep, get_owned
 from zoopick.app.api.schemas import JobOut
-from zoopick.app.dashboard import auth, charts
+from zoopick.app.dashboard import auth, figures
 from zoopick.app.problems import Problem, problem_response
 from zoopick.app.uploads import UNCAPPED_BODY
 from zoopick.service import jobs
@@ -60,7 +61,50 @@ def age(when: datetime | None, now: datetime | None = None) -> str:
     return f"{s // 86400} d"
 
 
+def sig(value: float | None, digits: int = 4) -> str:
+    """``value`` to ``digits`` significant digits, trailing zeros kept (0.5000, 12.00), so a
+    column's numbers line up and read alike."""
+    if value is None:
+        return ""
+    text = f"{value:#.{digits}g}"
+    return text.rstrip(".") if "e" not in text else text
+
+
+def duration(seconds: float | None) -> str:
+    """``seconds`` as "4.2 s", "3 min 05 s" or "2 h 01 min"."""
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    s = int(round(seconds))
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def between(start: datetime | None, end: datetime | None) -> str:
+    """The duration from ``start`` to ``end`` (or to now, "so far"), blank without a start."""
+    if start is None:
+        return ""
+    start = start if start.tzinfo else start.replace(tzinfo=UTC)
+    end = end if end is None or end.tzinfo else end.replace(tzinfo=UTC)
+    if end is None:
+        return duration((datetime.now(UTC) - start).total_seconds()) + " so far"
+    return duration((end - start).total_seconds())
+
+
+def when(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 templates.env.filters["age"] = age
+templates.env.filters["sig"] = sig
+templates.env.filters["duration"] = duration
+templates.env.filters["when"] = when
+templates.env.globals["between"] = between
 
 
 def render(request: Request, name: str, code: int = 200, **context: Any) -> Response:
@@ -115,8 +159,15 @@ async def login(request: Request, form: FormDep, session: SessionDep) -> Respons
     auth.check_csrf(request, form.get(auth.CSRF_FIELD))
     token = str(form.get("api_key") or "").strip()
     target = _safe_next(str(form.get("next") or ""))
+    try:  # the API's failed-authentication limit, per address, shared with the API
+        auth.sign_in_allowed(request)
+    except Problem as p:
+        response = render(request, "login.html", code=429, next=target, error=p.detail)
+        response.headers.update(p.headers)
+        return response
     key = await run_in_threadpool(authenticate, session, token) if token else None
     if key is None:
+        auth.sign_in_failed(request)
         error = "Enter your API key." if not token else "That API key is not valid (or revoked)."
         return render(request, "login.html", code=401, next=target, error=error)
     response = RedirectResponse(target, status_code=303)
@@ -151,7 +202,9 @@ def _jobs_page(request: Request, session) -> dict[str, Any]:
     status = request.query_params.get("status") or None  # an unknown one: the API's 400
     token = request.query_params.get("page_token") or None
     size = request.query_params.get("page_size", "")
-    page_size = int(size) if size.isdigit() and int(size) > 0 else PAGE_SIZE
+    # ASCII digits only, and few ("²".isdigit() is true; 5,000 digits overflow int()): a 500
+    page_size = int(size) if size.isascii() and size.isdigit() and len(size) <= 4 else 0
+    page_size = page_size or PAGE_SIZE
     page = jobs_api.list_jobs(
         caller=caller,
         session=session,
@@ -205,60 +258,38 @@ def _job_context(request: Request, session, job_id: str) -> dict[str, Any]:
     ranking = job.ranking
     ranks = [r.rank for r in ranking]
     tied = {r for r in ranks if ranks.count(r) > 1}
-    metric_charts = [
-        charts.bar_chart(
-            f"{metric} score per model",
-            [(r.model, r.scores[metric]) for r in ranking if metric in r.scores],
-            highlight=job.chosen_model,
-        )
-        for metric in job.metrics
-        if any(metric in r.scores for r in ranking)
-    ]
-    training_charts = []
-    epochs = job.training.epochs if job.training else []
-    if epochs:
-        training_charts.append(
-            charts.line_chart(
-                "training loss and test accuracy",
-                {
-                    "loss": [(e.epoch, e.loss) for e in epochs if e.loss is not None],
-                    "test accuracy": [
-                        (e.epoch, e.test_accuracy) for e in epochs if e.test_accuracy is not None
-                    ],
-                },
-            )
-        )
-        per_iteration = [e for e in epochs if e.iterations and e.bytes_sent is not None]
-        if per_iteration:  # the trainer reports its dense all-reduce baseline
-            training_charts.append(
-                charts.line_chart(
-                    "bytes sent per iteration (per worker) vs dense all-reduce",
-                    {
-                        "sent": [(e.epoch, e.bytes_sent / e.iterations) for e in per_iteration],
-                        "dense all-reduce": [
-                            (e.epoch, e.dense_bytes / e.iterations)
-                            for e in per_iteration
-                            if e.dense_bytes is not None
-                        ],
-                    },
-                )
-            )
-        else:
-            sent = [(f"epoch {e.epoch}", float(e.bytes_sent)) for e in epochs if e.bytes_sent]
-            if sent:
-                training_charts.append(charts.bar_chart("bytes sent per worker per epoch", sent))
     dataset_name = None
     if job.dataset_id:
         dataset_name = _dataset_names(session, caller, {job.dataset_id})[str(job.dataset_id)]
     return {
         "job": job,
         "tied": tied,
-        "metric_charts": metric_charts,
-        "training_charts": training_charts,
+        "metric_charts": figures.metric_charts(job),
+        "training_charts": figures.training_charts(job),
+        "race_chart": figures.race_chart(job),
         "dataset_name": dataset_name,
         "done": job.status in TERMINAL,
         "has_model": bool(job.finetune) and job.status == "succeeded",
+        "why": why_chosen(job, tied),
+        "log_tail": jobs_api.log_tail(session, row) if job.training else [],
     }
+
+
+def why_chosen(job: JobOut, tied: set[int]) -> str | None:
+    """One sentence on why the chosen model won (the race says its own why)."""
+    if job.race is not None and job.race.why:
+        return job.race.why
+    top = next((r for r in job.ranking if r.model == job.chosen_model), None)
+    if top is None:
+        return None
+    value = top.scores.get(job.select_by)
+    text = (
+        f"{top.model} has the highest {job.select_by} ({sig(value)}) of the "
+        f"{len(job.ranking)} model(s) scored"
+    )
+    if top.rank in tied:
+        text += "; it ties with others and was listed first in the request"
+    return text + "."
 
 
 @router.get("/jobs/{job_id}")
@@ -268,7 +299,11 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> Response:
     except Problem as p:
         return error_page(request, p)
     message = request.query_params.get("message")
-    return render(request, "job.html", signed_in=True, message=message, **context)
+    # the webhook's delivery log, as the page loads (not polled with the live part)
+    deliveries = webhooks_api.job_deliveries(session.get(Job, context["job"].id), session)
+    return render(
+        request, "job.html", signed_in=True, message=message, deliveries=deliveries, **context
+    )
 
 
 @router.get("/jobs/{job_id}/live")
@@ -313,6 +348,45 @@ def job_model(request: Request, job_id: str, session: SessionDep) -> Response:
         return error_page(request, p)
 
 
+@router.get("/jobs/{job_id}/log")
+def job_log(request: Request, job_id: str, session: SessionDep) -> Response:
+    """The training run's whole log, as the API serves it (tenant-scoped, bounded)."""
+    try:
+        caller = _session_caller(request, session)
+        row = get_owned(session, caller, Job, job_id, "job")
+        return jobs_api.download_log(row, session)
+    except Problem as p:
+        return error_page(request, p)
+
+
+MAX_COMPARE = 6
+"""Jobs one compare page shows side by side (each is a full job poll)."""
+
+
+@router.get("/compare")
+def compare(request: Request, session: SessionDep) -> Response:
+    """Two or more jobs side by side: facts, rankings and training curves."""
+    caller = _session_caller(request, session)
+    ids = list(dict.fromkeys(request.query_params.getlist("jobs")))
+    try:
+        if not 2 <= len(ids) <= MAX_COMPARE:
+            raise Problem(
+                400,
+                f"pick 2 to {MAX_COMPARE} jobs to compare (tick them in the jobs list); "
+                f"{len(ids)} picked",
+                kind="compare-count",
+            )
+        rows = [get_owned(session, caller, Job, job_id, "job") for job_id in ids]
+    except Problem as p:
+        return error_page(request, p)
+    views = [jobs_api.detail(session, row, "/api/v1/jobs") for row in rows]
+    names = _dataset_names(session, caller, {v.dataset_id for v in views if v.dataset_id})
+    return render(
+        request, "compare.html", signed_in=True, jobs=views, names=names,
+        charts=figures.compare_charts(views),
+    )  # fmt: skip
+
+
 # -- submit --------------------------------------------------------------------------------
 
 
@@ -336,6 +410,9 @@ DEFAULT_FORM = {
     "compressor": jobs.FinetuneOptions().compressor,
     "density": jobs.FinetuneOptions().density,
     "workers": jobs.FinetuneOptions().workers,
+    "race": False,
+    "shortlist": jobs.SelectionOptions().shortlist,
+    "budget_epochs": jobs.SelectionOptions().budget_epochs,
     "models": [],
 }
 
@@ -348,6 +425,7 @@ FIELD_OF_KIND = {
     "too-many-models": "models",
     "no-models": "models",
     "empty-zoo": "models",
+    "invalid-selection": "budget_epochs",
 }
 
 
@@ -367,7 +445,7 @@ def _split(text: str) -> list[str]:
 
 def _field_of(loc: tuple) -> str:
     parts = [str(p) for p in loc if p != "body"]
-    if parts[:1] == ["finetune"] and len(parts) > 1:
+    if parts[:1] in (["finetune"], ["selection"]) and len(parts) > 1:
         return parts[1]
     return parts[0] if parts else "__all__"
 
@@ -397,6 +475,9 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
         "compressor": str(raw.get("compressor") or "").strip(),
         "density": str(raw.get("density") or ""),
         "workers": str(raw.get("workers") or ""),
+        "race": raw.get("race") == "on",
+        "shortlist": str(raw.get("shortlist") or ""),
+        "budget_epochs": str(raw.get("budget_epochs") or ""),
     }
     idem = str(raw.get("idempotency_key") or uuid.uuid4())
 
@@ -415,6 +496,12 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
                 "density": _form_number(form["density"], float),
                 "workers": _form_number(form["workers"], int),
             }
+        if form["race"]:
+            race = {
+                "shortlist": _form_number(form["shortlist"], int),
+                "budget_epochs": _form_number(form["budget_epochs"], float),
+            }
+            body["selection"] = {k: v for k, v in race.items() if v is not None}
         try:
             job_in = jobs.JobCreate.model_validate(body)
         except ValidationError as exc:

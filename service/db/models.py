@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     Uuid,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -57,6 +58,7 @@ class DatasetStatus(StrEnum):
 class JobStatus(StrEnum):
     queued = "queued"
     scoring = "scoring"
+    racing = "racing"
     training = "training"
     succeeded = "succeeded"
     failed = "failed"
@@ -76,6 +78,12 @@ class Tenant(Base):
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    """The tenant's default webhook (``zoopick.service.webhooks``): jobs naming none use it."""
+    webhook_phases: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Whether the default webhook hears phase changes too, not only terminal states."""
+    webhook_secret: Mapped[str | None] = mapped_column(String(64))
+    """Key of the HMAC signature of the tenant's webhooks (made when first needed)."""
 
     api_keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
 
@@ -174,6 +182,14 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None]
     model_errors: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
     """Zoo models that could not be scored, with why: a broken entry is skipped, not fatal."""
+    selection: Mapped[dict[str, Any] | None]
+    """Two-stage selection as submitted (``training.race.SelectionOptions``); None: the metric
+    alone picks."""
+    race: Mapped[dict[str, Any] | None]
+    """The race's plan and outcome (``service.race``): shortlist, rungs, budget, winner, why."""
+    webhook: Mapped[dict[str, Any] | None]
+    """The job's own webhook as submitted (``{"url": ..., "phases": bool}``); None: the
+    tenant's default, if any."""
     recoveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """Times the sweeper (``zoopick.service.recovery``) re-queued this job after it was lost."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -190,6 +206,40 @@ class Job(Base):
     artefacts: Mapped[list[Artefact]] = relationship(
         back_populates="job", cascade="all, delete-orphan", passive_deletes=True
     )
+    race_entries: Mapped[list[RaceEntry]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class RaceEntry(Base):
+    """One shortlisted model in one rung of a job's race: trained to ``steps`` optimizer steps
+    in all (resuming its own run folder), then validated. Unique per (job, model, rung), so a
+    re-delivered rung task finds its row; the lease says which task trains it now."""
+
+    __tablename__ = "race_entries"
+    __table_args__ = (UniqueConstraint("job_id", "model_id", "rung"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    model_id: Mapped[str] = mapped_column(String(200))
+    rung: Mapped[int]
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    """queued, running, done, failed or cancelled."""
+    target_steps: Mapped[int]
+    """Optimizer steps the model has in all once this rung is done (its budget so far)."""
+    steps: Mapped[int | None]
+    """Steps its checkpoint really holds after the rung (counted by the trainer)."""
+    val_accuracy: Mapped[float | None] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    job: Mapped[Job] = relationship(back_populates="race_entries")
 
 
 class Score(Base):
@@ -206,6 +256,8 @@ class Score(Base):
     value: Mapped[float] = mapped_column(Float)
     seconds: Mapped[float] = mapped_column(Float)
     forward_seconds: Mapped[float | None] = mapped_column(Float)
+    cached: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """The forward pass was skipped: its features came from the on-disk cache."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     job: Mapped[Job] = relationship(back_populates="scores")
@@ -227,6 +279,9 @@ class TrainingRun(Base):
     """The backend's own id of the run (the Ray job id), once it started."""
     resumes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """Times the run continued from its checkpoint (a lost worker or node, a re-delivery)."""
+    progress: Mapped[dict[str, Any] | None]
+    """Where the run is now (``service.progress``): phase, epoch/step of how many, hosts, and
+    the sub-epoch curve points the trainer reported."""
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
@@ -302,3 +357,29 @@ class WorkerHeartbeat(Base):
     queues: Mapped[str] = mapped_column(String(200))
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One webhook call for one event of a job (``job.succeeded``, ``job.training``, ...): its
+    payload as it was at the event, and how delivering it went (``pending``, ``delivered`` or
+    ``failed`` after ``ZOOPICK_WEBHOOK_MAX_ATTEMPTS``). Written in the transaction that moved
+    the job (an outbox: no event is lost to a crash between the move and the send)."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        CheckConstraint("status IN ('pending', 'delivered', 'failed')", name="status"),
+        Index("ix_webhook_deliveries_job_created", "job_id", "created_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    event: Mapped[str] = mapped_column(String(32))
+    url: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    response_status: Mapped[int | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    delivered_at: Mapped[datetime | None]

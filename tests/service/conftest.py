@@ -11,6 +11,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,59 @@ def live_server(new_pg_database, redis_url, tmp_path_factory):
     data = tmp_path_factory.mktemp("live")
     with live_stack(new_pg_database, redis_url, data, "live") as stack:
         yield stack
+
+
+# -- the light zoopick-client distribution -----------------------------------------------------
+
+LIGHT_CLIENT_USERS = ("test_ci_examples.py",)
+"""Test modules that use ``light_client``: collecting one starts the build in the background."""
+
+
+def _start_light_client(config: pytest.Config) -> None:
+    import subprocess
+    import sys
+    import tempfile
+
+    if getattr(config, "_light_client", None) is None:
+        dest = Path(tempfile.mkdtemp(prefix="zoopick-light-client-"))
+        log = (dest / "build.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.service.lightclient", str(dest)],
+            cwd=Path(__file__).resolve().parents[2],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        config._light_client = (proc, dest)  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop a light-client build no test waited for (its module skipped) and remove it."""
+    import shutil
+
+    started = getattr(session.config, "_light_client", None)
+    if started is not None:
+        proc, dest = started
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(item.path.name in LIGHT_CLIENT_USERS for item in session.items):
+        _start_light_client(session.config)
+
+
+@pytest.fixture(scope="session")
+def light_client(request) -> Path:
+    """The ``bin`` folder of a fresh virtualenv holding only the ``zoopick-client``
+    distribution and its dependencies (``tests/service/lightclient.py``); removed at the
+    end of the session."""
+    from tests.service.lightclient import TIMEOUT
+
+    _start_light_client(request.config)
+    proc, dest = request.config._light_client
+    code = proc.wait(timeout=TIMEOUT)
+    log = (dest / "build.log").read_text(errors="replace")
+    assert code == 0, f"building the light client failed:\n{log[-4000:]}"
+    return dest / "venv" / "bin"

@@ -108,6 +108,8 @@ def start_api(
         str(port),
         "--log-level",
         "warning",
+        "--http",  # the request-head caps zoopick serve runs with
+        "zoopick.app.httpcaps:AutoProtocol",
     ]
     proc = Proc("api", cmd, env_for(settings, extra), log_dir)
     url = f"http://127.0.0.1:{port}"

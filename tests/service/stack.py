@@ -65,6 +65,8 @@ def live_stack(pg_url_factory, redis_url, data: Path, name: str) -> Iterator[Sta
         database_url=pg_url_factory(),
         broker_url=url,
         redis_key_prefix=f"{prefix}{name}:",
+        webhook_allow_networks=["127.0.0.1/32"],  # the webhook tests' receiver
+        webhook_backoff_seconds=0.5,
     )
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)

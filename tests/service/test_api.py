@@ -86,13 +86,20 @@ def submit(client, tenant, dataset_id, **extra):
 # -- health, docs, problems ----------------------------------------------------------------
 
 
-def test_health_readiness_and_docs(client):
+def test_health_readiness_and_docs(client, service_app):
+    from zoopick.service import liveness
+
     assert client.get("/healthz").json()["status"] == "ok"
-    ready = client.get("/readyz")
+    factory = service_app.state.sessionmaker
+    liveness.beat(factory, "api-test/1", "api-test", 1, "cpu")  # a worker is running
+    try:
+        ready = client.get("/readyz")
+    finally:
+        liveness.forget(factory, "api-test/1")
     assert ready.status_code == 200, ready.text
     checks = ready.json()["checks"]
     assert {k: checks[k] for k in ("database", "broker")} == {"database": "ok", "broker": "ok"}
-    assert "workers" in checks
+    assert checks["workers"].startswith("ok")
     assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
     assert {f"{API}/datasets", f"{API}/jobs/{{job_id}}/cancel", f"{API}/zoo"} <= set(paths)
@@ -106,6 +113,25 @@ def test_health_readiness_and_docs(client):
         if code not in op["responses"]
     ]
     assert undocumented == []
+
+
+def test_readyz_is_not_ready_until_a_worker_has_been_seen(service_settings, new_pg_database):
+    """Issue 22: /readyz said 200 while the local worker of ``serve`` did not exist yet."""
+    from fastapi.testclient import TestClient
+
+    from zoopick.app.main import create_app
+    from zoopick.service import liveness
+    from zoopick.service.db import migrate
+
+    url = new_pg_database()
+    migrate.upgrade(url)
+    with TestClient(create_app(service_settings.model_copy(update={"database_url": url}))) as c:
+        body = assert_problem(c.get("/readyz"), 503, "no worker has been seen")
+        assert body["checks"]["database"] == "ok" and body["checks"]["broker"] == "ok"
+        liveness.beat(c.app.state.sessionmaker, "seen/1", "seen", 1, "cpu,gpu")
+        ready = c.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["checks"]["workers"] == "ok (1 live worker(s))"
 
 
 def test_readyz_names_an_unreachable_broker(service_settings):

@@ -1,18 +1,20 @@
 """The pipelines in docs/ci run as written: their exact command lines, in bash with the
 shells' own error settings, against a live server (uvicorn, a Celery worker, PostgreSQL,
-Redis); the gate with ``jq`` passes a good score and stops the pipeline on a bad one."""
+Redis); the gate with ``jq`` passes a good score and stops the pipeline on a bad one. The
+commands come from the light ``zoopick-client`` distribution, put by the examples' own install
+step into a virtualenv that has nothing else (``tests/service/lightclient.py``)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.service import lightclient
 from tests.service.datafiles import npz_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,14 +26,18 @@ def stack(live_server):
     return live_server.tenant("ci")
 
 
-def workdir(tmp_path: Path, stack) -> tuple[Path, dict[str, str]]:
-    """A checkout with the dataset file, and the environment the CI system would give."""
+@pytest.fixture(scope="module")
+def client_bin(light_client) -> Path:
+    return light_client
+
+
+def workdir(tmp_path: Path, stack, client_bin: Path) -> tuple[Path, dict[str, str]]:
+    """A checkout with the dataset file, and the environment the CI system would give: the
+    light client's virtualenv first on PATH, not the dev environment's."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.npz").write_bytes(npz_bytes(seed=4))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
-    bin_dir = str(Path(sys.executable).parent)  # where `zoopick` is installed
+    env = lightclient.clean_env(f"{client_bin}{os.pathsep}{lightclient.system_path()}")
     env.update(
-        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
         ZOOPICK_URL=stack.url,
         ZOOPICK_API_KEY=stack.key,
         OMP_NUM_THREADS="1",
@@ -84,8 +90,8 @@ def run_github(
 
 
 @pytest.mark.skipif(shutil.which("jq") is None, reason="jq not installed (apt-get install jq)")
-def test_github_actions_pipeline(stack, tmp_path):
-    cwd, env = workdir(tmp_path, stack)
+def test_github_actions_pipeline(stack, tmp_path, client_bin):
+    cwd, env = workdir(tmp_path, stack, client_bin)
     done = run_github(cwd, env, min_score="-1e9")
     assert done.returncode == 0, (done.stdout, done.stderr, stack.logs())
     import json
@@ -109,9 +115,9 @@ def test_github_actions_pipeline(stack, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("jq") is None, reason="jq not installed (apt-get install jq)")
-def test_gitlab_ci_pipeline(stack, tmp_path):
+def test_gitlab_ci_pipeline(stack, tmp_path, client_bin):
     spec = yaml.safe_load((CI / "gitlab-ci.yml").read_text())["pick-model"]
-    cwd, env = workdir(tmp_path, stack)
+    cwd, env = workdir(tmp_path, stack, client_bin)
     env.update({k: str(v) for k, v in spec["variables"].items()})
     env.update(MIN_SCORE="-1e9", EPOCHS="1", CI_PIPELINE_ID="5", CI_JOB_ID="9")
     done = bash("\n".join(spec["script"]), cwd, env)  # GitLab: one shell, set -eo pipefail
@@ -120,3 +126,26 @@ def test_gitlab_ci_pipeline(stack, tmp_path):
 
     assert load_file(str(cwd / "model.safetensors"))
     assert "job.json" in spec["artifacts"]["paths"]
+
+
+def test_the_light_client_is_installed_alone(client_bin, tmp_path):
+    """The examples' install step gave a virtualenv with the client and its command, and
+    neither zoopick's service, its libraries nor torch (nothing of the dev environment)."""
+    python = str(client_bin / "python")
+    code = (
+        "import importlib.util as u, zoopick_client; "
+        "print(zoopick_client.Client.__module__, zoopick_client.__file__); "
+        "print([m for m in ('zoopick', 'torch', 'fastapi', 'sqlalchemy') if u.find_spec(m)])"
+    )
+    env = lightclient.clean_env(f"{client_bin}{os.pathsep}{lightclient.system_path()}")
+    run = {"env": env, "cwd": tmp_path, "capture_output": True, "text": True}  # off the checkout
+    done = subprocess.run([python, "-c", code], **run)
+    assert done.returncode == 0, done.stderr
+    where, missing = done.stdout.strip().splitlines()
+    assert where.startswith("zoopick_client.http ") and str(client_bin.parent) in where
+    assert missing == "[]"
+    helptext = subprocess.run([str(client_bin / "zoopick-client"), "--help"], **run).stdout
+    assert all(group in helptext for group in ("datasets", "jobs", "model", "zoo"))
+    # GitLab's job installs it with the same line
+    spec = yaml.safe_load((CI / "gitlab-ci.yml").read_text())["pick-model"]
+    assert lightclient.install_step() in spec["before_script"]

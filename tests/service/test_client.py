@@ -238,6 +238,12 @@ def test_cli_pipeline_with_exit_codes(stack, tmp_path):
 
     listed = cli(stack, "datasets", "list", "--json")
     assert ds["id"] in [d["id"] for d in json.loads(listed.stdout)]
+    # stdout is a pipe, not a terminal: the table keeps its full width whatever COLUMNS says
+    # (ids are copied from it), and a row has the id and the date that tell same names apart
+    table = cli(stack, "datasets", "list", env={"COLUMNS": "40"})
+    assert table.returncode == 0, table.stderr
+    row = next((line for line in table.stdout.splitlines() if ds["id"] in line), None)
+    assert row is not None and ds["created_at"] in row and "d.npz" in row, table.stdout
 
     sub = cli(
         stack, "jobs", "submit", "--dataset", ds["id"], "--models", ",".join(MODELS),
@@ -254,6 +260,7 @@ def test_cli_pipeline_with_exit_codes(stack, tmp_path):
     assert all(m in results.stdout for m in MODELS) and f"{job['chosen_model']} *" in results.stdout
     jobs = json.loads(cli(stack, "jobs", "list", "--json").stdout)
     assert job["id"] in [j["id"] for j in jobs]
+    assert job["id"] in cli(stack, "jobs", "list", env={"COLUMNS": "40"}).stdout
     zoo = json.loads(cli(stack, "zoo", "list", "--json").stdout)
     assert {m["id"] for m in zoo} >= set(MODELS)
 

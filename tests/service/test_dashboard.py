@@ -6,6 +6,7 @@ pages, a job page's ranking with ties, charts and training curve, cancel, sign o
 from __future__ import annotations
 
 import re
+import socket
 import uuid
 
 import pytest
@@ -218,13 +219,15 @@ def test_jobs_list_filters_pages_and_hides_other_tenants(service_app, make_key, 
         assert session.get(Job, uuid.UUID(ids[1])).status == "queued"
 
 
-def test_job_page_shows_ties_charts_and_the_training_curve(service_app, make_key, zoo):
+def test_job_page_shows_ties_charts_and_the_training_curve(service_app, make_key, zoo, tmp_path):
     from zoopick.service import pipeline
     from zoopick.service.db.models import Job, JobStatus
     from zoopick.service.db.session import session_scope
-    from zoopick.training.config import EpochRecord
+    from zoopick.service.run_log import LogWriter
+    from zoopick.training.config import EpochRecord, RunEvent
 
-    b = sign_in(service_app, make_key(f"page-{uuid.uuid4().hex[:6]}").token)
+    token = make_key(f"page-{uuid.uuid4().hex[:6]}").token
+    b = sign_in(service_app, token)
     ds = _ready_dataset(b)
     _, loc, _ = _submit(
         b, dataset_id=ds, models=zoo, metrics="sms, logme", select_by="logme", finetune="on",
@@ -247,13 +250,25 @@ def test_job_page_shows_ties_charts_and_the_training_curve(service_app, make_key
             zoo[1],
             {"sms": -0.75, "logme": 1.25},
             {"forward": 0.3, "sms": 0.1, "logme": 0.1},
+            cached=True,
         )
         pipeline.transition(session, jid, JobStatus.training, chosen_model=zoo[0])
         job = session.get(Job, jid)
-        run = pipeline.open_run(session, job, zoo[0], {}, 1, "/tmp/none")
+        config = {"lr": 0.0125, "epochs": 3, "out": "/srv/secret/path"}
+        run = pipeline.open_run(session, job, zoo[0], config, 1, str(tmp_path))
         for e, loss, acc, sent in ((1, 2.0, 0.25, 1000), (2, 1.5, 0.5, 1200)):
-            record = EpochRecord(e, loss, None, acc, sent, iterations=10, dense_bytes=10_000.0)
+            record = EpochRecord(e, loss, 0.3, acc, sent, iterations=10, dense_bytes=10_000.0)
             pipeline.record_epoch(session, run.id, record)
+        # the trainer's live progress: a step of the third epoch, with its running means
+        event = RunEvent(
+            "progress", phase="training", epoch=3, epochs=3, step=4, steps=10, loss=1.25,
+            train_acc=0.625, host="gpu-node-7",
+        )  # fmt: skip
+        pipeline.record_run_event(session, run.id, event)
+    log = LogWriter(tmp_path)
+    for i in range(60):
+        log.write("stderr", f"log line {i} <b>")
+    log.close()
     html = b.get(f"/jobs/{jid}").text
     # equal logme scores: both models share rank 1, shown as a tie
     assert html.count("(tie)") == 2
@@ -263,12 +278,71 @@ def test_job_page_shows_ties_charts_and_the_training_curve(service_app, make_key
         chart = re.search(rf'aria-label="{metric} score per model".*?</svg>', html, re.S).group(0)
         bars = dict(re.findall(r'data-model="([^"]+)" data-value="([^"]+)"', chart))
         assert {m: float(v) for m, v in bars.items()} == dict(zip(zoo, values, strict=True))
-    curve = re.search(r'aria-label="training loss and test accuracy".*?</svg>', html, re.S).group(0)
-    assert "loss at epoch 2: 1.5" in curve and "test accuracy at epoch 1: 0.25" in curve
+    # loss and accuracy on their own axes, each point's value on hover, the sub-epoch point
+    loss = re.search(r'aria-label="training loss".*?</svg>', html, re.S).group(0)
+    assert (
+        "loss (epoch) at epoch 2: 1.5<" in loss and "loss within epoch at epoch 2.4: 1.25<" in loss
+    )
+    acc = re.search(r'aria-label="train and test accuracy".*?</svg>', html, re.S).group(0)
+    assert "test at epoch 1: 0.25<" in acc and "train (epoch) at epoch 2: 0.3<" in acc
+    assert "train within epoch at epoch 2.4: 0.625<" in acc
+    assert 'class="grid"' in acc and ">0.4</text>" in acc  # gridlines, ticks on 0..1
     sent = re.search(r'aria-label="bytes sent per iteration[^"]*".*?</svg>', html, re.S).group(0)
     assert "sent at epoch 2: 120<" in sent and "dense all-reduce at epoch 2: 1000<" in sent
-    assert re.findall(r'<td class="share">([^<]*)</td>', html) == ["10.0%", "12.0%"]
+    assert re.findall(r'<td class="share num">([^<]*)</td>', html) == ["10.0%", "12.0%"]
     assert "0.40" in html  # forward seconds of the first model
+    # the same significant digits everywhere; the cached forward pass is said
+    row0 = re.search(rf'<tr data-model="{zoo[0]}".*?</tr>', html, re.S).group(0)
+    row1 = re.search(rf'<tr data-model="{zoo[1]}".*?</tr>', html, re.S).group(0)
+    assert ">0.5000<" in row0 and ">1.250<" in row0 and ">-0.7500<" in row1
+    assert "cached" in row1 and "cached" not in row0
+    # live progress: phase, epoch and step, elapsed time; hosts, options, why, the log's tail
+    phase = re.search(r'<span id="training-phase">([^<]*)</span>', html).group(1)
+    assert phase == "epoch 3 of 3, step 4 of 10"
+    assert re.search(r'<span id="training-time">[\d.]+ s elapsed', html)
+    assert "gpu-node-7" in re.search(r'<td id="run-hosts">([^<]*)', html).group(1)
+    assert re.search(r'<tr data-option="lr"><th scope="row">lr</th><td>0.0125</td>', html)
+    assert "/srv/secret" not in html  # where the run's files are stays the server's business
+    assert f"{zoo[0]} has the highest logme (1.250)" in html and "listed first" in html
+    tail = re.search(r'<pre class="log" id="log-tail"[^>]*>(.*?)</pre>', html, re.S).group(1)
+    assert (
+        tail.splitlines()[-1] == "[stderr] log line 59 &lt;b&gt;" and len(tail.splitlines()) == 40
+    )
+    full = b.get(f"/jobs/{jid}/log")
+    assert full.status_code == 200 and full.text.count("log line") == 60
+    other = sign_in(service_app, make_key(f"other-{uuid.uuid4().hex[:6]}").token)
+    assert other.get(f"/jobs/{jid}/log").status_code == 404  # tenant-scoped
+    # the same from the REST API, which the page renders
+    api = TestClient(service_app, headers={"Authorization": f"Bearer {token}"})
+    body = api.get(f"/api/v1/jobs/{jid}").json()
+    assert body["links"]["log"] == f"/api/v1/jobs/{jid}/log"
+    assert body["scoring"] == {"done": 2, "total": 2, "fraction": 1.0, "never_scored": []}
+    live = body["training"]["progress"]
+    assert (live["phase"], live["epoch"], live["step"], live["hosts"]) == (
+        "training",
+        3,
+        4,
+        [socket.gethostname(), "gpu-node-7"],
+    )
+    assert body["training"]["options"] == {"lr": 0.0125, "epochs": 3}  # no "out"
+    assert [r["cached"] for r in body["ranking"]] == [False, True]
+    assert api.get(f"/api/v1/jobs/{jid}/log").text.count("log line") == 60
+
+    # a second job, cancelled before a model was scored, says which never were; the two
+    # side by side on the compare page (two or more, the caller's own)
+    _, loc2, _ = _submit(b, dataset_id=ds, models=zoo, metrics="sms", select_by="sms")
+    jid2 = loc2.rsplit("/", 1)[1]
+    with session_scope(service_app.state.sessionmaker) as session:
+        pipeline.transition(session, uuid.UUID(jid2), JobStatus.cancelled)
+    assert re.findall(r'<li data-model="([^"]+)">', b.get(f"/jobs/{jid2}").text) == zoo
+    both = b.get(f"/compare?jobs={jid}&jobs={jid2}").text
+    assert f'href="/jobs/{jid}"' in both and f'href="/jobs/{jid2}"' in both
+    assert len(re.findall(r'<table class="ranking sortable"', both)) == 1  # jid2 has none
+    curve = re.search(r'aria-label="training loss by job".*?</svg>', both, re.S).group(0)
+    assert f"{str(jid)[:8]} {zoo[0]} at epoch 2: 1.5<" in curve
+    one = b.get(f"/compare?jobs={jid}")
+    assert one.status_code == 400 and "pick 2 to 6 jobs" in one.text
+    assert other.get(f"/compare?jobs={jid}&jobs={jid2}").status_code == 404
     live = b.get(f"/jobs/{jid}/live").text
     assert 'data-done="false"' in live and "Download" not in live
 

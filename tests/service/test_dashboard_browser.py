@@ -2,8 +2,11 @@
 against a live server (uvicorn, a Celery worker, PostgreSQL, Redis).
 
 Signs in with the keyboard, uploads through the form, submits a job and watches it reach
-``succeeded`` without a reload, checks every model is in every chart, downloads the model,
-cancels a second job, checks the phone-width layout and signs out. A screenshot of each page
+``succeeded`` without a reload, checks every model is in every chart, reads the run's details,
+sorts the ranking, downloads the model and the training log, follows a second job's training
+live (phase, epoch, time to go, a growing curve, a cached forward pass), sees a job cancelled
+before scoring list its models as never scored, cancels the second job, compares two jobs
+picked in the list, checks the phone-width layout and signs out. A screenshot of each page
 goes to ``$ZOOPICK_SCREENSHOTS`` (default: ``.artifacts/screenshots``, git-ignored, for CI to
 keep as artefacts; the committed ones in docs/screenshots/ come from
 ``ZOOPICK_SCREENSHOTS=docs/screenshots``)."""
@@ -56,6 +59,13 @@ def no_reload_marker(page) -> None:
 
 def still_same_document(page) -> bool:
     return page.evaluate("window.__sameDocument") == "yes"
+
+
+def pick_dataset(page, label_start: str) -> None:
+    """Choose the dataset whose drop-down label starts so (the label goes on with its id and
+    date)."""
+    select = page.get_by_label("Dataset")
+    select.select_option(select.locator("option", has_text=label_start).get_attribute("value"))
 
 
 def fits_width(page) -> bool:
@@ -121,7 +131,7 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
 
     # the submit form: the API's error beside its field, then a good job
     page.get_by_role("link", name="Submit", exact=True).click()
-    page.get_by_label("Dataset").select_option(label="pets (18 images)")
+    pick_dataset(page, "pets (18 images")
     page.get_by_label("Metrics (comma-separated)").fill("sms, nope")
     page.get_by_label("Select by (one of the metrics").fill("sms")
     page.get_by_role("button", name="Submit job").click()
@@ -151,11 +161,34 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
         chart = page.get_by_role("img", name=f"{metric} score per model")
         for mid in MODELS:
             expect(chart.locator(f'g.bar[data-model="{mid}"]')).to_have_count(1)
-    expect(page.get_by_role("img", name="training loss and test accuracy")).to_be_visible()
+    expect(page.get_by_role("img", name="training loss")).to_be_visible()
+    accuracy = page.get_by_role("img", name="train and test accuracy")
+    for series in ("train (epoch)", "test"):  # train accuracy plotted too, on its own axis
+        expect(accuracy.locator(f'g.series[data-series="{series}"] circle')).to_have_count(1)
+    expect(accuracy.locator("line.grid")).to_have_count(6 + 5)  # y: 0 to 1, x: 0 to 2
     expect(page.get_by_role("img", name=re.compile("bytes sent per iteration"))).to_be_visible()
     shares = page.locator("td.share").all_inner_texts()  # sparse: a fraction of dense
     assert len(shares) == 1 and 0 < float(shares[0].rstrip("%")) < 100, shares
     expect(page.locator("tr.chosen th")).to_contain_text(chosen)
+    # scoring done is 100 % of scoring; the run's details: why, times, options, hosts
+    expect(page.locator("#scoring-progress")).to_contain_text("2 of 2 model(s) scored")
+    expect(page.locator("#why-chosen")).to_contain_text(f"{chosen} has the highest logme")
+    expect(page.locator("#training-phase")).to_have_text("finished")
+    expect(page.locator("#job-duration")).to_have_text(re.compile(r"^[\d.]+ s$|min"))
+    expect(page.locator('#finetune-options tr[data-option="lr"] td')).not_to_be_empty()
+    expect(page.locator('#finetune-options tr[data-option="compressor"] td')).to_have_text("spardl")
+    expect(page.locator("#run-workers")).to_have_text("2")
+    expect(page.locator("#run-hosts")).not_to_be_empty()
+    expect(page.locator("#log-tail")).to_contain_text('"epoch": 1')
+    # sortable columns: by sms, up then down (the page's scores, read from its cells)
+    sms = page.locator("#ranking").get_by_role("button", name="sms", exact=True)
+    for direction, reverse in (("ascending", False), ("descending", True)):
+        sms.click()
+        expect(page.locator("#ranking th").nth(2)).to_have_attribute("aria-sort", direction)
+        values = [
+            float(v) for v in page.locator("#ranking tbody td:nth-of-type(2)").all_inner_texts()
+        ]
+        assert values == sorted(values, reverse=reverse) and len(values) == 2, values
     page.screenshot(path=str(shots / "job.png"), full_page=True)
     with page.expect_download() as dl:
         page.get_by_role("link", name="Download fine-tuned model").click()
@@ -164,17 +197,22 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     from safetensors.numpy import load_file
 
     assert load_file(str(saved))
+    # the whole log behind the link, with this session's cookie (a second download in a row
+    # is one Chromium may cancel as an automatic one)
+    log = context.request.get(stack.url + page.locator("#log-download").get_attribute("href"))
+    assert log.ok and "attachment" in log.headers["content-disposition"]
+    assert '"epoch": 1' in log.text()
 
     # a second, long job: the jobs list shows it move on its own; cancel it from its page
     page.goto(stack.url + "/submit")
-    page.get_by_label("Dataset").select_option(label="pets (18 images)")
+    pick_dataset(page, "pets (18 images")
     page.locator(f'input[name="models"][value="{MODELS[0]}"]').check()
     page.get_by_label("Metrics (comma-separated)").fill("logme")
     page.get_by_label("Select by (one of the metrics").fill("logme")
     page.get_by_label("Fine-tune the chosen model").check()
     page.get_by_label("Compressor").select_option("dense")
     page.get_by_label("Workers").fill("1")
-    page.get_by_label("Epochs").fill("60")
+    page.get_by_label("Epochs").fill("100")
     page.get_by_role("button", name="Submit job").click()
     expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f-]{36}$"))
     second = page.url.rsplit("/", 1)[1]
@@ -191,8 +229,33 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     page.get_by_role("button", name="Filter").click()
     expect(page.locator("tr[data-job]")).to_have_count(1)
 
+    # its training, live: the phase with epoch of how many, the time to go, the curve growing
     page.goto(f"{stack.url}/jobs/{second}")
     no_reload_marker(page)
+    expect(page.locator("#training-phase")).to_have_text(
+        re.compile(r"^(epoch \d+ of 100(, step \d+ of \d+)?|evaluating epoch \d+ of 100)$"),
+        timeout=60_000,
+    )
+    # meanwhile a third job, cancelled while the only worker trains the second: none of its
+    # models was scored
+    with stack.api() as api:
+        ds = api.get("/datasets", params={"status": "ready"}).json()["items"][0]["id"]
+        third = api.post(
+            "/jobs", json={"dataset_id": ds, "models": MODELS, "metrics": ["logme"]}
+        ).json()["id"]
+        assert api.post(f"/jobs/{third}/cancel").status_code == 202
+    expect(page.locator("#training-time")).to_contain_text("to go", timeout=30_000)
+    curve = page.get_by_role("img", name="training loss").locator("circle")
+    expect(curve).not_to_have_count(0, timeout=30_000)
+    seen = curve.count()
+    page.wait_for_function(
+        f"document.querySelectorAll('svg[aria-label=\"training loss\"] circle').length > {seen}"
+    )
+    assert still_same_document(page)
+    # the first job scored this model on this dataset: its forward pass came from the cache
+    expect(page.locator(f'tr[data-model="{MODELS[0]}"] .badge.cached')).to_be_visible()
+    page.screenshot(path=str(shots / "job-training.png"), full_page=True)
+
     page.get_by_role("button", name="Cancel job").click()  # a form post: a new document
     expect(page.locator("p.note")).to_have_text("Cancel requested.")
     no_reload_marker(page)
@@ -200,10 +263,34 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     assert still_same_document(page)
     expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
     page.screenshot(path=str(shots / "job-cancelled.png"), full_page=True)
+    page.goto(f"{stack.url}/jobs/{third}")
+    expect(page.locator("#job-status")).to_have_text("cancelled")
+    expect(page.locator("#never-scored li")).to_have_text(MODELS)
+    page.screenshot(path=str(shots / "job-never-scored.png"), full_page=True)
+
+    # compare: tick two jobs in the (live) list, see their rankings and curves side by side
+    page.get_by_role("link", name="Jobs", exact=True).click()
+    first = job_url.rsplit("/", 1)[1]
+    for job_id in (first, second):
+        page.get_by_label(f"compare job {job_id[:8]}").check()
+    page.wait_for_timeout(1700)  # a live refresh of the rows keeps the ticks
+    expect(page.get_by_label(f"compare job {first[:8]}")).to_be_checked()
+    page.get_by_role("button", name="Compare selected jobs").click()
+    expect(page).to_have_url(re.compile(r"/compare\?jobs="))
+    expect(page.locator("table.ranking")).to_have_count(2)
+    expect(page.locator(f'table[data-job="{first}"] tr[data-model="{chosen}"]')).to_be_visible()
+    losses = page.get_by_role("img", name="training loss by job")
+    expect(losses.locator("g.series")).to_have_count(2)
+    page.screenshot(path=str(shots / "compare.png"), full_page=True)
+    compare_url = page.url
 
     # phone width: nothing wider than the screen (tables scroll inside their box)
     page.set_viewport_size({"width": 390, "height": 844})
-    for url, name in ((job_url, "job-phone.png"), (stack.url + "/jobs", "jobs-phone.png")):
+    for url, name in (
+        (job_url, "job-phone.png"),
+        (stack.url + "/jobs", "jobs-phone.png"),
+        (compare_url, "compare-phone.png"),
+    ):
         page.goto(url)
         assert fits_width(page), url
         page.screenshot(path=str(shots / name), full_page=True)

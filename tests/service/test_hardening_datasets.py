@@ -1,16 +1,19 @@
-"""Hostile datasets through the real service (issue 10, items 1 and 3): uploads go through
+"""Hostile datasets through the real service (issue 10, items 1 and 3; issue 21, items 1-3):
+uploads go through
 uvicorn, a Celery cpu worker validates them (PostgreSQL + Redis), and each bomb ends
 ``invalid`` with an error naming the limit it broke, its files deleted, while the worker's
 pool process stays far below the memory the file would have cost."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from tests.bombs import MiB, many_classes_npz, npz_declaring, png_bytes, zip_bomb
+from tests.hostile import Sizes, npz_ratio, tar_declaring_huge, zip_directory_flood
 from tests.service import procs
 from tests.service.test_api import API
 
@@ -19,7 +22,7 @@ PAD = {"a/0.png": png_bytes(8, 8), "b/0.png": png_bytes(8, 8), "b/1.png": png_by
 
 @pytest.fixture(scope="module")
 def service(isolated_settings):
-    settings = isolated_settings("hardening-datasets", upload_max_bytes=8 * MiB)
+    settings = isolated_settings("hardening-datasets", upload_max_bytes=32 * MiB)
     token = procs.create_token(settings, "mallory")
     with procs.api_and_worker(settings, "cpu", token, prefix=API) as (http, worker):
         yield http, settings, worker
@@ -68,12 +71,18 @@ def validated(http, filename: str, data: bytes) -> dict:
         ("long.npz", lambda: npz_declaring((5000, 4000, 4000)), "max_total_bytes"),
         ("classes.npz", lambda: many_classes_npz(200_000), "max_classes"),
         ("thin.npz", lambda: many_classes_npz(50, per_class=1), "min_per_class=2"),
+        # issue 21: a header declaring 8 GiB before gzip members of zeros (1 GiB here); 250,000
+        # zip directory records only (the end record claiming 2); float64 zeros in an npz
+        ("huge.tar.gz", lambda: tar_declaring_huge(Sizes(bomb_mib=1)), "max_total_bytes"),
+        ("records.zip", lambda: zip_directory_flood(Sizes(entries=250_000), declare=2),
+         "max_members=200,000"),
+        ("ratio.npz", lambda: npz_ratio(Sizes(images=600)), "max_compression_ratio"),
     ],
 )  # fmt: skip
 def test_hostile_upload_is_invalid_naming_the_limit(service, filename, make, limit):
     http, settings, worker = service
     data = make()
-    assert len(data) < 2 * MiB
+    assert len(data) < 16 * MiB
     ds = validated(http, filename, data)
     assert ds["status"] == "invalid", ds
     assert limit in ds["error"], ds["error"]
@@ -87,7 +96,23 @@ def test_hostile_upload_is_invalid_naming_the_limit(service, filename, make, lim
 def test_a_fair_dataset_is_still_ready(service):
     from tests.service.datafiles import npz_bytes
 
-    http, _, worker = service
+    http, settings, worker = service
     ds = validated(http, "fair.npz", npz_bytes(n_per_class=3, classes=4))
     assert ds["status"] == "ready", ds
     assert ds["num_samples"] == 12
+    # the worker made the dashboard's thumbnails while it held the dataset: a page view reads
+    # them and never loads the dataset in the API process
+    folder = settings.storage_dir / "datasets" / ds["id"] / "thumbs"
+    index = json.loads((folder / "index.json").read_text())
+    assert sorted(index) == sorted(ds["classes"]) and all(len(f) == 3 for f in index.values())
+    assert all((folder / f).read_bytes()[:4] == b"\x89PNG" for fs in index.values() for f in fs)
+
+
+def test_a_page_view_never_loads_a_dataset(tmp_path):
+    from tests.service.datafiles import npz_bytes
+    from zoopick.service.thumbnails import thumbnail_path, thumbnails
+
+    stored = tmp_path / "upload.npz"  # a ready dataset from before thumbnails were made
+    stored.write_bytes(npz_bytes(n_per_class=3, classes=2))
+    assert thumbnails(stored) == {} and thumbnail_path(stored, "0-0-0.png") is None
+    assert list(tmp_path.iterdir()) == [stored]  # nothing loaded, nothing made

@@ -144,3 +144,31 @@ def test_installed_wheel_adds_only_zoopick_and_runs_away_from_the_checkout(wheel
     assert Path(location) == site / "zoopick" / "service" / "migrations"
     assert heads == repr([migrate.head()])
     assert not (away / ".zoopick").exists()
+
+
+def test_the_light_client_wheel_shares_no_file_or_command_with_zoopick(wheel, tmp_path):
+    """``zoopick-client`` (built from client/) ships the same client as the top-level
+    ``zoopick_client`` and the ``zoopick-client`` command: no path of its wheel is one of
+    zoopick's, so pip installs and removes either without breaking the other."""
+    from tests.service.lightclient import build_wheel
+
+    light = build_wheel(tmp_path)
+    files = {n for n in zipfile.ZipFile(light).namelist() if ".dist-info/" not in n}
+    assert {n.split("/", 1)[0] for n in files} == {"zoopick_client"}
+    assert {n.split("/", 1)[1] for n in files} == {
+        p.name for p in (ROOT / "client").glob("*.py")
+    }  # every module of client/, one copy of the code
+    assert not files & set(zipfile.ZipFile(wheel).namelist())
+    meta = zipfile.ZipFile(light).read("zoopick_client-0.1.0.dist-info/entry_points.txt")
+    assert "zoopick-client = zoopick_client.main:main" in meta.decode()
+    main_scripts = zipfile.ZipFile(wheel).read("zoopick-0.1.0.dist-info/entry_points.txt")
+    assert "zoopick = " in main_scripts.decode() and "zoopick-client" not in main_scripts.decode()
+    requires = [
+        line.split(":", 1)[1].strip()
+        for line in zipfile.ZipFile(light)
+        .read("zoopick_client-0.1.0.dist-info/METADATA")
+        .decode()
+        .splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    assert sorted(r.split(">")[0] for r in requires) == ["httpx", "rich", "typer"]  # no torch

@@ -44,10 +44,19 @@ def live_api(isolated_settings):
     token = procs.create_token(cfg, "fuzz")
     extra = {"ZOOPICK_RATE_UPLOADS": "100000/minute", "ZOOPICK_RATE_JOBS": "100000/minute"}
     api, base = procs.start_api(cfg, cfg.data_dir, extra)
+    # a worker's heartbeat (none runs here): /readyz answers 503 until one has been seen
+    from zoopick.service import liveness
+    from zoopick.service.db.session import make_engine, make_sessionmaker
+
+    engine = make_engine(cfg.database_url)
+    beat = liveness.Heartbeat(make_sessionmaker(engine), "fuzz/1", "fuzz", 1, "cpu,gpu", 1.0)
     try:
+        beat.start()
         yield base, {"Authorization": f"Bearer {token}"}
     finally:
+        beat.stop()
         api.stop()
+        engine.dispose()
 
 
 @pytest.fixture(scope="module")

@@ -79,3 +79,48 @@ def test_stopping_serve_stops_its_worker_and_the_pool(tmp_path, signum):
         for pid in started:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_restarted_worker_busy_in_its_pool_dies_with_a_killed_serve(tmp_path):
+    """Issue 21, item 13: serve restarts its local worker (the first one was killed), the new
+    worker's pool process does not return (SIGSTOP: a task that runs for minutes), then
+    serve's process group is SIGKILLed. The worker, in a session of its own, gets no signal
+    from that kill, and a parent-death signal alone only starts a warm shutdown that waits for
+    the pool: the worker must see that serve is gone and take its pool down with it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
+    env.update(
+        ZOOPICK_DATA_DIR=str(tmp_path / "data"),
+        OMP_NUM_THREADS="1",
+        ZOOPICK_HEARTBEAT_SECONDS="0.5",
+        ZOOPICK_HEARTBEAT_TIMEOUT_SECONDS="3",  # serve checks its worker every second
+    )
+    port = free_port()
+    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
+    serve = Proc("serve", cmd + ["--concurrency", "1"], env, tmp_path)
+    seen: set[int] = set()
+    try:
+        wait_http(serve, f"http://127.0.0.1:{port}/healthz", timeout=90)
+        first = poll(lambda: descendants(serve.proc.pid), lambda p: len(p) >= 2, 90,
+                     what="the local worker and its pool")  # fmt: skip
+        seen |= first
+        os.kill(min(first), signal.SIGKILL)  # the worker's main process: serve restarts it
+        restarted = poll(lambda: descendants(serve.proc.pid) - first, lambda p: len(p) >= 2,
+                         60, what="the restarted worker and its pool")  # fmt: skip
+        seen |= restarted
+        leader = min(restarted)
+        assert os.getpgid(leader) == leader != os.getpgid(serve.proc.pid)
+        for pid in restarted - {leader}:
+            os.kill(pid, signal.SIGSTOP)
+        os.killpg(serve.proc.pid, signal.SIGKILL)
+        serve.proc.wait(timeout=30)
+        left = poll(lambda: {p for p in seen if alive(p)}, lambda pids: not pids, 20,
+                    what="the orphaned worker's processes to exit")  # fmt: skip
+        assert left == set()
+        assert "is gone: this worker and its pool stop now" in serve.log.read_text()
+    finally:
+        seen |= descendants(serve.proc.pid)
+        serve.stop()
+        for pid in seen:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -20,6 +20,9 @@ TRAINER = textwrap.dedent(
     print("starting", flush=True)
     for e in range(1, epochs + 1):
         time.sleep(pause)
+        progress = {"event": "progress", "phase": "training", "epoch": e, "epochs": epochs,
+                    "step": 1, "steps": 2, "loss": 0.5, "train_acc": 0.25, "host": "h1"}
+        print(json.dumps(progress), flush=True)
         print(json.dumps({"epoch": e, "loss": 1.0 / e, "train_acc": 0.5}), flush=True)
     if fail:
         print(json.dumps({"error": "RuntimeError: NCCL timeout", "rank": 1}), file=sys.stderr)
@@ -43,24 +46,37 @@ def start(tmp_path, *args: str):
 
 
 def test_records_arrive_in_order_and_success(tmp_path):
-    records, checks = [], []
+    records, checks, events = [], [], []
     result = training_runner.run(
         start(tmp_path, "3", "ok", "0.05"),
         on_record=records.append,
         keep_going=lambda: checks.append(1) or True,
+        on_event=events.append,
         poll=0.5,
+        log=tmp_path / "run",
     )
     assert result.returncode == 0 and not result.stopped and result.error is None
     assert [r.epoch for r in records] == [1, 2, 3] and result.records == 3
     assert checks  # asked between epochs
+    # progress events reach the callback, in order, and stay out of the log, which keeps
+    # everything else the trainer printed
+    assert [(e.event, e.epoch, e.step, e.loss, e.host) for e in events] == [
+        ("progress", e, 1, 0.5, "h1") for e in (1, 2, 3)
+    ]
+    log = (tmp_path / "run" / "train.log").read_text().splitlines()
+    assert log[0] == "[stdout] starting" and len(log) == 4 and '"epoch": 3' in log[-1]
 
 
 def test_a_failing_rank_names_its_error(tmp_path):
     result = training_runner.run(
-        start(tmp_path, "1", "fail", "0"), on_record=lambda r: None, keep_going=lambda: True
+        start(tmp_path, "1", "fail", "0"),
+        on_record=lambda r: None,
+        keep_going=lambda: True,
+        log=tmp_path,
     )
     assert result.returncode == 1
     assert result.error == "rank 1: RuntimeError: NCCL timeout"
+    assert '[stderr] {"error": "RuntimeError: NCCL timeout"' in (tmp_path / "train.log").read_text()
 
 
 def live_in_group(pgid: int) -> list[str]:

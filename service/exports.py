@@ -1,0 +1,61 @@
+"""Downloadable formats of a job's fine-tuned model, as the API sees them (no torch here).
+
+``safetensors`` is what the trainer writes (the job's ``model`` artefact). ``timm`` (a tar of
+the Hugging Face Hub folder timm loads) and ``onnx`` are made from it on first request by a
+worker (``zoopick.export_model``, which calls ``zoopick.training.export``), stored beside it in
+``export/`` and recorded as the artefacts ``model-timm`` and ``model-onnx``; an export that
+fails leaves ``export/<format>.error`` saying why, which the API reports instead of waiting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from zoopick.service.db.models import Artefact, Job
+
+FORMATS = ("safetensors", "timm", "onnx")
+KIND = {"safetensors": "model", "timm": "model-timm", "onnx": "model-onnx"}
+SUFFIX = {"safetensors": ".safetensors", "timm": ".tar", "onnx": ".onnx"}
+MEDIA_TYPE = {
+    "safetensors": "application/octet-stream",
+    "timm": "application/x-tar",
+    "onnx": "application/octet-stream",
+}
+
+
+def export_dir(model_path: str | Path) -> Path:
+    """Where a model's exports live: beside the trainer's file."""
+    return Path(model_path).parent / "export"
+
+
+def error_file(model_path: str | Path, fmt: str) -> Path:
+    return export_dir(model_path) / f"{fmt}.error"
+
+
+def artefact(session: Session, job: Job, fmt: str) -> Artefact | None:
+    """The job's file in ``fmt`` if it exists (on disk too)."""
+    art = session.scalar(
+        select(Artefact).where(Artefact.job_id == job.id, Artefact.kind == KIND[fmt])
+    )
+    return art if art is not None and Path(art.path).is_file() else None
+
+
+@dataclass(frozen=True)
+class ExportState:
+    ready: Artefact | None = None
+    error: str | None = None
+
+
+def state(session: Session, job: Job, model: Artefact, fmt: str) -> ExportState:
+    """Whether ``fmt`` of ``job``'s ``model`` is ready, failed (why), or neither yet."""
+    art = artefact(session, job, fmt)
+    if art is not None:
+        return ExportState(ready=art)
+    failed = error_file(model.path, fmt)
+    if failed.is_file():
+        return ExportState(error=failed.read_text(errors="replace")[:2000])
+    return ExportState()

@@ -1,0 +1,357 @@
+"""Two-stage selection end to end, with real processes: a uvicorn API, Celery workers on
+Redis, PostgreSQL, and the real trainer (torchrun, gloo) for every rung.
+
+A job with ``selection`` scores every model, races the metric's shortlist (successive halving
+on a validation split of the training data), picks the race's winner and fine-tunes it from its
+race checkpoint. The race never spends more than its budget (counted from the candidates'
+checkpoints on disk, not from what the service says), stops when cancelled, and a candidate
+whose worker was killed resumes its checkpoint on another worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from sqlalchemy import select
+
+from tests.service.datafiles import npz_bytes
+from tests.service.procs import poll, start_api, start_worker, wait_worker_ready
+from tests.service.test_e2e import trainer_processes
+from zoopick.service.db.models import RaceEntry, TrainingRun
+from zoopick.service.db.session import make_engine, make_sessionmaker
+from zoopick.service.security import create_api_key
+from zoopick.training.config import CHECKPOINT, METRICS
+
+API = "/api/v1"
+ZOO = [("race-resnet", "test_resnet"), ("race-vit", "test_vit"), ("race-resnet-b", "test_resnet")]
+FINISHED = ("succeeded", "failed", "cancelled")
+LEASE = 8
+WORKER_ENV = {"ZOOPICK_LEASE_SECONDS": str(LEASE)}  # (Settings.env() leaves it out)
+
+
+@pytest.fixture(scope="module")
+def stack(new_pg_database, redis_url, tmp_path_factory):
+    pytest.importorskip("zoopick.selection.extract", reason="selection engine")
+    from zoopick.service.db import migrate
+    from zoopick.service.settings import Settings
+
+    url, prefix = redis_url
+    data = tmp_path_factory.mktemp("race")
+    settings = Settings(
+        data_dir=data,
+        database_url=new_pg_database(),
+        broker_url=url,
+        redis_key_prefix=prefix + "race:",
+        lease_seconds=LEASE,  # a killed candidate's lease runs out fast
+        sweep_interval_seconds=3600,  # the test sweeps itself, when it means to
+    )
+    migrate.upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    factory = make_sessionmaker(engine)
+    with factory.begin() as session:
+        _, user = create_api_key(session, tenant="racer", name="racer")
+        _, admin = create_api_key(session, tenant="ops", name="ops", admin=True)
+    procs = []
+    try:
+        api, base = start_api(settings, data)
+        procs.append(api)
+        cpu = start_worker(settings, "cpu", data)
+        gpu = start_worker(settings, "gpu", data, WORKER_ENV)
+        procs += [cpu, gpu]
+        client = httpx.Client(
+            base_url=base + API, headers={"Authorization": f"Bearer {user}"}, timeout=60
+        )
+        for mid, arch in ZOO:
+            body = {"id": mid, "arch": arch, "weights": "none", "num_classes": 10}
+            resp = client.post(
+                "/zoo",
+                json=body | {"input_size": [3, 32, 32]},
+                headers={"Authorization": f"Bearer {admin}"},
+            )
+            assert resp.status_code == 201, resp.text
+        resp = client.post("/datasets", files={"file": ("race.npz", npz_bytes(12, seed=3), "x")})
+        assert resp.status_code == 202, resp.text
+        dataset = poll(
+            lambda: client.get(f"/datasets/{resp.json()['id']}").json(),
+            lambda d: d["status"] in ("ready", "invalid"),
+            timeout=90,
+            what="validation",
+        )
+        assert dataset["status"] == "ready", dataset
+        wait_worker_ready(gpu)
+        yield {
+            "url": base,
+            "key": user,
+            "settings": settings,
+            "client": client,
+            "factory": factory,
+            "procs": procs,
+            "gpu": gpu,
+            "dir": data,
+            "dataset": dataset["id"],
+        }
+    finally:
+        for p in procs:
+            p.stop()
+        engine.dispose()
+
+
+FINETUNE = {"epochs": 1, "workers": 1, "compressor": "dense", "lr": 0.01, "batch_size": 4}
+
+
+def _submit(stack, selection: dict, models=None) -> str:
+    body = {
+        "dataset_id": stack["dataset"],
+        "models": models or [m for m, _ in ZOO],
+        "metrics": ["logme"],
+        "selection": selection,
+        "finetune": FINETUNE,
+    }
+    resp = stack["client"].post("/jobs", json=body)
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["selection"] == {"validation_fraction": 0.2} | selection
+    return resp.json()["id"]
+
+
+def _job(stack, jid):
+    return stack["client"].get(f"/jobs/{jid}").json()
+
+
+def _wait(stack, jid, until, timeout=300, what="the job"):
+    return poll(lambda: _job(stack, jid), until, timeout=timeout, interval=0.5, what=what)
+
+
+def _race_dir(stack, jid) -> object:
+    return stack["settings"].storage_dir / "jobs" / jid / "race"
+
+
+def _steps_on_disk(stack, jid, steps_per_epoch: int) -> dict[str, int]:
+    """Optimizer steps each candidate's checkpoint holds, read from the files."""
+    found = {}
+    for folder in _race_dir(stack, jid).iterdir():
+        blob = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=False)
+        model = blob["config"]["model"]
+        found[model] = blob["epoch"] * steps_per_epoch + blob.get("step", 0)
+    return found
+
+
+def _best(entries, order, keep):
+    ranked = sorted(entries, key=lambda e: (-(e["val_accuracy"]), order.index(e["model"])))
+    return [e["model"] for e in ranked[:keep]]
+
+
+def test_a_race_runs_its_rungs_within_budget_and_fine_tunes_the_winner(stack):
+    jid = _submit(stack, {"shortlist": 3, "budget_epochs": 4.0})
+    stack["race_job"] = jid
+    job = _wait(stack, jid, lambda j: j["status"] in FINISHED)
+    assert job["status"] == "succeeded", (job["error"], job["race"])
+    race = job["race"]
+    ranked = [r["model"] for r in job["ranking"]]
+    assert race["shortlist"] == ranked[:3]  # stage 1 shortlists by the metric
+
+    # 12 a class: 2 test (round 2.4), then 2 validation of 10: 8 a class to train on,
+    # 24 images in batches of 4 = 6 steps an epoch; 4 epochs = 24 steps; 2 rungs of 12
+    assert (race["train_images"], race["steps_per_epoch"], race["budget_steps"]) == (24, 6, 24)
+    first, last = race["rungs"]
+    assert (first["candidates"], first["steps_each"], first["total_steps"]) == (3, 4, 4)
+    assert (last["candidates"], last["steps_each"], last["total_steps"]) == (2, 6, 10)
+    assert all(e["status"] == "done" and e["steps"] == 4 for e in first["entries"])
+    assert all(e["status"] == "done" and e["steps"] == 10 for e in last["entries"]), json.dumps(
+        last
+    )
+    # the better half (by validation accuracy, ties to the metric's order) went on ...
+    survivors = _best(first["entries"], race["shortlist"], 2)
+    assert sorted(e["model"] for e in last["entries"]) == sorted(survivors)
+    # ... and the better of those won, was chosen, and is what was fine-tuned
+    winner = _best(last["entries"], race["shortlist"], 1)[0]
+    assert race["winner"] == job["chosen_model"] == job["training"]["model"] == winner
+    assert race["why"].startswith(f"{winner} won the last rung")
+
+    # the budget, counted from the checkpoints the candidates left: 3 x 4 + 2 x 6 = 24
+    on_disk = _steps_on_disk(stack, jid, race["steps_per_epoch"])
+    assert sorted(on_disk.values()) == [4, 10, 10]
+    assert race["spent_steps"] == sum(on_disk.values()) <= race["budget_steps"]
+
+    # the final fine-tune started from the winner's race checkpoint (no step thrown away)
+    with stack["factory"]() as session:
+        run = session.scalar(select(TrainingRun).where(TrainingRun.job_id == uuid.UUID(jid)))
+        start = run.config["init_from"]
+    blob = torch.load(start, map_location="cpu", weights_only=False)
+    assert blob["config"]["model"] == winner and start.endswith(CHECKPOINT)
+    assert [e["epoch"] for e in job["training"]["epochs"]] == [1]
+
+
+def test_a_race_is_cancelled_during_a_rung_and_leaves_no_trainer(stack):
+    # rung 1: 3 x 16 epochs of 6 steps, far longer than the test waits
+    jid = _submit(stack, {"shortlist": 3, "budget_epochs": 99.0})
+    _wait(
+        stack,
+        jid,
+        lambda j: any(
+            e["status"] == "running"
+            for r in (j.get("race") or {}).get("rungs", [])
+            for e in r["entries"]
+        ),
+        timeout=120,
+        what="a running rung",
+    )
+    poll(
+        lambda: list(_race_dir(stack, jid).rglob(METRICS)),
+        bool,
+        timeout=60,
+        what="the first epoch of a rung",
+    )
+    resp = stack["client"].post(f"/jobs/{jid}/cancel")
+    assert resp.status_code in (200, 202), resp.text
+    job = _wait(stack, jid, lambda j: j["status"] in FINISHED, timeout=60, what="the cancel")
+    assert job["status"] == "cancelled", job
+    statuses = [e["status"] for r in job["race"]["rungs"] for e in r["entries"]]
+    assert "running" not in statuses and "cancelled" in statuses, statuses
+    poll(lambda: trainer_processes(_race_dir(stack, jid)), lambda p: not p, timeout=30,
+         what="the trainers to stop")  # fmt: skip
+
+
+def test_a_candidate_whose_worker_was_killed_resumes_its_checkpoint(stack):
+    """The gpu worker is killed (SIGKILL to its process group: the trainer dies with it) after
+    its candidate's first epoch; once the leases run out the sweeper re-queues the candidate,
+    and a new worker resumes that epoch's checkpoint and finishes the race."""
+    from zoopick.service import recovery
+    from zoopick.service.dispatch import Dispatcher
+
+    settings = stack["settings"]
+    jid = _submit(stack, {"shortlist": 2, "budget_epochs": 8.0}, models=["race-resnet", "race-vit"])
+    # one rung of 2 candidates x 4 epochs; wait for a candidate's first epoch checkpoint
+    poll(
+        lambda: list(_race_dir(stack, jid).rglob(CHECKPOINT)),
+        bool,
+        timeout=180,
+        what="a candidate's first checkpoint",
+    )
+    old = stack["gpu"]
+    os.killpg(old.proc.pid, signal.SIGKILL)
+    old.proc.wait()
+    with stack["factory"]() as session:
+        running = session.scalars(
+            select(RaceEntry).where(
+                RaceEntry.job_id == uuid.UUID(jid), RaceEntry.status == "running"
+            )
+        ).all()
+        assert running, "no candidate was training when its worker was killed"
+        killed = running[0].model_id
+    new = start_worker(settings, "gpu", stack["dir"], WORKER_ENV)
+    stack["procs"].append(new)
+    stack["gpu"] = new
+    # once the dead task's leases (job and candidate) run out, a sweep re-queues the
+    # candidate (the new worker's own sweep at start may get there first)
+    dispatcher = Dispatcher(settings)
+
+    def sweep_then_read():
+        return recovery.sweep(stack["factory"], dispatcher, settings) or _job(stack, jid)
+
+    poll(
+        sweep_then_read,
+        lambda j: isinstance(j, dict) and j["recoveries"] == 1,
+        timeout=120,
+        interval=1,
+        what="the sweeper to re-queue the killed candidate",
+    )
+
+    job = _wait(stack, jid, lambda j: j["status"] in FINISHED)
+    assert job["status"] == "succeeded", (job, new.tail())
+    assert job["recoveries"] == 1
+    entries = {e["model"]: e for e in job["race"]["rungs"][0]["entries"]}
+    assert entries[killed]["attempts"] == 2 and entries[killed]["steps"] == 24
+    assert all(e["status"] == "done" and e["steps"] == 24 for e in entries.values())
+    # the re-delivered rung resumed the killed one's checkpoint instead of starting over
+    with stack["factory"]() as session:
+        folder = next(
+            p
+            for p in _race_dir(stack, jid).iterdir()
+            if torch.load(p / CHECKPOINT, weights_only=False)["config"]["model"] == killed
+        )
+    events = [json.loads(x) for x in (folder / METRICS).read_text().splitlines()]
+    resumed = [e for e in events if e.get("event") == "resumed"]
+    assert resumed and resumed[0]["epoch"] >= 1, events
+
+
+@pytest.mark.parametrize(
+    "selection, field",
+    [
+        ({"shortlist": 1}, "shortlist"),
+        ({"shortlist": "3"}, "shortlist"),
+        ({"budget_epochs": 0}, "budget_epochs"),
+        ({"budget_epochs": "2"}, "budget_epochs"),
+        ({"validation_fraction": 1.0}, "validation_fraction"),
+        ({"rungs": 3}, "rungs"),
+        ({"budget_epochs": 0.01}, "budget_epochs"),  # less than a step for each candidate
+    ],
+)
+def test_bad_selection_options_get_a_422_naming_the_field(stack, selection, field):
+    body = {"dataset_id": stack["dataset"], "models": "all", "selection": selection}
+    resp = stack["client"].post("/jobs", json=body)
+    assert resp.status_code == 422, resp.text
+    assert field in resp.text, resp.text
+
+
+def test_a_race_needs_two_models(stack):
+    body = {"dataset_id": stack["dataset"], "models": ["race-vit"], "selection": {}}
+    resp = stack["client"].post("/jobs", json=body)
+    assert resp.status_code == 422 and "at least 2 models" in resp.text, resp.text
+
+
+def _cli(stack, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
+    env.update(ZOOPICK_URL=stack["url"], ZOOPICK_API_KEY=stack["key"], ZOOPICK_RETRIES="1")
+    cmd = [str(Path(sys.executable).parent / "zoopick"), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_cli_asks_for_a_race_and_shows_its_rungs(stack):
+    models = "race-resnet,race-vit"
+    bad = _cli(stack, "jobs", "submit", "--dataset", stack["dataset"], "--models", models,
+               "--shortlist", "2", "--budget", "0.01")  # fmt: skip
+    assert bad.returncode == 2 and "selection.budget_epochs" in bad.stderr, bad.stderr
+    if "race_job" not in stack:
+        pytest.skip("needs the race of the first test")
+    shown = _cli(stack, "jobs", "results", stack["race_job"])
+    assert shown.returncode == 0, shown.stderr
+    assert "race" in shown.stdout and "val accuracy" in shown.stdout, shown.stdout
+    assert "24 of 24 budget steps spent" in shown.stdout, shown.stdout
+
+
+def test_the_dashboard_shows_the_race_and_asks_for_one(stack):
+    import re
+
+    from tests.service.procs import dashboard_client
+
+    with dashboard_client(stack["url"], stack["key"]) as browser:
+        form = browser.get("/submit")
+        assert 'name="race"' in form.text and 'name="budget_epochs"' in form.text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)
+        fields = {"csrf": csrf, "dataset_id": stack["dataset"], "metrics": "logme"}
+        fields.update(race="on", shortlist="2", budget_epochs="0.01")
+        refused = browser.post("/submit", data=fields)
+        assert refused.status_code == 422, refused.text
+        assert "less than one step" in refused.text  # shown beside the budget field
+        if "race_job" not in stack:
+            pytest.skip("needs the race of the first test")
+        page = browser.get(f"/jobs/{stack['race_job']}")
+    assert page.status_code == 200
+    job = _job(stack, stack["race_job"])
+    assert 'id="race"' in page.text and "race: validation accuracy by steps trained" in page.text
+    for rung in job["race"]["rungs"]:
+        for e in rung["entries"]:
+            row = f'data-rung="{rung["index"] + 1}" data-model="{e["model"]}"'
+            assert row in page.text
+    assert f"{job['race']['spent_steps']} of a budget of {job['race']['budget_steps']}" in page.text
+    from markupsafe import escape
+
+    assert str(escape(job["race"]["why"])) in page.text
