@@ -76,8 +76,9 @@ def torchrun_command(config: Path, workers: int) -> list[str]:
 def spawn_local(
     cfg: FinetuneConfig, *, preexec_fn: Callable[[], object] | None = None
 ) -> subprocess.Popen[str]:
-    """Start ``cfg.max_workers`` local worker processes in their own process session; the caller
-    reads JSON lines from ``proc.stdout``. ``preexec_fn`` runs in the child before torchrun
+    """Start ``cfg.max_workers`` local worker processes (under torchrun; a run of one worker is
+    the one process) in their own process session; the caller reads JSON lines from
+    ``proc.stdout``. ``preexec_fn`` runs in the child before torchrun
     starts (the service uses it to tie the trainer's life to its worker's)."""
     import torch
 
@@ -85,9 +86,36 @@ def spawn_local(
     if not torch.cuda.is_available():
         # share the cores between CPU workers instead of oversubscribing them
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.max_workers)))
-    return start_run_process(
-        torchrun_command(write_config(cfg), cfg.max_workers), env, preexec_fn=preexec_fn
-    )
+    config = write_config(cfg)
+    if cfg.max_workers == 1:
+        # one worker needs no launcher: the process is rank 0 of a group of one (torchrun
+        # would start a second Python and import torch twice; a race's rungs are many short
+        # one-worker runs)
+        env.update(single_process_env())
+        return start_run_process(single_process_command(config), env, preexec_fn=preexec_fn)
+    return start_run_process(torchrun_command(config, cfg.max_workers), env, preexec_fn=preexec_fn)
+
+
+def single_process_command(config: Path) -> list[str]:
+    return [sys.executable, "-m", "zoopick.training.launch", "--config", str(config)]
+
+
+def single_process_env() -> dict[str, str]:
+    """What torchrun would set for the only worker of a run (``env://`` rendezvous on a free
+    local port)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+    }
 
 
 def start_run_process(

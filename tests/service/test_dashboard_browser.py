@@ -146,7 +146,7 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     page.get_by_label("Compressor").select_option("spardl")
     page.get_by_label("Density (fraction of gradients sent)").fill("0.1")
     page.get_by_label("Workers").fill("2")
-    page.get_by_label("Epochs").fill("1")
+    page.get_by_label("Epochs", exact=True).fill("1")
     page.get_by_role("button", name="Submit job").click()
     expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f-]{36}$"))
     job_url = page.url
@@ -212,7 +212,7 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     page.get_by_label("Fine-tune the chosen model").check()
     page.get_by_label("Compressor").select_option("dense")
     page.get_by_label("Workers").fill("1")
-    page.get_by_label("Epochs").fill("100")
+    page.get_by_label("Epochs", exact=True).fill("100")
     page.get_by_role("button", name="Submit job").click()
     expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f-]{36}$"))
     second = page.url.rsplit("/", 1)[1]

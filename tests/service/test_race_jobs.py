@@ -148,25 +148,74 @@ def _best(entries, order, keep):
     return [e["model"] for e in ranked[:keep]]
 
 
-def test_a_race_runs_its_rungs_within_budget_and_fine_tunes_the_winner(stack):
-    jid = _submit(stack, {"shortlist": 3, "budget_epochs": 4.0})
+def _running_in_last_rung(job) -> bool:
+    rungs = (job.get("race") or {}).get("rungs", [])
+    return len(rungs) == 2 and any(e["status"] == "running" for e in rungs[1]["entries"])
+
+
+def test_a_race_runs_its_rungs_within_budget_survives_a_killed_worker_and_seeds_the_fine_tune(
+    stack,
+):
+    """Two rungs; while a candidate trains in the second, its gpu worker is killed (SIGKILL to
+    its process group: the trainer dies with it). Once the leases run out the sweeper
+    re-queues it, a new worker resumes its first-rung checkpoint, the race ends within its
+    budget, and the fine-tune starts from the winner's race checkpoint."""
+    from zoopick.service import recovery
+    from zoopick.service.dispatch import Dispatcher
+
+    settings = stack["settings"]
+    jid = _submit(stack, {"shortlist": 3, "budget_epochs": 12.0})
     stack["race_job"] = jid
+    job = _wait(
+        stack,
+        jid,
+        lambda j: _running_in_last_rung(j) or j["status"] in FINISHED,
+        what="a candidate training in the last rung",
+    )
+    assert _running_in_last_rung(job), job
+    old = stack["gpu"]
+    os.killpg(old.proc.pid, signal.SIGKILL)
+    old.proc.wait()
+    with stack["factory"]() as session:
+        running = session.scalars(
+            select(RaceEntry).where(
+                RaceEntry.job_id == uuid.UUID(jid), RaceEntry.status == "running"
+            )
+        ).all()
+        assert running, "no candidate was training when its worker was killed"
+        killed = running[0].model_id
+    new = start_worker(settings, "gpu", stack["dir"], WORKER_ENV)
+    stack["procs"].append(new)
+    stack["gpu"] = new
+    # once the dead task's leases (job and candidate) run out, a sweep re-queues the
+    # candidate (the new worker's own sweep at start may get there first)
+    dispatcher = Dispatcher(settings)
+
+    def sweep_then_read():
+        return recovery.sweep(stack["factory"], dispatcher, settings) or _job(stack, jid)
+
+    poll(
+        sweep_then_read,
+        lambda j: isinstance(j, dict) and j["recoveries"] == 1,
+        timeout=120,
+        interval=1,
+        what="the sweeper to re-queue the killed candidate",
+    )
+
     job = _wait(stack, jid, lambda j: j["status"] in FINISHED)
-    assert job["status"] == "succeeded", (job["error"], job["race"])
+    assert job["status"] == "succeeded", (job["error"], job["race"], new.tail())
     race = job["race"]
     ranked = [r["model"] for r in job["ranking"]]
     assert race["shortlist"] == ranked[:3]  # stage 1 shortlists by the metric
 
     # 12 a class: 2 test (round 2.4), then 2 validation of 10: 8 a class to train on,
-    # 24 images in batches of 4 = 6 steps an epoch; 4 epochs = 24 steps; 2 rungs of 12
-    assert (race["train_images"], race["steps_per_epoch"], race["budget_steps"]) == (24, 6, 24)
+    # 24 images in batches of 4 = 6 steps an epoch; 12 epochs = 72 steps; 2 rungs of 36
+    assert (race["train_images"], race["steps_per_epoch"], race["budget_steps"]) == (24, 6, 72)
     first, last = race["rungs"]
-    assert (first["candidates"], first["steps_each"], first["total_steps"]) == (3, 4, 4)
-    assert (last["candidates"], last["steps_each"], last["total_steps"]) == (2, 6, 10)
-    assert all(e["status"] == "done" and e["steps"] == 4 for e in first["entries"])
-    assert all(e["status"] == "done" and e["steps"] == 10 for e in last["entries"]), json.dumps(
-        last
-    )
+    assert (first["candidates"], first["steps_each"], first["total_steps"]) == (3, 12, 12)
+    assert (last["candidates"], last["steps_each"], last["total_steps"]) == (2, 18, 30)
+    assert all(e["status"] == "done" and e["steps"] == 12 for e in first["entries"])
+    assert all(e["status"] == "done" and e["steps"] == 30 for e in last["entries"]), last
     # the better half (by validation accuracy, ties to the metric's order) went on ...
     survivors = _best(first["entries"], race["shortlist"], 2)
     assert sorted(e["model"] for e in last["entries"]) == sorted(survivors)
@@ -175,10 +224,22 @@ def test_a_race_runs_its_rungs_within_budget_and_fine_tunes_the_winner(stack):
     assert race["winner"] == job["chosen_model"] == job["training"]["model"] == winner
     assert race["why"].startswith(f"{winner} won the last rung")
 
-    # the budget, counted from the checkpoints the candidates left: 3 x 4 + 2 x 6 = 24
+    # the budget, counted from the checkpoints the candidates left: 3 x 12 + 2 x 18 = 72
     on_disk = _steps_on_disk(stack, jid, race["steps_per_epoch"])
-    assert sorted(on_disk.values()) == [4, 10, 10]
+    assert sorted(on_disk.values()) == [12, 30, 30]
     assert race["spent_steps"] == sum(on_disk.values()) <= race["budget_steps"]
+
+    # the killed candidate's rung ran twice and resumed its first-rung checkpoint
+    entry = next(e for e in last["entries"] if e["model"] == killed)
+    assert entry["attempts"] == 2 and job["recoveries"] == 1
+    folder = next(
+        p
+        for p in _race_dir(stack, jid).iterdir()
+        if torch.load(p / CHECKPOINT, weights_only=False)["config"]["model"] == killed
+    )
+    events = [json.loads(x) for x in (folder / METRICS).read_text().splitlines()]
+    resumed = [e for e in events if e.get("event") == "resumed"]
+    assert resumed and resumed[-1]["epoch"] >= 2, events
 
     # the final fine-tune started from the winner's race checkpoint (no step thrown away)
     with stack["factory"]() as session:
@@ -217,69 +278,6 @@ def test_a_race_is_cancelled_during_a_rung_and_leaves_no_trainer(stack):
     assert "running" not in statuses and "cancelled" in statuses, statuses
     poll(lambda: trainer_processes(_race_dir(stack, jid)), lambda p: not p, timeout=30,
          what="the trainers to stop")  # fmt: skip
-
-
-def test_a_candidate_whose_worker_was_killed_resumes_its_checkpoint(stack):
-    """The gpu worker is killed (SIGKILL to its process group: the trainer dies with it) after
-    its candidate's first epoch; once the leases run out the sweeper re-queues the candidate,
-    and a new worker resumes that epoch's checkpoint and finishes the race."""
-    from zoopick.service import recovery
-    from zoopick.service.dispatch import Dispatcher
-
-    settings = stack["settings"]
-    jid = _submit(stack, {"shortlist": 2, "budget_epochs": 8.0}, models=["race-resnet", "race-vit"])
-    # one rung of 2 candidates x 4 epochs; wait for a candidate's first epoch checkpoint
-    poll(
-        lambda: list(_race_dir(stack, jid).rglob(CHECKPOINT)),
-        bool,
-        timeout=180,
-        what="a candidate's first checkpoint",
-    )
-    old = stack["gpu"]
-    os.killpg(old.proc.pid, signal.SIGKILL)
-    old.proc.wait()
-    with stack["factory"]() as session:
-        running = session.scalars(
-            select(RaceEntry).where(
-                RaceEntry.job_id == uuid.UUID(jid), RaceEntry.status == "running"
-            )
-        ).all()
-        assert running, "no candidate was training when its worker was killed"
-        killed = running[0].model_id
-    new = start_worker(settings, "gpu", stack["dir"], WORKER_ENV)
-    stack["procs"].append(new)
-    stack["gpu"] = new
-    # once the dead task's leases (job and candidate) run out, a sweep re-queues the
-    # candidate (the new worker's own sweep at start may get there first)
-    dispatcher = Dispatcher(settings)
-
-    def sweep_then_read():
-        return recovery.sweep(stack["factory"], dispatcher, settings) or _job(stack, jid)
-
-    poll(
-        sweep_then_read,
-        lambda j: isinstance(j, dict) and j["recoveries"] == 1,
-        timeout=120,
-        interval=1,
-        what="the sweeper to re-queue the killed candidate",
-    )
-
-    job = _wait(stack, jid, lambda j: j["status"] in FINISHED)
-    assert job["status"] == "succeeded", (job, new.tail())
-    assert job["recoveries"] == 1
-    entries = {e["model"]: e for e in job["race"]["rungs"][0]["entries"]}
-    assert entries[killed]["attempts"] == 2 and entries[killed]["steps"] == 24
-    assert all(e["status"] == "done" and e["steps"] == 24 for e in entries.values())
-    # the re-delivered rung resumed the killed one's checkpoint instead of starting over
-    with stack["factory"]() as session:
-        folder = next(
-            p
-            for p in _race_dir(stack, jid).iterdir()
-            if torch.load(p / CHECKPOINT, weights_only=False)["config"]["model"] == killed
-        )
-    events = [json.loads(x) for x in (folder / METRICS).read_text().splitlines()]
-    resumed = [e for e in events if e.get("event") == "resumed"]
-    assert resumed and resumed[0]["epoch"] >= 1, events
 
 
 @pytest.mark.parametrize(
@@ -324,7 +322,7 @@ def test_the_cli_asks_for_a_race_and_shows_its_rungs(stack):
     shown = _cli(stack, "jobs", "results", stack["race_job"])
     assert shown.returncode == 0, shown.stderr
     assert "race" in shown.stdout and "val accuracy" in shown.stdout, shown.stdout
-    assert "24 of 24 budget steps spent" in shown.stdout, shown.stdout
+    assert "72 of 72 budget steps spent" in shown.stdout, shown.stdout
 
 
 def test_the_dashboard_shows_the_race_and_asks_for_one(stack):
