@@ -80,16 +80,6 @@ def plan_for(
     }
 
 
-def check(session: Session, dataset_id: uuid.UUID, selection: race.SelectionOptions,
-          finetune: FinetuneOptions | None) -> dict[str, Any]:  # fmt: skip
-    """At submission: the plan the race will follow on this dataset (refuses what cannot
-    run)."""
-    ds = session.get(Dataset, dataset_id)
-    counts = dict((ds.counts if ds is not None else None) or {})
-    options = finetune or FinetuneOptions()
-    return plan_for(selection, options, counts)
-
-
 def _insert_entries(session: Session, job_id: uuid.UUID, rung: int, models: list[str],
                     target: int) -> int:  # fmt: skip
     """Rows for one rung's candidates; returns how many this call created (0 when another
@@ -199,11 +189,6 @@ def entries(session: Session, job_id: uuid.UUID, rung: int | None = None) -> lis
     if rung is not None:
         stmt = stmt.where(RaceEntry.rung == rung)
     return list(session.scalars(stmt.order_by(RaceEntry.rung, RaceEntry.id)))
-
-
-def unsettled(session: Session, job_id: uuid.UUID) -> list[RaceEntry]:
-    """The current rung's candidates still to train (what a re-queue sends again)."""
-    return [e for e in entries(session, job_id) if e.status not in SETTLED]
 
 
 def set_race_progress(session: Session, job: Job) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.comm_harness import launch
+from tests.test_finetune import _run_many
 from zoopick.training import race
 from zoopick.training.config import (
     CHECKPOINT,
@@ -20,7 +21,6 @@ from zoopick.training.config import (
     FinetuneConfig,
     parse_line,
 )
-from zoopick.training.finetune import run
 
 
 def test_rung_sizes_halve_rounding_up_to_a_final_pair():
@@ -94,10 +94,6 @@ def test_selection_options_are_strict():
 
 
 # -- the trainer's part ---------------------------------------------------------------------
-
-
-def _run_many(rank: int, world: int, configs: list[dict]) -> list[dict]:
-    return [run(FinetuneConfig(**c)) for c in configs]
 
 
 def _cfg(tiny_zoo, tiny_npz, out, **kw) -> dict:

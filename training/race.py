@@ -141,22 +141,25 @@ class Result:
     metric_place: int
 
 
-def survivors(results: Sequence[Result], keep: int) -> list[str]:
-    """The ``keep`` best by validation accuracy; ties (and failed candidates, which rank
-    last) go to the metric's order."""
-    ranked = sorted(
+def _ranked(results: Sequence[Result]) -> list[Result]:
+    """Best first by validation accuracy; failed candidates last; ties to the metric's
+    order."""
+    return sorted(
         results,
         key=lambda r: (r.val_accuracy is None, -(r.val_accuracy or 0.0), r.metric_place),
     )
+
+
+def survivors(results: Sequence[Result], keep: int) -> list[str]:
+    """The ``keep`` best by validation accuracy; ties (and failed candidates, which rank
+    last) go to the metric's order."""
+    ranked = _ranked(results)
     return [r.model for r in ranked[:keep] if r.val_accuracy is not None]
 
 
 def why_won(results: Sequence[Result], steps: int) -> str:
     """One sentence on the last rung: who won, by how much, after how many steps."""
-    ranked = sorted(
-        results,
-        key=lambda r: (r.val_accuracy is None, -(r.val_accuracy or 0.0), r.metric_place),
-    )
+    ranked = _ranked(results)
     best = ranked[0]
     text = (
         f"{best.model} won the last rung with validation accuracy "
