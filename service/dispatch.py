@@ -22,6 +22,7 @@ from zoopick.service.queue import (
     DELIVER_WEBHOOK,
     EXPORT_MODEL,
     FINETUNE,
+    LOG_MLFLOW,
     RACE_STEP,
     SCORE,
     SELECT,
@@ -131,6 +132,11 @@ class Dispatcher:
         """Send (or, after ``countdown`` seconds, retry) one webhook delivery
         (``zoopick.service.webhooks``)."""
         self._sig(DELIVER_WEBHOOK, delivery_id).apply_async(countdown=countdown)
+
+    def log_mlflow(self, job_id: str, countdown: float | None = None) -> None:
+        """Log (or, after ``countdown`` seconds, try again to log) a finished job to MLflow
+        (``zoopick.service.tracking``)."""
+        self._sig(LOG_MLFLOW, job_id).apply_async(countdown=countdown)
 
     def export_model(self, job_id: str, fmt: str) -> None:
         """Make the job's model in ``fmt`` (``zoopick.service.exports``); a second request

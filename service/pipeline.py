@@ -18,7 +18,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from zoopick.selection.ties import tie_groups
-from zoopick.service import progress, webhooks
+from zoopick.service import progress, tracking, webhooks
 from zoopick.service.db.models import (
     TERMINAL,
     Artefact,
@@ -62,6 +62,7 @@ def transition(session: Session, job_id: uuid.UUID, to: JobStatus, **values: Any
     moved = session.execute(stmt).rowcount == 1
     if moved:  # its webhook's event, in the same transaction (an outbox row)
         webhooks.enqueue(session, job_id, to)
+        tracking.enqueue(session, job_id, to)  # and its MLflow run, once it ended
     return moved
 
 
@@ -390,6 +391,7 @@ def finish_cancelled_if_queued(session: Session, job_id: uuid.UUID) -> bool:
     moved = session.execute(stmt).rowcount == 1
     if moved:
         webhooks.enqueue(session, job_id, S.cancelled)
+        tracking.enqueue(session, job_id, S.cancelled)
     return moved
 
 

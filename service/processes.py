@@ -18,10 +18,12 @@ group (itself and its pool) after a short grace.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -51,6 +53,62 @@ def die_with_parent(parent: int | None = None) -> Callable[[], None] | None:
             os._exit(1)
 
     return set_pdeathsig
+
+
+LOCAL_WORKER_NICE = 10
+"""How much lower than ``zoopick serve`` its local worker runs (``serve --worker-nice``).
+
+The local worker shares the API's cores. Its work (validation, scoring, fine-tuning) is
+throughput work of seconds to hours; the API's is latency work of milliseconds, and a client
+polls its job while that job runs. At equal priority a scoring or training worker takes the
+cores from the API as often as the API takes them (issue 21, item 14). Linux weighs a nice-10
+process (and a nice-10 session, see :func:`set_session_nice`) at about a ninth of a nice-0
+one, so a busy worker yields most of a contended core to the API and still gets all the
+cores the API leaves idle. Not 19 (or SCHED_IDLE): under a sustained API load the worker
+would barely run, its heartbeat would go stale and ``serve`` would restart it as stalled. Its
+pool processes and trainers inherit the value."""
+
+AUTOGROUP = "/proc/self/autogroup"
+
+
+def set_session_nice(nice: int, tries: int = 50) -> bool:
+    """Make the calling process' session as nice as ``nice`` for the scheduler, where Linux
+    groups processes by session (autogroup: ``/proc/sys/kernel/sched_autogroup_enabled``, on
+    by default on most distributions, for processes outside a cpu cgroup of their own). There
+    the cores are shared between *sessions* first, by the session's own nice value, and a
+    process' nice only counts within its session: a child started with
+    ``start_new_session=True`` (the local worker, a trainer) would get as much CPU as the
+    API's whole session, whatever its own nice. Returns whether it was set; False without
+    autogroups (the process nice is then all there is). Anyone may raise it, but without
+    privileges only once per 100 ms machine-wide (EAGAIN): retried meanwhile. Safe in a
+    ``preexec_fn`` (it imports nothing: a forked child must not take the import lock)."""
+    for _ in range(tries):
+        try:
+            with open(AUTOGROUP, "w") as f:
+                f.write(str(nice))
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN:
+                return False
+            time.sleep(0.01)
+    return False
+
+
+def lowered_priority(nice: int = 0, then: Callable[[], None] | None = None) -> Callable[[], None]:
+    """A ``preexec_fn`` for a child that gets a session of its own: it runs ``nice`` steps
+    nicer than its parent (0: as nice as the parent), and so does its new session where the
+    scheduler groups by session (:func:`set_session_nice`), so that starting a session does
+    not win back the priority the parent gave up; everything it starts inherits both. Then
+    it runs ``then`` (e.g. :func:`die_with_parent`'s)."""
+
+    def lower() -> None:
+        level = os.nice(nice)
+        if level > 0:
+            set_session_nice(level)
+        if then is not None:
+            then()
+
+    return lower
 
 
 def stop_group(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:

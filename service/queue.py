@@ -39,6 +39,7 @@ RACE_STEP = "zoopick.race_step"
 WORKFLOW_FAILED = "zoopick.workflow_failed"
 DELIVER_WEBHOOK = "zoopick.deliver_webhook"
 EXPORT_MODEL = "zoopick.export_model"
+LOG_MLFLOW = "zoopick.log_mlflow"
 
 ROUTES = {
     VALIDATE: {"queue": CPU},
@@ -49,6 +50,7 @@ ROUTES = {
     WORKFLOW_FAILED: {"queue": CPU},
     DELIVER_WEBHOOK: {"queue": CPU},
     EXPORT_MODEL: {"queue": CPU},
+    LOG_MLFLOW: {"queue": CPU},
     "celery.chord_unlock": {"queue": CPU},  # polling join of result backends without counters
 }
 

@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import and_, exists, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from zoopick.service import webhooks
+from zoopick.service import tracking, webhooks
 from zoopick.service.db.models import Dataset, DatasetStatus, Job, JobStatus, RaceEntry
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
 from zoopick.service.db.types import utcnow
@@ -168,6 +168,7 @@ def _recover(
             if done:
                 finish_run(session, job.id, status, error)
                 webhooks.enqueue(session, job.id, JobStatus(status))
+                tracking.enqueue(session, job.id, JobStatus(status))
             return Action(job.id, status, reason) if done else None
         # re-queue: count the attempt and clear the dead lease first (so the new task can
         # claim it and no other sweeper re-queues the same loss), then send the work
@@ -279,6 +280,10 @@ def sweep(
         webhooks.resend_stale(factory, dispatcher, settings)
     except Exception:  # noqa: BLE001 - the jobs' sweep must still run
         log.exception("re-sending lost webhook deliveries")
+    try:
+        tracking.resend_stale(factory, dispatcher, settings)
+    except Exception:  # noqa: BLE001 - the jobs' sweep must still run
+        log.exception("re-sending lost MLflow loggings")
     for job in jobs:
         try:
             action = _recover(factory, dispatcher, settings, job, now)

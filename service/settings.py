@@ -196,6 +196,39 @@ class Settings(BaseSettings):
         10.0, gt=0, description="Connect and read timeout of one webhook request."
     )
 
+    # MLflow (zoopick[mlflow]): each finished job logged as one run (zoopick.service.tracking)
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking server (http://host:5000, databricks, ...) that every job "
+        "is logged to once it finishes: scores, fine-tune curve, model. Needs zoopick[mlflow].",
+    )
+    mlflow_experiment: str = Field(
+        "zoopick", min_length=1, max_length=500, description="MLflow experiment of the runs."
+    )
+    mlflow_timeout_seconds: float = Field(
+        10.0, gt=0, description="Timeout of one request to the tracking server."
+    )
+    mlflow_max_attempts: int = Field(
+        3, ge=1, description="Tries of logging one job before it is given up (on the job)."
+    )
+    mlflow_backoff_seconds: float = Field(
+        30.0, gt=0, description="Wait before the second try; doubled before each next one."
+    )
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _mlflow_installed(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        import importlib.util
+
+        if importlib.util.find_spec("mlflow") is None:
+            raise ValueError(
+                "ZOOPICK_MLFLOW_TRACKING_URI is set but MLflow is not installed: "
+                "pip install 'zoopick[mlflow]' (or unset it)"
+            )
+        return value
+
     @field_validator("webhook_allow_networks")
     @classmethod
     def _networks(cls, value: list[str]) -> list[str]:
@@ -251,6 +284,7 @@ class Settings(BaseSettings):
         "score_max_per_class",
         "stall_seconds",
         "ray_address",
+        "mlflow_tracking_uri",
         mode="before",
     )
     @classmethod
@@ -359,6 +393,14 @@ class Settings(BaseSettings):
             import json
 
             env["ZOOPICK_WEBHOOK_ALLOW_NETWORKS"] = json.dumps(self.webhook_allow_networks)
+        if self.mlflow_tracking_uri:  # workers log the runs: they need where to
+            env["ZOOPICK_MLFLOW_TRACKING_URI"] = self.mlflow_tracking_uri
+        env.update(
+            ZOOPICK_MLFLOW_EXPERIMENT=self.mlflow_experiment,
+            ZOOPICK_MLFLOW_TIMEOUT_SECONDS=str(self.mlflow_timeout_seconds),
+            ZOOPICK_MLFLOW_MAX_ATTEMPTS=str(self.mlflow_max_attempts),
+            ZOOPICK_MLFLOW_BACKOFF_SECONDS=str(self.mlflow_backoff_seconds),
+        )
         env.update(
             ZOOPICK_WEBHOOK_MAX_ATTEMPTS=str(self.webhook_max_attempts),
             ZOOPICK_WEBHOOK_BACKOFF_SECONDS=str(self.webhook_backoff_seconds),

@@ -123,3 +123,29 @@ def tiny_zoo(_tiny_zoo_master: Path, tmp_path: Path) -> Path:
     (test_resnet, 10 classes), tiny-vit (test_vit, 5), tiny-efficientnet (test_efficientnet,
     8); safetensors checkpoints under ckpt/ next to it, referenced by relative paths."""
     return _copy(_tiny_zoo_master, tmp_path) / "zoo.json"
+
+
+# -- parallel runs (pytest-xdist, ``--dist loadgroup``) ----------------------------------------
+
+SHARED_STACKS = {"live_server": "live-stack", "cluster": "ray-cluster"}
+"""Session- or package-scoped fixtures that start real processes (a live zoopick stack, a Ray
+cluster): every module that uses one runs on the same xdist worker, which starts it once."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give every test an ``xdist_group``: its module, or the shared stack its module uses.
+
+    A module stays on one worker (its module-scoped stacks and memoised launches are started
+    once), and the modules of a shared stack share a worker. Without ``-n`` the marks change
+    nothing."""
+    by_module: dict[str, str] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        shared = [g for f, g in SHARED_STACKS.items() if f in getattr(item, "fixturenames", ())]
+        if shared:
+            by_module[module] = shared[0]
+        else:
+            by_module.setdefault(module, module)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(by_module[item.nodeid.split("::", 1)[0]]))

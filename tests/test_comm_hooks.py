@@ -188,6 +188,43 @@ def _dfs_adapt(rank: int, P: int) -> dict:
     return out
 
 
+GROUPED_WORLD = 2
+GROUPED_SIZES = (300_007, 140_001)  # buckets whose blocks take the CPU's sampled selection
+GROUPED_HOOKS = ("spardl", "topk", "gaussiank")
+
+
+def _grouped_vs_plain(rank: int, P: int) -> dict:
+    """spardl, topk and gaussiank at density 1 % on large buckets (the CPU's sampled
+    selection) for 3 iterations, once with issue 19's CPU paths (the driver's one-pass
+    error feedback, the grouped scan, the sparse average) and once with the plain ones
+    (``select.CPU_GROUPED``, ``exchange.SPARSE_AVERAGE`` off): every averaged bucket and
+    residual, per path."""
+    from zoopick.training.comm import exchange, select
+
+    out: dict = {}
+    saved = (select.CPU_GROUPED, exchange.SPARSE_AVERAGE)
+    try:
+        for grouped in (True, False):
+            select.CPU_GROUPED = exchange.SPARSE_AVERAGE = grouped
+            for name in GROUPED_HOOKS:
+                gen = torch.Generator().manual_seed(300 + rank)
+                params = [torch.zeros(n) for n in GROUPED_SIZES]
+                state, hook = comm.make_hook(name, density=0.01)
+                seen = []
+                for it in range(3):
+                    for b, p in enumerate(params):
+                        g = torch.randn(p.numel(), generator=gen) * 0.01
+                        g[1000 * it : 1000 * it + 500] += torch.randn(500, generator=gen)
+                        g[::7] = 0.0
+                        bucket = comm.SimpleBucket([p], [g], index=b, is_last=b == 1)
+                        seen.append(hook(state, bucket).wait().clone())
+                residuals = [state.residuals.get(p).clone() for p in params]
+                out[(name, grouped)] = (seen, residuals)
+    finally:
+        select.CPU_GROUPED, exchange.SPARSE_AVERAGE = saved
+    return out
+
+
 def suite(rank: int, P: int) -> dict:
     torch.manual_seed(rank)
     result: dict = {"rank": rank, "P": P}
@@ -205,6 +242,8 @@ def suite(rank: int, P: int) -> dict:
     result["exdyna_density"] = _exdyna_density(rank, P)
     if P == DFS_WORLD:
         result["dfs_adapt"] = _dfs_adapt(rank, P)
+    if P == GROUPED_WORLD:
+        result["grouped"] = _grouped_vs_plain(rank, P)
     dist.barrier()
     return result
 
@@ -375,3 +414,25 @@ def test_momentum_masks_sent_positions(run):
                 sent = (cur["after"][i] == 0) & (acc != 0)
                 expect = torch.where(sent, torch.zeros_like(u), u)
                 torch.testing.assert_close(nxt["mom_before"][i], expect, rtol=1e-6, atol=1e-6)
+
+
+def test_grouped_scan_and_sparse_average_change_no_bit():
+    """Issue 19's CPU paths (the driver's one-pass error feedback with the column maxima,
+    the grouped candidate scan, the sparse average) leave every averaged bucket and every
+    residual of spardl, topk and gaussiank bit-identical to the plain paths, on two real
+    gloo workers with buckets large enough for the sampled selection (spardl's own block
+    is rescanned where the peer's pairs landed); the averages are the same on both ranks
+    and not trivially zero."""
+    run = launch_cached(suite, GROUPED_WORLD)
+    for name in GROUPED_HOOKS:
+        for res in run:
+            new, new_res = res["grouped"][(name, True)]
+            old, old_res = res["grouped"][(name, False)]
+            assert len(new) == len(old) == 6
+            for a, b in zip(new, old, strict=True):
+                assert torch.equal(a, b), name
+            for a, b in zip(new_res, old_res, strict=True):
+                assert torch.equal(a, b), name
+        first, second = (res["grouped"][(name, True)][0] for res in run)
+        for a, b in zip(first, second, strict=True):
+            assert torch.equal(a, b) and torch.count_nonzero(a) > 0, name

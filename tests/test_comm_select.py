@@ -199,3 +199,129 @@ def test_capped_indices_device_path_matches_the_cpu_shortcut(monkeypatch, cap):
         assert (float(thr_t), int(n_t)) == pytest.approx(
             _plain_gaussian(heavy.numpy().astype(np.float64), 50), rel=1e-5
         )
+
+
+def _grouped_cases(gen: torch.Generator) -> list[torch.Tensor]:
+    """Inputs for the grouped scan: heavy tails, large values in runs (as in a real gradient),
+    exact zeros and negative zeros, NaN and infinities, lengths that leave a tail after the
+    groups, and inputs shorter than one group."""
+    heavy = torch.randn(100_003, generator=gen) * torch.randn(100_003, generator=gen).exp()
+    runs = torch.randn(80_000, generator=gen) * 0.01
+    for start in (0, 12_345, 79_000):
+        runs[start : start + 600] += torch.randn(600, generator=gen)
+    odd = torch.randn(70_001, generator=gen)
+    odd[::3] = 0.0
+    odd[1::5] = -0.0
+    odd[[7, 8_750, 70_000]] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    return [heavy, runs, odd, torch.randn(5, generator=gen), torch.zeros(0)]
+
+
+def test_grouped_positions_equal_the_plain_scan():
+    """The grouped scan lists exactly the positions (same order) of the plain scan it
+    replaces, ``sparse_positions(|x| >= t)``, for thresholds passing a few, many, all
+    non-zeros (the least subnormal) and none; NaN never passes, infinities do."""
+    from zoopick.training.comm.select import TINY, grouped_positions, sparse_positions
+
+    gen = torch.Generator().manual_seed(11)
+    for x in _grouped_cases(gen):
+        for t in (2.5, 0.3, TINY, 1e30):
+            for thr in (t, torch.tensor(t)):
+                expect = sparse_positions(x.abs() >= thr)
+                got = grouped_positions(x, thr)
+                assert got.dtype == torch.int64
+                assert torch.equal(got, expect), (x.numel(), t)
+
+
+def test_grouped_sampled_topk_is_bit_identical_to_the_plain_path(monkeypatch):
+    """``topk_indices`` on the CPU's sampled path returns the very same tensor with the
+    grouped scan as with the plain one (so every hook's update is unchanged): heavy tails,
+    runs, ties at zero (the sample sees only zeros), the fallback (the sample holds the only
+    large values), and a threshold of NaN (a NaN in the sample)."""
+    from zoopick.training.comm import select
+
+    gen = torch.Generator().manual_seed(12)
+    cases = _grouped_cases(gen)[:2]
+    spiky = torch.zeros(200_000)
+    spiky[torch.randperm(200_000, generator=gen)[:3000]] = 1.0 + torch.rand(3000, generator=gen)
+    spiky[::97] = 0.0
+    lopsided = torch.randn(200_000, generator=gen) * 0.01
+    lopsided[::97] = 100.0 + torch.rand(lopsided[::97].numel(), generator=gen)
+    nan_sample = torch.randn(200_000, generator=gen)
+    nan_sample[97 * 5] = float("nan")
+    cases += [spiky, lopsided, nan_sample]
+    for x in cases:
+        for k in (1, 1000, x.numel() // 8):
+            got = {}
+            for grouped in (False, True):
+                monkeypatch.setattr(select, "CPU_GROUPED", grouped)
+                got[grouped] = (
+                    select.topk_indices(x, k, scratch=torch.empty(x.numel())),
+                    select.sampled_topk_indices(x, k),
+                )
+            assert torch.equal(got[True][0], got[False][0]), (x.numel(), k)
+            assert torch.equal(got[True][1], got[False][1]), (x.numel(), k)
+            assert got[True][0].numel() == k
+
+
+def test_sparse_average_writes_the_full_division(monkeypatch):
+    """``PairSum.write(out, P)`` divides only the positions its pairs touch and gives the
+    bucket a full ``div_`` gives, bit for bit: P = 3 (an inexact quotient), pieces that
+    overlap and repeat a position (padding at 0), empty pieces; many pairs take the full
+    pass."""
+    from zoopick.training.comm import exchange
+
+    gen = torch.Generator().manual_seed(13)
+    n = 50_000
+    pieces = [
+        (torch.randperm(n, generator=gen)[:900], torch.randn(900, generator=gen)) for _ in range(3)
+    ]
+    pieces.append((torch.zeros(40, dtype=torch.int32), torch.zeros(40)))  # padding pairs
+    pieces.append((torch.empty(0, dtype=torch.int64), torch.empty(0)))
+    for P in (2, 3, 7):
+        for pairs in (pieces, pieces * 8):  # 8x: above a sixteenth of out, the full pass
+            expect = exchange.PairSum(pairs).write(torch.randn(n, generator=gen)).div_(P)
+            for sparse in (True, False):
+                monkeypatch.setattr(exchange, "SPARSE_AVERAGE", sparse)
+                out = torch.randn(n, generator=gen)  # stale content: overwritten
+                got = exchange.PairSum(pairs).write(out, P)
+                assert got is out
+                assert torch.equal(got, expect), (P, sparse, len(pairs))
+                assert torch.equal(torch.signbit(got), torch.signbit(expect))
+
+
+def test_prescan_sums_zeroes_and_keeps_the_scan_exact():
+    """``prescan.accumulate`` gives ``acc + grad`` bit for bit, zeroes ``grad``, and keeps
+    each span's column maxima; with them the grouped scan lists the plain scan's positions,
+    also after values shrank (a stale maximum) and after values grew at touched positions.
+    Without the touch the scan misses the grown values (so the check can fail)."""
+    from zoopick.training.comm import prescan
+    from zoopick.training.comm.select import grouped_positions, sparse_positions
+
+    gen = torch.Generator().manual_seed(14)
+    n = 3 * prescan.CHUNK_COLUMNS * 8 + 12_345  # several chunks, a tail, gaps between spans
+    res = torch.randn(n, generator=gen)
+    grad = torch.randn(n, generator=gen) * torch.randn(n, generator=gen).exp()
+    spans = [(1_001, 150_000), (150_000, n - 77)]
+    expect = res + grad
+    acc = res.clone()
+    scan = prescan.accumulate(acc, grad, spans)
+    assert torch.equal(acc, expect) and not torch.count_nonzero(grad)
+    assert scan.peaks(0, n) is None
+    thr = 2.5
+    for lo, hi in spans:
+        x = acc[lo:hi]
+        assert torch.equal(
+            grouped_positions(x, thr, scan.peaks(lo, hi)), sparse_positions(x.abs() >= thr)
+        )
+    lo, hi = spans[1]
+    shrunk = torch.randperm(hi - lo, generator=gen)[:500] + lo
+    acc[shrunk] = 0.0  # taken out of the residual: maxima too high, still exact
+    grown = torch.randperm(hi - lo, generator=gen)[:300] + lo
+    acc[grown] = 100.0  # received pairs: larger than any stored maximum
+    x = acc[lo:hi]
+    stale = grouped_positions(x, thr, scan.peaks(lo, hi).clone())
+    scan.touch(grown.int())
+    got = grouped_positions(x, thr, scan.peaks(lo, hi))
+    plain = sparse_positions(x.abs() >= thr)
+    assert torch.equal(got, plain)
+    assert not torch.equal(stale, plain)

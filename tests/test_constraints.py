@@ -16,7 +16,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-INSTALLED_EXTRAS = ("dev", "ray")  # what README's test command installs; bench is not
+INSTALLED_EXTRAS = ("dev", "ray", "mlflow")  # what README's test command installs; bench is not
 CUDA_STACK = ("nvidia-", "cuda-", "triton")
 """What only PyPI's CUDA build of torch brings: absent where PyTorch's CPU build is installed."""
 

@@ -28,7 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from zoopick.service import datasets as store
-from zoopick.service import liveness, pipeline, recovery, webhooks, zoo_catalog
+from zoopick.service import liveness, pipeline, recovery, tracking, webhooks, zoo_catalog
 from zoopick.service import race as races
 from zoopick.service.db.models import TERMINAL, Dataset, Job, JobStatus, ZooModel
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
@@ -36,6 +36,7 @@ from zoopick.service.queue import (
     DELIVER_WEBHOOK,
     EXPORT_MODEL,
     FINETUNE,
+    LOG_MLFLOW,
     PRELOAD_ALIVE_TIMEOUT,
     RACE_STEP,
     SCORE,
@@ -710,6 +711,22 @@ def deliver_webhook(self, delivery_id: str) -> str:
         return "done"
     _dispatcher().deliver_webhook(delivery_id, countdown=outcome.retry_in)
     return f"retry in {outcome.retry_in:g} s"
+
+
+# -- MLflow -----------------------------------------------------------------------------------
+
+
+@shared_task(name=LOG_MLFLOW, bind=True)
+def log_mlflow(self, job_id: str) -> str:
+    """One try of logging a finished job to MLflow (``zoopick.service.tracking.attempt``); a
+    failed try sends the next one with a doubled countdown, up to ``mlflow_max_attempts``."""
+    result = tracking.attempt(factory(), uuid.UUID(job_id), settings())
+    if result.retry_in is not None:
+        _dispatcher().log_mlflow(job_id, countdown=result.retry_in)
+        return f"retry in {result.retry_in:g} s"
+    if result.logged is not None:
+        return f"logged as run {result.logged.run_id}"
+    return result.outcome
 
 
 # -- model export -----------------------------------------------------------------------------

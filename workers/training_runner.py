@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zoopick.service.processes import die_with_parent, stop_group
+from zoopick.service.processes import die_with_parent, lowered_priority, stop_group
 from zoopick.service.run_log import LogWriter
 from zoopick.training.backends import Backend
 from zoopick.training.config import (
@@ -53,7 +53,9 @@ def spawn(cfg: FinetuneConfig, backend: Backend) -> subprocess.Popen[str]:
     Linux)."""
     from zoopick.training.backends import spawn as start
 
-    return start(cfg, backend, preexec_fn=die_with_parent())
+    # the trainer's session is as nice as its worker (a local worker of serve yields the
+    # cores to the API: zoopick.service.processes.LOCAL_WORKER_NICE)
+    return start(cfg, backend, preexec_fn=lowered_priority(0, die_with_parent()))
 
 
 def _pump(stream, sink: Callable[[Any], None], eof: bool = False) -> None:

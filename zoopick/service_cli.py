@@ -20,6 +20,7 @@ from typing import Annotated
 
 import typer
 
+from zoopick.service.processes import LOCAL_WORKER_NICE
 from zoopick.service.queue import worker_argv
 from zoopick.service.settings import Settings, get_settings
 
@@ -99,6 +100,16 @@ def serve(
         bool, typer.Option("--worker/--no-worker", help="Also run a local worker process.")
     ] = True,
     concurrency: Annotated[int, typer.Option(min=1, help="Local worker processes.")] = 2,
+    worker_nice: Annotated[
+        int,
+        typer.Option(
+            "--worker-nice",
+            min=0,
+            max=19,
+            help="How much lower the local worker's CPU priority is than the API's (nice): a "
+            "busy worker then leaves the cores to requests; 0 runs it at the API's.",
+        ),
+    ] = LOCAL_WORKER_NICE,
     workers: Annotated[
         int,
         typer.Option(
@@ -126,7 +137,12 @@ def serve(
 
     from zoopick.app.httpcaps import PROTOCOL as HTTP_PROTOCOL  # request-head caps
     from zoopick.app.main import create_app
-    from zoopick.service.processes import SUPERVISOR_ENV, die_with_parent, stop_group
+    from zoopick.service.processes import (
+        SUPERVISOR_ENV,
+        die_with_parent,
+        lowered_priority,
+        stop_group,
+    )
 
     settings = get_settings()
     key = bootstrap(settings, demo=demo, local_key=local_key)
@@ -149,12 +165,13 @@ def serve(
     def start_worker() -> subprocess.Popen:
         # its own process group (one signal reaches its pool and their trainers), and it
         # dies with us even if we are killed outright: a parent-death signal, and the worker
-        # watches our pid itself (zoopick.workers.supervision), also when it was restarted
+        # watches our pid itself (zoopick.workers.supervision), also when it was restarted;
+        # at a lower CPU priority than the API (see processes.LOCAL_WORKER_NICE)
         return subprocess.Popen(
             worker_argv("cpu,gpu", concurrency, loglevel="warning"),
             env={**settings.env(), SUPERVISOR_ENV: str(os.getpid())},
             start_new_session=True,
-            preexec_fn=die_with_parent(),
+            preexec_fn=lowered_priority(worker_nice, die_with_parent()),
         )
 
     def restart_worker() -> None:

@@ -211,6 +211,21 @@ class RaceOut(BaseModel):
     why: str | None
 
 
+class MlflowOut(BaseModel):
+    """How logging the finished job to MLflow went (``ZOOPICK_MLFLOW_TRACKING_URI``)."""
+
+    status: Literal["pending", "logging", "logged", "failed"] = Field(
+        description="pending (waiting for a try, or for the next after a failed one), logging, "
+        "logged, or failed (given up after the last try; the job itself is unaffected)."
+    )
+    attempts: int = 0
+    error: str | None = Field(None, description="Why the last try failed (a warning).")
+    run_id: str | None = None
+    experiment_id: str | None = None
+    url: str | None = Field(None, description="The run's page in the MLflow UI.")
+    logged_at: datetime | None = None
+
+
 class JobSummary(BaseModel):
     id: uuid.UUID
     status: Literal[tuple(s.value for s in JobStatus)]  # type: ignore[valid-type]
@@ -244,6 +259,9 @@ class JobOut(JobSummary):
     race: RaceOut | None = None
     training: TrainingOut | None
     scoring: ScoringOut | None = None
+    mlflow: MlflowOut | None = Field(
+        None, description="The job's MLflow run, when a tracking server is configured."
+    )
     links: dict[str, str]
 
 

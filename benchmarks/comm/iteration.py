@@ -14,7 +14,9 @@ exact zeros in the local gradient is measured and reported (96 px, batch 2: abou
 at 32 px with the default ``zero_init_last`` it is 94 %).
 
 Per hook (``noop`` = torch's ``noop_hook``, the baseline of "time a hook adds"; ``dense``;
-``powersgd`` rank 4; ours by name, ``spardl-tD`` = D teams) a fresh DDP wraps the model
+``powersgd`` rank 4; ours by name, ``spardl-tD`` = D teams, ``-async`` = ``async_comm``,
+``-plain`` = the reference CPU paths of issue 19: ``select.CPU_GROUPED`` and
+``exchange.SPARSE_AVERAGE`` off, the code before that work) a fresh DDP wraps the model
 restored to the same initial weights; ``warmup`` untimed iterations, then ``iters`` timed
 ones: barrier, forward + backward (DDP runs the hook inside backward and waits for it), one
 wall time per iteration; the optimizer step is outside the timed region. Also recorded: the
@@ -42,7 +44,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from zoopick.training.comm import make_hook  # noqa: E402
+from zoopick.training.comm import exchange, make_hook, select  # noqa: E402
+
+PLAIN = "-plain"  # label suffix: the reference CPU paths (see the module docstring)
+
+
+def use_plain(plain: bool) -> None:
+    """The reference CPU paths of issue 19 (plain scan, full division) or the defaults."""
+    select.CPU_GROUPED = exchange.SPARSE_AVERAGE = not plain
 
 
 def iface_tx_rx(iface: str) -> tuple[int, int]:
@@ -82,9 +91,9 @@ def attach(ddp: DDP, label: str, density: float, spec: dict[str, Any]):
 
         ddp.register_comm_hook(state, powersgd_waited)
         return None
-    name, options = label, {}
-    if label.endswith("-async"):  # the FIFO communication thread (async_comm=True)
-        name, options = label[: -len("-async")], {"async_comm": True}
+    name, options = label.removesuffix(PLAIN), {}
+    if name.endswith("-async"):  # the FIFO communication thread (async_comm=True)
+        name, options = name[: -len("-async")], {"async_comm": True}
     if name.startswith("spardl-t"):
         name, options = "spardl", {**options, "teams": int(name[len("spardl-t") :])}
     state, hook = make_hook(name, density=1.0 if label == "dense" else density, **options)
@@ -97,6 +106,7 @@ def run_config(label, density, spec, model, initial, iface) -> dict[str, Any]:
     model.load_state_dict(initial)
     ddp = DDP(model)
     state = attach(ddp, label, density, spec)
+    use_plain(label.endswith(PLAIN))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     warmup = spec["warmup"] + (spec["powersgd_start"] if label == "powersgd" else 0)
     px, batch = spec["px"], spec["batch"]
@@ -127,6 +137,7 @@ def run_config(label, density, spec, model, initial, iface) -> dict[str, Any]:
                 rec[key] = float(st[key])
         iters.append(rec)
     dist.barrier()
+    use_plain(False)
     tx1, rx1 = iface_tx_rx(iface)
     n = spec["iters"]
     del ddp

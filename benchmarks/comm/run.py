@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.comm import cpushare, netns, report  # noqa: E402
 
 HOOKS = report.ORDER  # the hooks benchmarked are the ones the report lays out, in its order
-# --mode iteration: torch's no-op hook is the baseline; "-async" = our FIFO comm thread
-ITERATION_HOOKS = ("noop", *HOOKS, "spardl-async", "topk-async")
+# --mode iteration: torch's no-op hook is the baseline; "-async" = our FIFO comm thread;
+# "-plain" = the reference CPU paths before issue 19's grouped scan (iteration.py)
+ITERATION_HOOKS = ("noop", *HOOKS, "spardl-async", "topk-async", "spardl-plain", "topk-plain")
 DENSE_HOOKS = ("noop", "dense", "powersgd")  # density does not apply: run once per (P, link)
 WORKER = Path(__file__).resolve().parent / "worker.py"
 ITERATION_WORKER = Path(__file__).resolve().parent / "iteration.py"

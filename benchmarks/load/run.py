@@ -9,11 +9,17 @@ server and must cost far less than it.
 
 Set-up (PostgreSQL mode, as production): a fresh PostgreSQL database migrated to head, Redis as
 broker, one tenant with a ready dataset and a scoring job holding 3 models x 3 metrics of
-scores (what a client polls while its job runs), ``zoopick serve --no-worker --workers N``.
-Baseline, measured in the same run at the same rates: ``GET /healthz`` (no database, no auth),
-so the ratios say what the endpoint itself costs over the bare server on this machine.
+scores (what a client polls while its job runs), ``zoopick serve --workers N`` in each of the
+configurations of ``CONFIGS``: the API alone (``--no-worker``), with the local worker that
+``serve`` starts by default, idle, and with that worker busy running a demo job (``busy.py``;
+and, for comparison, busy at the API's own CPU priority, ``--worker-nice 0``). Each repeat
+starts a fresh server per configuration, alternating their order, so a drift of the machine's
+load falls on all of them alike; the report gives the spread over the repeats and, per
+repeat, each configuration's p99 over the API alone's. Baseline, measured in the same run at
+the same rates: ``GET /healthz`` (no database, no auth), so the ratios say what the endpoint
+itself costs over the bare server on this machine.
 
-    python benchmarks/load/run.py --rates 50 100 200 400 --seconds 10 --workers 2
+    python benchmarks/load/run.py --rates 50 100 200 400 --seconds 10 --workers 2 --repeats 3
 
 Writes ``benchmarks/results/load.json`` and ``load.md``. Talks to 127.0.0.1 only.
 """
@@ -26,6 +32,7 @@ import json
 import os
 import platform
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from busy import BusyWorker, demo_models, demo_zoo
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -48,8 +56,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def prepare(pg_admin: str, redis_url: str, data_dir: Path) -> tuple[dict[str, str], str, str]:
-    """(environment of the server, API token, job id) on a fresh database."""
+def prepare(
+    pg_admin: str, redis_url: str, data_dir: Path, manifest: Path | None = None
+) -> tuple[dict[str, str], str, str]:
+    """(environment of the server, API token, job id) on a fresh database; ``manifest``: a
+    zoo the server syncs at start (the demo's, for a busy worker's jobs)."""
     import psycopg
     from sqlalchemy.engine import make_url
 
@@ -96,11 +107,14 @@ def prepare(pg_admin: str, redis_url: str, data_dir: Path) -> tuple[dict[str, st
         ZOOPICK_DATABASE_URL=url,
         ZOOPICK_BROKER_URL=redis_url,
         ZOOPICK_REDIS_KEY_PREFIX=f"zoopick-load-{secrets.token_hex(3)}:",
-        ZOOPICK_SWEEP_INTERVAL_SECONDS="0",
         ZOOPICK_RATE_AUTH_FAILURES="100000/minute",
         PYTHONPATH=str(ROOT),
-        OMP_NUM_THREADS="1",
     )
+    # torch's threads as a user's serve would have them (a busy worker's trainer then uses
+    # the cores its launcher gives it)
+    env.pop("OMP_NUM_THREADS", None)
+    if manifest is not None:
+        env["ZOOPICK_ZOO_MANIFEST"] = str(manifest)
     env["_LOAD_DB"] = name
     return env, token, job_id
 
@@ -108,28 +122,74 @@ def prepare(pg_admin: str, redis_url: str, data_dir: Path) -> tuple[dict[str, st
 MAX_CONNECTIONS = 64
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """User + system CPU seconds of ``root`` and all its descendants (the ``serve`` process
-    and its uvicorn workers), read from /proc: what the server spent, whatever else the
-    machine was doing."""
-    parents: dict[int, int] = {}
-    spent: dict[int, float] = {}
+def process_table() -> dict[int, tuple[int, float, str]]:
+    """Every process: pid -> (parent pid, user + system CPU seconds, command line), from /proc."""
+    table: dict[int, tuple[int, float, str]] = {}
     tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        parents[int(entry)] = int(fields[1])
-        spent[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    total, todo = 0.0, [root]
+        table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, cmd)
+    return table
+
+
+def descendants(table: dict[int, tuple[int, float, str]], root: int) -> set[int]:
+    """``root`` and every process below it."""
+    found, todo = set(), [root]
     while todo:
         pid = todo.pop()
-        total += spent.get(pid, 0.0)
-        todo.extend(child for child, parent in parents.items() if parent == pid)
-    return total
+        found.add(pid)
+        todo.extend(child for child, (parent, _, _) in table.items() if parent == pid)
+    return found
+
+
+def runqueue_waits(pids: set[int]) -> dict[int, float]:
+    """Seconds each thread of ``pids`` spent runnable but waiting for a core (the second field
+    of /proc/<pid>/task/<tid>/schedstat): the part of the latency that is CPU contention, the
+    server's own work left aside."""
+    waits: dict[int, float] = {}
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                waits[int(task.name)] = int((task / "schedstat").read_text().split()[1]) / 1e9
+            except (OSError, IndexError, ValueError):
+                continue
+    return waits
+
+
+Usage = dict[str, dict[int, float]]
+
+
+def tree_usage(root: int) -> Usage:
+    """Below the ``serve`` process ``root``: CPU seconds (user + system, from /proc: what the
+    server spent, whatever else the machine was doing) of each process of the API (``serve``
+    and its uvicorn processes) and of the local worker (its Celery main process and
+    everything under it: pool processes, trainers), and the run-queue wait of each thread of
+    the API."""
+    table = process_table()
+    tree = {pid for pid in descendants(table, root) if pid in table}
+    worker: set[int] = set()
+    for pid, (parent, _, cmd) in table.items():
+        if parent == root and "celery" in cmd:  # the local worker, started by serve
+            worker |= descendants(table, pid)
+    api = tree - worker
+    return {
+        "api": {pid: table[pid][1] for pid in api},
+        "worker": {pid: table[pid][1] for pid in tree & worker},
+        "wait": runqueue_waits(api),
+    }
+
+
+def grown(before: Usage, after: Usage, key: str) -> float:
+    """What ``key`` grew by between two readings, over the processes (threads) seen in the
+    second: one that ended meanwhile (a finished trainer) takes what it spent with it, so
+    this may count less, never less than nothing."""
+    return sum(v - before[key].get(k, 0.0) for k, v in after[key].items())
 
 
 async def _one(pool: asyncio.Queue, slots: asyncio.Semaphore, host: str, port: int,
@@ -214,6 +274,7 @@ def summarise(latencies: np.ndarray, statuses: np.ndarray, rate: float, achieved
         "errors": int((~ok).sum()),
         "achieved_rate": round(float(achieved), 1),
         "p50_ms": round(float(np.percentile(lat, 50)), 2) if lat.size else None,
+        "p95_ms": round(float(np.percentile(lat, 95)), 2) if lat.size else None,
         "p99_ms": round(float(np.percentile(lat, 99)), 2) if lat.size else None,
         "max_ms": round(float(lat.max()), 2) if lat.size else None,
     }
@@ -241,120 +302,326 @@ def count_statements(env: dict[str, str], token: str, job_id: str) -> int:
     return len(seen)
 
 
+CONFIGS: dict[str, tuple[list[str], bool]] = {
+    "no-worker": (["--no-worker"], False),
+    "local-worker": ([], False),
+    "local-worker-busy": ([], True),
+    "local-worker-busy-nice0": (["--worker-nice", "0"], True),
+}
+"""The deployments measured, as (``serve`` options, whether the worker runs a job meanwhile):
+the API alone (the worker on other machines); with the local worker that ``zoopick serve``
+starts by default, idle; the same while it runs a job (scoring, then a fine-tune: what a
+polled job does, see ``busy.py``); and that at the API's own CPU priority (``--worker-nice
+0``, as before issue 21 item 14), for comparison."""
+DEFAULT_CONFIGS = list(CONFIGS)
+
+
+def start_server(
+    env: dict[str, str], config: str, workers: int, log: Path
+) -> tuple[subprocess.Popen, int]:
+    """``zoopick serve`` in ``config``, answering (and, with a local worker, ready: its worker
+    beats, so its start-up is over before anything is measured)."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "zoopick", "serve", "--no-demo", "--no-local-key",
+           "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+           *CONFIGS[config][0]]  # fmt: skip
+    with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+        server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # fmt: skip
+    probe = "/healthz" if "--no-worker" in cmd else "/readyz"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{probe}", timeout=1).status_code == 200:
+                return server, port
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None:
+            break
+        time.sleep(0.3)
+    stop_server(server)
+    raise SystemExit(f"server did not start ({config}): {log.read_text()[-3000:]}")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM to ``serve``'s group (it stops its worker), SIGKILL after 40 s."""
+    try:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server.wait()
+
+
+def measure(server: subprocess.Popen, port: int, job_path: str, token: str,
+            rates: list[float], seconds: float) -> dict[str, list[dict]]:  # fmt: skip
+    """One pass over ``rates``: ``/healthz`` then the job's status at each."""
+    rows: dict[str, list[dict]] = {"job_status": [], "healthz_baseline": []}
+    asyncio.run(open_loop("127.0.0.1", port, job_path, token, 20, 2))  # warm-up
+    time.sleep(1.0)
+    for rate in rates:
+        for name, path in (("healthz_baseline", "/healthz"), ("job_status", job_path)):
+            before, own_before = tree_usage(server.pid), time.process_time()
+            load_before = os.getloadavg()[0]
+            lat, st, achieved = asyncio.run(
+                open_loop("127.0.0.1", port, path, token, rate, seconds)
+            )
+            after = tree_usage(server.pid)
+            own = time.process_time() - own_before
+            row = summarise(lat, st, rate, achieved)
+            ok = max(1, row["ok"])
+            row["server_cpu_ms_per_request"] = round(1000 * grown(before, after, "api") / ok, 2)
+            row["api_runqueue_wait_ms_per_request"] = round(
+                1000 * grown(before, after, "wait") / ok, 2
+            )
+            row["worker_cpu_ms_per_s"] = round(1000 * grown(before, after, "worker") / seconds, 1)
+            row["generator_cpu_ms_per_request"] = round(1000 * own / max(1, row["sent"]), 2)
+            row["load_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            rows[name].append(row)
+            print(name, json.dumps(row), flush=True)
+            time.sleep(1.0)
+    return rows
+
+
+def spread(values: list[float | None]) -> dict | None:
+    """Median, min and max of ``values`` (None when a run had no answer)."""
+    got = [v for v in values if v is not None]
+    if not got:
+        return None
+    return {"median": round(float(np.median(got)), 2), "min": min(got), "max": max(got),
+            "n": len(got)}  # fmt: skip
+
+
+def summarise_runs(runs: list[dict], configs: list[str], rates: list[float]) -> dict:
+    """Per configuration and rate: the spread over repeats of p50/p95/p99 and the achieved
+    rate; per repeat, each configuration's job-status p99 over the API alone's (and the busy
+    worker's over the same at the API's priority) in the same repeat: the configurations
+    alternate, so both saw about the same machine."""
+    out: dict = {}
+    for config in configs:
+        mine = [r for r in runs if r["config"] == config]
+        per_rate = {}
+        for i, rate in enumerate(rates):
+            rows = [r["job_status"][i] for r in mine]
+            per_rate[f"{rate:g}"] = {
+                key: spread([row[key] for row in rows])
+                for key in ("p50_ms", "p95_ms", "p99_ms", "achieved_rate", "errors",
+                            "server_cpu_ms_per_request", "api_runqueue_wait_ms_per_request",
+                            "worker_cpu_ms_per_s")
+            }  # fmt: skip
+        out[config] = per_rate
+    pairs = [(c, "no-worker") for c in configs if c != "no-worker" and "no-worker" in configs]
+    if {"local-worker-busy", "local-worker-busy-nice0"} <= set(configs):
+        pairs.append(("local-worker-busy", "local-worker-busy-nice0"))
+    out["p99_ratios"] = {}
+    for a, b in pairs:
+        ratios: dict[str, list] = {}
+        for i, rate in enumerate(rates):
+            got = []
+            for rep in sorted({r["repeat"] for r in runs}):
+                mine = {r["config"]: r["job_status"][i]["p99_ms"] for r in runs
+                        if r["repeat"] == rep}  # fmt: skip
+                if mine.get(a) and mine.get(b):
+                    got.append(round(mine[a] / mine[b], 2))
+            ratios[f"{rate:g}"] = got
+        out["p99_ratios"][f"{a} / {b}"] = ratios
+    return out
+
+
+def goal_met(summary: dict, config: str) -> bool:
+    """The goal holds for ``config`` when, at the goal rate, the median repeat's p99 is under
+    it, and no repeat had errors or fell behind the offered rate."""
+    at = summary.get(config, {}).get(f"{GOAL_RATE:g}")
+    if not at or at["p99_ms"] is None:
+        return False
+    return (at["p99_ms"]["median"] < GOAL_P99_MS and at["errors"]["max"] == 0
+            and at["achieved_rate"]["min"] >= 0.95 * GOAL_RATE)  # fmt: skip
+
+
+def fmt(s: dict | None, digits: int = 1) -> str:
+    if s is None:
+        return "-"
+    if s["n"] == 1:
+        return f"{s['median']:.{digits}f}"
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def describe(config: str, workers: int) -> str:
+    options, busy = CONFIGS[config]
+    line = " ".join(["`zoopick serve", f"--workers {workers}", *options]) + "`"
+    return line + (", its worker running a demo job (scoring, then a fine-tune)" if busy else "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", type=float, nargs="+", default=[50, 100, 200, 400])
     ap.add_argument("--seconds", type=float, default=10.0, help="Length of each rate's run.")
     ap.add_argument("--workers", type=int, default=2, help="uvicorn processes (serve --workers).")
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=DEFAULT_CONFIGS,
+                    help="Deployments to measure, alternating within each repeat.")  # fmt: skip
+    ap.add_argument(
+        "--local-worker",
+        action="store_true",
+        help="Measure only serve with its local worker, idle and busy (as --configs "
+        "local-worker local-worker-busy).",
+    )
+    ap.add_argument("--repeats", type=int, default=3, help="Passes over every configuration.")
     ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/14")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
+    configs = list(dict.fromkeys(args.configs))
+    if args.local_worker:
+        configs = ["local-worker", "local-worker-busy"]
 
     import tempfile
 
     load_at_start = os.getloadavg()
     data_dir = Path(tempfile.mkdtemp(prefix="zoopick-load-"))
-    env, token, job_id = prepare(args.pg, args.redis, data_dir)
+    manifest = target = None
+    if any(CONFIGS[c][1] for c in configs):
+        manifest, target = demo_zoo(data_dir / "demo")
+    env, token, job_id = prepare(args.pg, args.redis, data_dir, manifest)
+    busy_dataset: str | None = None  # uploaded once, by the first busy configuration
     statements = count_statements(env, token, job_id)
-    port = free_port()
-    cmd = [sys.executable, "-m", "zoopick", "serve", "--no-worker", "--no-demo",
-           "--no-local-key", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", str(args.workers)]  # fmt: skip
-    log = (data_dir / "serve.log").open("wb")
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)  # fmt: skip
-    results: dict = {"job_status": [], "healthz_baseline": []}
+    job_path = f"/api/v1/jobs/{job_id}"
+    runs: list[dict] = []
     try:
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            raise SystemExit(f"server did not start: {(data_dir / 'serve.log').read_text()}")
-        job_path = f"/api/v1/jobs/{job_id}"
-        asyncio.run(open_loop("127.0.0.1", port, job_path, token, 20, 2))  # warm-up
-        for rate in args.rates:
-            for name, path in (("healthz_baseline", "/healthz"), ("job_status", job_path)):
-                cpu_before, own_before = tree_cpu_seconds(server.pid), time.process_time()
-                lat, st, achieved = asyncio.run(
-                    open_loop("127.0.0.1", port, path, token, rate, args.seconds)
-                )
-                cpu = tree_cpu_seconds(server.pid) - cpu_before
-                own = time.process_time() - own_before
-                row = summarise(lat, st, rate, achieved)
-                row["server_cpu_ms_per_request"] = round(1000 * cpu / max(1, row["ok"]), 2)
-                row["generator_cpu_ms_per_request"] = round(1000 * own / max(1, row["sent"]), 2)
-                results[name].append(row)
-                print(name, json.dumps(row), flush=True)
-                time.sleep(1.0)
+        for repeat in range(args.repeats):
+            # alternate which configuration goes first: a drift of the machine's load over
+            # the run then falls on both alike
+            order = configs if repeat % 2 == 0 else configs[::-1]
+            for config in order:
+                print(f"repeat {repeat + 1}/{args.repeats}: {config}", flush=True)
+                load_before = os.getloadavg()
+                server, port = start_server(env, config, args.workers, data_dir / "serve.log")
+                busy = None
+                try:
+                    if CONFIGS[config][1]:
+                        busy = BusyWorker(f"http://127.0.0.1:{port}", token, target,
+                                          demo_models(manifest))  # fmt: skip
+                        busy.dataset_id = busy_dataset
+                        busy.start()
+                        busy_dataset = busy.dataset_id
+                    time.sleep(2.0)  # let the start-up's last work (a worker's sweep) settle
+                    rows = measure(server, port, job_path, token, args.rates, args.seconds)
+                finally:
+                    if busy is not None:
+                        busy.stop()
+                    stop_server(server)
+                runs.append({"config": config, "repeat": repeat + 1,
+                             "load_average_before": [round(x, 2) for x in load_before],
+                             "load_average_after": [round(x, 2) for x in os.getloadavg()],
+                             "busy_jobs": busy.jobs if busy else [], **rows})  # fmt: skip
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
         import psycopg
 
         with psycopg.connect(args.pg, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{env["_LOAD_DB"]}" WITH (FORCE)')
+    shutil.rmtree(data_dir, ignore_errors=True)  # kept (with serve.log) when a run failed
 
-    at_goal = next((r for r in results["job_status"] if r["rate"] == GOAL_RATE), None)
-    met = bool(
-        at_goal and at_goal["errors"] == 0 and at_goal["p99_ms"] is not None
-        and at_goal["p99_ms"] < GOAL_P99_MS and at_goal["achieved_rate"] >= 0.95 * GOAL_RATE
-    )  # fmt: skip
-    for job, base in zip(results["job_status"], results["healthz_baseline"], strict=True):
-        job["p50_over_baseline"] = (
-            round(job["p50_ms"] / base["p50_ms"], 2) if job["p50_ms"] and base["p50_ms"] else None
-        )
-        job["p99_over_baseline"] = (
-            round(job["p99_ms"] / base["p99_ms"], 2) if job["p99_ms"] and base["p99_ms"] else None
-        )
+    for run in runs:
+        for job, base in zip(run["job_status"], run["healthz_baseline"], strict=True):
+            for q in ("p50", "p99"):
+                a, b = job[f"{q}_ms"], base[f"{q}_ms"]
+                job[f"{q}_over_baseline"] = round(a / b, 2) if a and b else None
+    summary = summarise_runs(runs, configs, args.rates)
+    met = {config: goal_met(summary, config) for config in configs}
     report = {
         "benchmark": "load",
         "endpoint": "GET /api/v1/jobs/{id}",
-        "goal": f"p99 < {GOAL_P99_MS} ms at {GOAL_RATE} requests/s",
+        "goal": f"p99 < {GOAL_P99_MS} ms at {GOAL_RATE} requests/s (median of the repeats; "
+        "no errors, at least 95 % of the rate achieved in every repeat)",
         "goal_met": met,
         "sql_statements_per_request": statements,
         "seconds_per_rate": args.seconds,
         "server_workers": args.workers,
+        "repeats": args.repeats,
+        "configs": {c: describe(c, args.workers) for c in configs},
+        "command": " ".join(["python benchmarks/load/run.py", *sys.argv[1:]]),
         "machine": {
             "cpus": os.cpu_count(),
             "load_average_at_start": load_at_start,
             "load_average_at_end": os.getloadavg(),
             "python": platform.python_version(),
         },
-        **results,
+        "summary": summary,
+        "runs": runs,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "load.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         "# Load: job-status polling (open loop, PostgreSQL mode)",
         "",
-        f"`GET /api/v1/jobs/{{id}}` of a scoring job (3 models x 3 metrics), `zoopick serve "
-        f"--workers {args.workers} --no-worker`, {args.seconds:g} s per rate; latency counted "
-        "from each request's scheduled send time. Baseline: `GET /healthz` at the same rate in "
-        f"the same run. {statements} SQL statements per request.",
+        f"`GET /api/v1/jobs/{{id}}` of a scoring job (3 models x 3 metrics), PostgreSQL and "
+        f"Redis, {args.seconds:g} s per rate, {args.repeats} repeat(s); latency counted from "
+        "each request's scheduled send time. Baseline: `GET /healthz` at the same rate in the "
+        f"same run. {statements} SQL statements per request. Configurations, alternating "
+        "within each repeat (so both see about the same machine):",
         "",
-        f"Goal: p99 < {GOAL_P99_MS:g} ms at {GOAL_RATE} requests/s: "
-        f"**{'met' if met else 'not met'}**.",
-        "",
-        "| rate /s | achieved /s | p50 ms | p99 ms | errors | p50 / healthz | p99 / healthz "
-        "| server CPU ms / request (healthz) | generator CPU ms / request |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r, base in zip(results["job_status"], results["healthz_baseline"], strict=True):
+    for config in configs:
+        lines.append(f"- **{config}**: {report['configs'][config]}")
+    lines += [
+        "",
+        f"Recipe: `{report['command']}`",
+        "",
+        f"Goal: p99 < {GOAL_P99_MS:g} ms at {GOAL_RATE} requests/s (median of the repeats, "
+        "no errors, at least 95 % of the rate achieved in each): "
+        + ", ".join(f"{c} **{'met' if met[c] else 'not met'}**" for c in configs)
+        + ".",
+        "",
+        "Job status, median over the repeats (min-max):",
+        "",
+        "| configuration | rate /s | achieved /s | p50 ms | p95 ms | p99 ms | errors (max) "
+        "| API CPU ms / request | API run-queue wait ms / request | worker CPU ms / s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for config in configs:
+        for rate in args.rates:
+            s = summary[config][f"{rate:g}"]
+            lines.append(
+                f"| {config} | {rate:g} | {fmt(s['achieved_rate'])} | {fmt(s['p50_ms'])} | "
+                f"{fmt(s['p95_ms'])} | {fmt(s['p99_ms'])} | {s['errors']['max']:g} | "
+                f"{fmt(s['server_cpu_ms_per_request'], 2)} | "
+                f"{fmt(s['api_runqueue_wait_ms_per_request'], 2)} | "
+                f"{fmt(s['worker_cpu_ms_per_s'])} |"
+            )
+    if summary["p99_ratios"]:
+        lines += [
+            "",
+            "Job-status p99 of one configuration over another's in the same repeat (the "
+            "configurations alternate within a repeat), per repeat:",
+            "",
+            "| ratio | rate /s | "
+            + " | ".join(f"repeat {i + 1}" for i in range(args.repeats))
+            + " |",
+            "|---|---|" + "---|" * args.repeats,
+        ]
+        for pair, per_rate in summary["p99_ratios"].items():
+            for rate, got in per_rate.items():
+                lines.append(f"| {pair} | {rate} | " + " | ".join(str(g) for g in got) + " |")
+    lines += [
+        "",
+        "Every run (job status p50 / p99 ms, achieved /s; the 1-minute load average before and "
+        "after the configuration's pass):",
+        "",
+        "| repeat | configuration | load before -> after | "
+        + " | ".join(f"{r:g}/s" for r in args.rates)
+        + " |",
+        "|---|---|---|" + "---|" * len(args.rates),
+    ]
+    for run in runs:
+        cells = [
+            f"{r['p50_ms']} / {r['p99_ms']}, {r['achieved_rate']:g}" for r in run["job_status"]
+        ]
         lines.append(
-            f"| {r['rate']:g} | {r['achieved_rate']:g} | {r['p50_ms']} | {r['p99_ms']} | "
-            f"{r['errors']} | {r['p50_over_baseline']} | {r['p99_over_baseline']} | "
-            f"{r['server_cpu_ms_per_request']} ({base['server_cpu_ms_per_request']}) | "
-            f"{r['generator_cpu_ms_per_request']} |"
+            f"| {run['repeat']} | {run['config']} | {run['load_average_before'][0]:.2f} -> "
+            f"{run['load_average_after'][0]:.2f} | " + " | ".join(cells) + " |"
         )
     lines += [
         "",

@@ -27,9 +27,17 @@ def stable_seed(*parts: object) -> int:
     return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
-def setup_torch(threads: int = 1) -> None:
+def setup_torch(threads: int = 1, device: str = "cpu") -> None:
+    """One thread, deterministic kernels. On CUDA some kernels have no deterministic form, so
+    there it only warns (a GPU run is repeatable up to those; its records say the device)."""
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
+    if device.startswith("cuda"):
+        import os
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch.use_deterministic_algorithms(True)
 
 
 def to_tensor(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
@@ -60,9 +68,12 @@ def train(
     seed: int,
     batch_size: int = 32,
     weight_decay: float = 0.0,
+    device: str = "cpu",
 ) -> torch.nn.Module:
     """Adam + cross-entropy with a cosine learning-rate decay over all steps. ``epochs`` may
-    be fractional (the last epoch is cut short)."""
+    be fractional (the last epoch is cut short). Batches are drawn on the CPU (the same
+    order whatever the device) and moved to ``device``."""
+    model.to(device)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout / drop-path draws
     steps_per_epoch = len(_batches(len(y), batch_size, torch.Generator().manual_seed(0)))
@@ -77,7 +88,7 @@ def train(
         for idx in _batches(len(y), batch_size, gen):
             if step >= total:
                 break
-            loss = F.cross_entropy(model(x[idx]), y[idx])
+            loss = F.cross_entropy(model(x[idx].to(device)), y[idx].to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -88,12 +99,17 @@ def train(
 
 @torch.no_grad()
 def accuracy(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 256,
+    device: str = "cpu",
 ) -> float:
     model.eval()
     correct = 0
     for i in range(0, len(y), batch_size):
-        correct += int((model(x[i : i + batch_size]).argmax(1) == y[i : i + batch_size]).sum())
+        pred = model(x[i : i + batch_size].to(device)).argmax(1).cpu()
+        correct += int((pred == y[i : i + batch_size]).sum())
     return correct / len(y)
 
 
@@ -129,13 +145,38 @@ def _create_plain(entry: Mapping[str, Any], root: Path, num_classes: int) -> tor
 _ZOO_CACHE: dict[Path, Any] = {}
 
 
-def _create_with_zoo(entry: Mapping[str, Any], root: Path, num_classes: int) -> torch.nn.Module:
+def _zoo_entry(root: Path, model_id: str) -> Any:
     from zoopick.selection.zoo import load_zoo
 
     manifest = root / "zoo.json"
     if manifest not in _ZOO_CACHE:
         _ZOO_CACHE[manifest] = {e.id: e for e in load_zoo(manifest)}
-    return _ZOO_CACHE[manifest][entry["id"]].create_model(num_classes=num_classes)
+    return _ZOO_CACHE[manifest][model_id]
+
+
+def _create_with_zoo(entry: Mapping[str, Any], root: Path, num_classes: int) -> torch.nn.Module:
+    return _zoo_entry(root, entry["id"]).create_model(num_classes=num_classes)
+
+
+def model_inputs(
+    entry: Mapping[str, Any], root: Path, model: torch.nn.Module, split: Mapping[str, np.ndarray]
+) -> torch.Tensor:
+    """A split's images as the model sees them, normalised (N, 3, H, W) float. Images already
+    at the model's input size with crop_pct 1 pass through unchanged (the eval transform is
+    the identity then: the first zoo's case, bit for bit as before); others go through
+    zoopick's own eval transform (``selection.extract.preprocess``), as the ranking side and
+    the service's trainer resize them."""
+    x = split["x"]
+    mean, std = entry.get("mean", [0.5] * 3), entry.get("std", [0.5] * 3)
+    size = entry.get("input_size")
+    if size is None or (tuple(x.shape[1:3]) == tuple(size[1:]) and entry.get("crop_pct") == 1.0):
+        return to_tensor(x, mean, std)
+    from zoopick.selection.data import TargetDataset
+    from zoopick.selection.extract import normalise, preprocess
+
+    cfg = _zoo_entry(root, entry["id"]).data_config(model)
+    data = TargetDataset.from_arrays(x, split["y"], [str(c) for c in split["class_names"]])
+    return normalise(preprocess(data, cfg), cfg, "cpu")
 
 
 def load_target(folder: Path, name: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -156,16 +197,16 @@ def finetune(
     epochs: float,
     seed: int,
     batch_size: int = 32,
+    device: str = "cpu",
 ) -> float:
     """Fully fine-tune one zoo model on one target at one learning rate; test accuracy."""
-    mean, std = entry.get("mean", [0.5] * 3), entry.get("std", [0.5] * 3)
-    xtr, ytr = to_tensor(train_set["x"], mean, std), torch.from_numpy(train_set["y"]).long()
-    xte, yte = to_tensor(test_set["x"], mean, std), torch.from_numpy(test_set["y"]).long()
     num_classes = len(train_set["class_names"])
     torch.manual_seed(seed)
     model = create_from_entry(entry, root, num_classes)
-    train(model, xtr, ytr, epochs=epochs, lr=lr, seed=seed, batch_size=batch_size)
-    return accuracy(model, xte, yte)
+    xtr, ytr = model_inputs(entry, root, model, train_set), torch.from_numpy(train_set["y"]).long()
+    xte, yte = model_inputs(entry, root, model, test_set), torch.from_numpy(test_set["y"]).long()
+    train(model, xtr, ytr, epochs=epochs, lr=lr, seed=seed, batch_size=batch_size, device=device)
+    return accuracy(model, xte, yte, device=device)
 
 
 def read_manifest(root: Path) -> list[dict[str, Any]]:

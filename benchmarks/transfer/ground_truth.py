@@ -3,13 +3,15 @@
 Protocol (LogME/SFDA, scaled to a small CPU): full fine-tuning of all layers with a fresh head,
 Adam, cross-entropy, cosine decay, a fixed number of epochs, at every learning rate of a small
 grid; a model's ground truth on a target is its best test accuracy over the grid (the mean over
-``--seeds`` seeds at each learning rate first). Runs are independent, so they are spread over
-``--jobs`` processes of one thread each, and every finished run is appended to
+``--seeds`` seeds at each learning rate first; ``--extra-seeds`` more seeds at the best rate
+then join that mean). Runs are independent, so they are spread over ``--jobs`` processes of one
+thread each (``--device cuda``: all of them on the GPU), and every finished run is appended to
 ``<zoo>/gt_runs.jsonl`` keyed by checkpoint and data hashes, so a rerun only does what is new.
 
 Writes ``<zoo>/ground_truth.json`` and the committed copy
 ``benchmarks/results/transfer_ground_truth.json``:
-``{target: {model_id: {"acc": best, "by_lr": {lr: acc}}}}``, plus ``<zoo>/ground_truth_meta.json``
+``{target: {model_id: {"acc": best, "best_lr": lr, "by_lr": {lr: acc}, "by_seed": ...}}}``,
+plus ``<zoo>/ground_truth_meta.json``
 (protocol and timings).
 """
 
@@ -51,9 +53,11 @@ def _target(root: str, name: str):
     return load_target(Path(root), name)
 
 
-def run_one(root: str, entry: dict, target: str, lr: float, seed: int, opts: dict) -> dict:
+def run_one(
+    root: str, entry: dict, target: str, lr: float, seed: int, opts: dict, device: str = "cpu"
+) -> dict:
     """One fine-tuning run (in a worker process)."""
-    setup_torch(1)
+    setup_torch(1, device)
     start = time.perf_counter()
     train_set, test_set = _target(root, target)
     acc = finetune(
@@ -65,18 +69,178 @@ def run_one(root: str, entry: dict, target: str, lr: float, seed: int, opts: dic
         epochs=opts["epochs"],
         seed=stable_seed("gt", target, entry["id"], seed),
         batch_size=opts["batch_size"],
+        device=device,
     )
-    return {"acc": acc, "seconds": time.perf_counter() - start}
+    return {"acc": acc, "seconds": time.perf_counter() - start, "device": device}
 
 
-def run_key(root: Path, entry: dict, target: str, lr: float, seed: int, opts: dict) -> str:
+def run_key(
+    root: Path, entry: dict, target: str, lr: float, seed: int, opts: dict, device: str = "cpu"
+) -> str:
     weights = "none" if entry["weights"] == "none" else file_hash(str(root / entry["weights"]))
     data = file_hash(str(root / "targets" / f"{target}-train.npz"))
     data += file_hash(str(root / "targets" / f"{target}-test.npz"))
-    return "|".join(
-        [target, entry["id"], entry["arch"], weights, data, f"{lr:g}", str(seed)]
-        + [f"{k}={opts[k]:g}" for k in sorted(opts)]  # 10 and 10.0 epochs: one key
-    )
+    parts = [target, entry["id"], entry["arch"], weights, data, f"{lr:g}", str(seed)]
+    parts += [f"{k}={opts[k]:g}" for k in sorted(opts)]  # 10 and 10.0 epochs: one key
+    if device != "cpu":  # CPU keys predate the device option
+        parts.append(f"device={device}")
+    return "|".join(parts)
+
+
+def _cost(root: Path, entry: dict, target: str) -> float:
+    """A rough relative cost of one run (checkpoint bytes x input pixels x training images),
+    to start the longest runs first so a pool does not end on one straggler."""
+    size = entry.get("input_size", [3, 32, 32])
+    ckpt = root / entry["weights"]
+    weight = ckpt.stat().st_size if ckpt.exists() else 1e6
+    data = (root / "targets" / f"{target}-train.npz").stat().st_size
+    return weight * size[1] * size[2] * data
+
+
+class Runner:
+    """Runs fine-tuning jobs not yet in ``<zoo>/gt_runs.jsonl`` over ``jobs`` processes of one
+    thread each, appending every finished run to the log as it ends (so a killed run loses
+    only the runs in flight)."""
+
+    def __init__(self, root: Path, opts: dict, jobs: int, device: str) -> None:
+        self.root, self.opts, self.jobs, self.device = root, opts, jobs, device
+        self.log_path = root / "gt_runs.jsonl"
+        self.done: dict[str, dict] = {}
+        if self.log_path.exists():
+            for line in self.log_path.read_text().splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    self.done[rec["key"]] = rec
+        self.ran = 0
+
+    def key(self, entry: dict, target: str, lr: float, seed: int) -> str:
+        return run_key(self.root, entry, target, lr, seed, self.opts, self.device)
+
+    def run(self, wanted: list[tuple[dict, str, float, int]], label: str) -> None:
+        jobs = []
+        for entry, target, lr, seed in wanted:
+            key = self.key(entry, target, lr, seed)
+            if key not in self.done:
+                jobs.append((key, entry, target, lr, seed))
+        print(
+            f"{label}: {len(wanted) - len(jobs)} of {len(wanted)} runs cached; running {len(jobs)}"
+        )
+        jobs.sort(key=lambda j: -_cost(self.root, j[1], j[2]))
+        started = time.perf_counter()
+        root, opts, device = str(self.root), self.opts, self.device
+        with self.log_path.open("a") as log:
+
+            def record(job, res):
+                key, entry, target, lr, seed = job
+                rec = {"key": key, "target": target, "model": entry["id"], "lr": lr, "seed": seed}
+                rec.update(res)
+                self.done[key] = rec
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                self.ran += 1
+
+            def progress(n: int) -> None:
+                if n % 10 == 0 or n == len(jobs):
+                    print(
+                        f"  {n}/{len(jobs)} runs, {time.perf_counter() - started:.0f}s", flush=True
+                    )
+
+            if self.jobs > 1 and len(jobs) > 1:
+                with ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn")) as pool:
+                    futures = {
+                        pool.submit(run_one, root, e, t, lr, s, opts, device): (k, e, t, lr, s)
+                        for k, e, t, lr, s in jobs
+                    }
+                    for n, f in enumerate(as_completed(futures), start=1):
+                        record(futures[f], f.result())
+                        progress(n)
+            else:
+                for n, job in enumerate(jobs, start=1):
+                    record(job, run_one(root, *job[1:], opts, device))
+                    progress(n)
+
+
+def compute(
+    root: Path,
+    targets: list[str],
+    *,
+    lrs: list[float],
+    epochs: float = 10,
+    seeds: int = 1,
+    extra_seeds: int = 0,
+    batch_size: int = 32,
+    jobs: int = 2,
+    device: str = "cpu",
+) -> tuple[dict, dict]:
+    """Ground truth of every model of the zoo at ``root`` on ``targets``: ``seeds`` seeds at
+    every learning rate of ``lrs``; then ``extra_seeds`` more seeds at each model's best
+    learning rate (best by the mean over the first ``seeds``), for the seed-to-seed ceiling at
+    a fraction of the cost of running them at every rate. Returns (truth, meta).
+
+    ``truth[target][model]``: ``acc`` (the mean over every seed run at ``best_lr``),
+    ``best_lr``, ``by_lr`` (mean accuracy per rate over the seeds run there) and ``by_seed``
+    (per rate, one accuracy per seed)."""
+    entries = read_manifest(root)
+    opts = {"epochs": epochs, "batch_size": batch_size}
+    runner = Runner(root, opts, jobs, device)
+    started = time.perf_counter()
+    grid = [(e, t, lr, s) for t in targets for e in entries for lr in lrs for s in range(seeds)]
+    runner.run(grid, "lr grid")
+
+    def mean_at(entry: dict, target: str, lr: float, n: int) -> float:
+        accs = [runner.done[runner.key(entry, target, lr, s)]["acc"] for s in range(n)]
+        return sum(accs) / len(accs)
+
+    best = {
+        (t, e["id"]): max(lrs, key=lambda lr, e=e, t=t: mean_at(e, t, lr, seeds))
+        for t in targets
+        for e in entries
+    }
+    extra = [
+        (e, t, best[t, e["id"]], s)
+        for t in targets
+        for e in entries
+        for s in range(seeds, seeds + extra_seeds)
+    ]
+    if extra:
+        runner.run(extra, "extra seeds at the best lr")
+    elapsed = time.perf_counter() - started
+
+    truth: dict[str, dict[str, dict]] = {}
+    run_seconds = 0.0
+    for target in targets:
+        truth[target] = {}
+        for entry in entries:
+            top = best[target, entry["id"]]
+            by_lr, by_seed = {}, {}
+            for lr in lrs:
+                n = seeds + (extra_seeds if lr == top else 0)
+                recs = [runner.done[runner.key(entry, target, lr, s)] for s in range(n)]
+                by_lr[f"{lr:g}"] = sum(r["acc"] for r in recs) / len(recs)
+                by_seed[f"{lr:g}"] = [r["acc"] for r in recs]
+                run_seconds += sum(r["seconds"] for r in recs)
+            truth[target][entry["id"]] = {
+                "acc": by_lr[f"{top:g}"],
+                "best_lr": f"{top:g}",
+                "by_lr": by_lr,
+                "by_seed": by_seed,  # per lr, one accuracy per fine-tuning seed
+            }
+    meta = {
+        "protocol": "full fine-tuning, fresh head, Adam, cosine decay, best test acc over lrs",
+        "lrs": lrs,
+        "seeds": seeds,
+        "extra_seeds_at_best_lr": extra_seeds,
+        **opts,
+        "device": device,
+        "models": len(entries),
+        "targets": targets,
+        "runs": len(grid) + len(extra),
+        "runs_this_call": runner.ran,
+        "jobs": jobs,
+        "wall_seconds_this_call": elapsed,
+        "sum_run_seconds": run_seconds,
+    }
+    return truth, meta
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,101 +249,35 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lrs", default="1e-3,3e-3,1e-2", help="comma-separated learning rates")
     ap.add_argument("--epochs", type=float, default=10)
     ap.add_argument("--seeds", type=int, default=1, help="seeds averaged at each learning rate")
+    ap.add_argument(
+        "--extra-seeds", type=int, default=0, help="more seeds at each model's best lr only"
+    )
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (every worker shares it)")
     ap.add_argument("--targets", nargs="*", help="target names (default: all in <zoo>/targets)")
     ap.add_argument("--results", default="benchmarks/results/transfer_ground_truth.json")
     args = ap.parse_args(argv)
 
     root = Path(args.zoo)
-    entries = read_manifest(root)
     targets = args.targets or sorted(
         p.name.removesuffix("-train.npz") for p in (root / "targets").glob("*-train.npz")
     )
-    lrs = [float(s) for s in args.lrs.split(",")]
-    opts = {"epochs": args.epochs, "batch_size": args.batch_size}
-
-    log_path = root / "gt_runs.jsonl"
-    done: dict[str, dict] = {}
-    if log_path.exists():
-        for line in log_path.read_text().splitlines():
-            rec = json.loads(line)
-            done[rec["key"]] = rec
-    jobs = []
-    for target in targets:
-        for entry in entries:
-            for lr in lrs:
-                for seed in range(args.seeds):
-                    key = run_key(root, entry, target, lr, seed, opts)
-                    if key not in done:
-                        jobs.append((key, entry, target, lr, seed))
-    total_runs = len(targets) * len(entries) * len(lrs) * args.seeds
-    print(f"{total_runs - len(jobs)} of {total_runs} fine-tuning runs cached; running {len(jobs)}")
-
-    started = time.perf_counter()
-    with log_path.open("a") as log:
-
-        def record(job, res):
-            key, entry, target, lr, seed = job
-            rec = {"key": key, "target": target, "model": entry["id"], "lr": lr, "seed": seed}
-            rec.update(res)
-            done[key] = rec
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-
-        if args.jobs > 1 and len(jobs) > 1:
-            with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-                futures = {
-                    pool.submit(run_one, str(root), e, t, lr, s, opts): (k, e, t, lr, s)
-                    for k, e, t, lr, s in jobs
-                }
-                for n, f in enumerate(as_completed(futures), start=1):
-                    job = futures[f]
-                    record(job, f.result())
-                    if n % 10 == 0 or n == len(jobs):
-                        el = time.perf_counter() - started
-                        print(f"  {n}/{len(jobs)} runs, {el:.0f}s", flush=True)
-        else:
-            for n, job in enumerate(jobs, start=1):
-                record(job, run_one(str(root), *job[1:], opts))
-                if n % 10 == 0 or n == len(jobs):
-                    print(f"  {n}/{len(jobs)} runs, {time.perf_counter() - started:.0f}s")
-    elapsed = time.perf_counter() - started
-
-    truth: dict[str, dict[str, dict]] = {}
-    run_seconds = 0.0
-    for target in targets:
-        truth[target] = {}
-        for entry in entries:
-            by_lr, by_seed = {}, {}
-            for lr in lrs:
-                recs = [done[run_key(root, entry, target, lr, s, opts)] for s in range(args.seeds)]
-                by_lr[f"{lr:g}"] = sum(r["acc"] for r in recs) / len(recs)
-                by_seed[f"{lr:g}"] = [r["acc"] for r in recs]
-                run_seconds += sum(r["seconds"] for r in recs)
-            truth[target][entry["id"]] = {
-                "acc": max(by_lr.values()),
-                "by_lr": by_lr,
-                "by_seed": by_seed,  # per lr, one accuracy per fine-tuning seed
-            }
-
+    truth, meta = compute(
+        root,
+        targets,
+        lrs=[float(s) for s in args.lrs.split(",")],
+        epochs=args.epochs,
+        seeds=args.seeds,
+        extra_seeds=args.extra_seeds,
+        batch_size=args.batch_size,
+        jobs=args.jobs,
+        device=args.device,
+    )
     text = json.dumps(truth, indent=1) + "\n"
     (root / "ground_truth.json").write_text(text)
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     Path(args.results).write_text(text)
-    meta = {
-        "protocol": "full fine-tuning, fresh head, Adam, cosine decay, best test acc over lrs",
-        "lrs": lrs,
-        "seeds": args.seeds,
-        **opts,
-        "models": len(entries),
-        "targets": targets,
-        "runs": total_runs,
-        "runs_this_call": len(jobs),
-        "jobs": args.jobs,
-        "wall_seconds_this_call": elapsed,
-        "sum_run_seconds": run_seconds,
-    }
     (root / "ground_truth_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     for target in targets:
         accs = sorted((v["acc"], k) for k, v in truth[target].items())
@@ -187,7 +285,10 @@ def main(argv: list[str] | None = None) -> None:
             f"{target:10s} acc min {accs[0][0]:.3f} ({accs[0][1]}) "
             f"max {accs[-1][0]:.3f} ({accs[-1][1]}) spread {accs[-1][0] - accs[0][0]:.3f}"
         )
-    print(f"ground truth for {len(targets)} targets x {len(entries)} models in {elapsed:.0f}s")
+    print(
+        f"ground truth for {len(targets)} targets x {meta['models']} models in "
+        f"{meta['wall_seconds_this_call']:.0f}s"
+    )
 
 
 if __name__ == "__main__":

@@ -84,8 +84,9 @@ def evaluate_target(ranking, truth: dict[str, float], metrics: list[str]) -> dic
 
 
 def seed_accuracies(rec: dict) -> list[float]:
-    """One model's accuracy per fine-tuning seed, at its best learning rate of the mean."""
-    return rec["by_seed"][max(rec["by_lr"], key=rec["by_lr"].get)]
+    """One model's accuracy per fine-tuning seed, at its best learning rate (``best_lr`` where
+    the ground truth names it: extra seeds run there only; else the best of the means)."""
+    return rec["by_seed"][rec.get("best_lr") or max(rec["by_lr"], key=rec["by_lr"].get)]
 
 
 def seed_agreement(truth_target: dict[str, dict]) -> dict | None:
@@ -97,13 +98,12 @@ def seed_agreement(truth_target: dict[str, dict]) -> dict | None:
     from zoopick.selection.rank import evaluate
 
     ids = list(truth_target)
-    first = truth_target[ids[0]]
-    if "by_seed" not in first:
+    if any("by_seed" not in truth_target[i] for i in ids):
         return None
-    n_seeds = len(next(iter(first["by_seed"].values())))
+    n_seeds = min(len(seed_accuracies(truth_target[i])) for i in ids)
     if n_seeds < 2:
         return None
-    acc = np.array([seed_accuracies(truth_target[i]) for i in ids])  # (models, seeds)
+    acc = np.array([seed_accuracies(truth_target[i])[:n_seeds] for i in ids])  # (models, seeds)
     rows = []
     for sd in range(n_seeds):
         others = np.delete(acc, sd, axis=1).mean(axis=1)
@@ -141,6 +141,52 @@ def input_checks(zoo, dataset, cache_dir) -> dict[str, dict]:
             "head": int(np.asarray(res.logits).shape[1]),
             "constant_fraction": float(np.mean(var <= 1e-8 * top)) if top > 0 else 1.0,
         }
+    return out
+
+
+def score_target(
+    zoo,
+    dataset,
+    truth: dict[str, float],
+    base_metrics: list[str],
+    variants: dict[str, tuple[str, dict]],
+    *,
+    cache_dir: str | None,
+    batch_size: int = 64,
+    metric_options: dict | None = None,
+    device: str | None = None,
+) -> dict:
+    """Rank ``zoo`` on ``dataset`` by every metric of ``base_metrics`` and every variant of
+    one of them, and judge each ranking against ``truth`` (see :func:`evaluate_target`); the
+    degenerate-input check rides along when forward passes are cached."""
+    from zoopick.selection.rank import rank_zoo
+
+    t0 = time.perf_counter()
+    ranking = rank_zoo(
+        zoo,
+        dataset,
+        base_metrics,
+        cache_dir=cache_dir,
+        batch_size=batch_size,
+        device=device,
+        metric_options=metric_options or {},
+    )
+    metrics = list(base_metrics)
+    for vname, (base, opts) in variants.items():
+        if base not in base_metrics:
+            continue
+        extra = rank_zoo(
+            zoo, dataset, [base], cache_dir=cache_dir, device=device, metric_options={base: opts}
+        )
+        for m, e in zip(ranking.models, extra.models, strict=True):
+            m.scores[vname] = e.scores[base]
+            m.seconds[vname] = e.seconds[base]
+        metrics.append(vname)
+    ranking.metrics = metrics
+    out = evaluate_target(ranking, truth, metrics)
+    out["rank_seconds"] = time.perf_counter() - t0
+    if cache_dir is not None:
+        out["inputs"] = input_checks(zoo, dataset, cache_dir)
     return out
 
 
@@ -396,7 +442,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from zoopick.selection.data import load_dataset
     from zoopick.selection.metrics import available
-    from zoopick.selection.rank import rank_zoo
     from zoopick.selection.zoo import load_zoo
 
     torch.set_num_threads(args.threads)
@@ -418,29 +463,18 @@ def main(argv: list[str] | None = None) -> None:
     for target in targets:
         truth = {i: truth_all[target][i]["acc"] for i in ids}
         dataset = load_dataset(root / "targets" / f"{target}-train.npz")
-        t0 = time.perf_counter()
         cache = None if args.no_cache else args.cache_dir
-        ranking = rank_zoo(
+        per_target[target] = score_target(
             zoo,
             dataset,
+            truth,
             base_metrics,
+            variants,
             cache_dir=cache,
             batch_size=args.batch_size,
             metric_options=json.loads(args.metric_options),
         )
-        for vname, (base, opts) in variants.items():
-            if base not in base_metrics:
-                continue
-            extra = rank_zoo(zoo, dataset, [base], cache_dir=cache, metric_options={base: opts})
-            for m, e in zip(ranking.models, extra.models, strict=True):
-                m.scores[vname] = e.scores[base]
-                m.seconds[vname] = e.seconds[base]
-        ranking.metrics = metrics
-        per_target[target] = evaluate_target(ranking, truth, metrics)
-        per_target[target]["rank_seconds"] = time.perf_counter() - t0
         per_target[target]["seed_ceiling"] = seed_agreement(truth_all[target])
-        if cache is not None:
-            per_target[target]["inputs"] = input_checks(zoo, dataset, cache)
         accs = sorted(truth.values())
         info = build.get("targets", {}).get(target, {})
         gt_summary[target] = {

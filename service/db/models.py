@@ -192,6 +192,10 @@ class Job(Base):
     tenant's default, if any."""
     recoveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """Times the sweeper (``zoopick.service.recovery``) re-queued this job after it was lost."""
+    mlflow: Mapped[dict[str, Any] | None]
+    """Logging the finished job to MLflow (``zoopick.service.tracking``): status (pending,
+    logging, logged, failed), attempts, the last error, the run's id and page; None when no
+    tracking server is configured."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None]

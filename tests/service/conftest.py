@@ -191,22 +191,27 @@ def admin(make_key) -> Tenant:
 
 
 @pytest.fixture(scope="session")
-def live_server(new_pg_database, redis_url, tmp_path_factory):
+def live_server(new_pg_database, redis_url, tmp_path_factory, request):
     """One live zoopick (uvicorn, a Celery worker, a tiny zoo: tests/service/stack.py) shared
-    by the client, CI-pipeline and browser tests; each takes its own tenant with
-    ``live_server.tenant(name)``."""
+    by the client, CI-pipeline, browser and MLflow tests; each takes its own tenant with
+    ``live_server.tenant(name)``. When the MLflow tests were collected, it logs its jobs to
+    their ``mlflow server`` (``mlflow_server.settings``)."""
     pytest.importorskip("zoopick.selection.extract", reason="selection engine")
+    from tests.service import mlflow_server
     from tests.service.stack import live_stack
 
+    _start_helpers(request.session)  # they get ready while the stack starts and tests run
     data = tmp_path_factory.mktemp("live")
-    with live_stack(new_pg_database, redis_url, data, "live") as stack:
+    overrides = mlflow_server.settings(request.config)
+    with live_stack(new_pg_database, redis_url, data, "live", **overrides) as stack:
         yield stack
 
 
 # -- the light zoopick-client distribution -----------------------------------------------------
 
 LIGHT_CLIENT_USERS = ("test_ci_examples.py",)
-"""Test modules that use ``light_client``: collecting one starts the build in the background."""
+"""Test modules that use ``light_client`` (and the live stack): when one was collected, the
+live stack's start also starts the build in the background."""
 
 
 def _start_light_client(config: pytest.Config) -> None:
@@ -227,9 +232,13 @@ def _start_light_client(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop a light-client build no test waited for (its module skipped) and remove it."""
+    """Stop a light-client build no test waited for (its module skipped) and remove it, and
+    the MLflow server (``mlflow_server``)."""
     import shutil
 
+    from tests.service import mlflow_server
+
+    mlflow_server.stop(session.config)
     started = getattr(session.config, "_light_client", None)
     if started is not None:
         proc, dest = started
@@ -239,9 +248,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         shutil.rmtree(dest, ignore_errors=True)
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
+def _start_helpers(session: pytest.Session) -> None:
+    """Start the light-client build and the MLflow server in the background when tests of
+    this run need them. The live stack's fixture calls this: every user of either uses the
+    stack, so they all run on the worker that starts it (``tests/conftest.py``'s groups)."""
+    from tests.service import mlflow_server
+
     if any(item.path.name in LIGHT_CLIENT_USERS for item in session.items):
         _start_light_client(session.config)
+    if mlflow_server.wanted(session.items):
+        mlflow_server.start_early(session.config)  # ready by the time its tests run
 
 
 @pytest.fixture(scope="session")

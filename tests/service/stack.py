@@ -53,7 +53,9 @@ class Stack:
 
 
 @contextmanager
-def live_stack(pg_url_factory, redis_url, data: Path, name: str) -> Iterator[Stack]:
+def live_stack(
+    pg_url_factory, redis_url, data: Path, name: str, **overrides: object
+) -> Iterator[Stack]:
     from zoopick.service.db import migrate
     from zoopick.service.db.session import make_engine, make_sessionmaker
     from zoopick.service.security import create_api_key
@@ -67,6 +69,7 @@ def live_stack(pg_url_factory, redis_url, data: Path, name: str) -> Iterator[Sta
         redis_key_prefix=f"{prefix}{name}:",
         webhook_allow_networks=["127.0.0.1/32"],  # the webhook tests' receiver
         webhook_backoff_seconds=0.5,
+        **overrides,  # e.g. the MLflow server of test_mlflow.py
     )
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
@@ -76,9 +79,12 @@ def live_stack(pg_url_factory, redis_url, data: Path, name: str) -> Iterator[Sta
     engine.dispose()
     procs: list[Proc] = []
     try:
-        api, base = start_api(settings, data)
+        # the browser test's job that must still run when it is cancelled (Settings.env()
+        # leaves the limits out)
+        extra = {"ZOOPICK_MAX_EPOCHS": "1000"}
+        api, base = start_api(settings, data, extra)
         procs.append(api)
-        worker = start_worker(settings, "cpu,gpu", data)
+        worker = start_worker(settings, "cpu,gpu", data, extra)
         procs.append(worker)
         stack = Stack(base, user, admin, settings, data, procs)
         # the first registration imports timm in the API process: slow on a loaded machine

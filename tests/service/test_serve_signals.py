@@ -1,6 +1,7 @@
 """Stopping ``zoopick serve`` stops everything it started: SIGTERM (what systemd, Docker and
 ``kill`` send, to the server process alone) or SIGINT (Ctrl-C) leaves no process of its local
-worker, nor of that worker's pool, running."""
+worker, nor of that worker's pool, running. The local worker runs at a lower CPU priority than
+the API (``serve --worker-nice``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.procs import Proc, free_port, poll, wait_http
+from zoopick.service.processes import LOCAL_WORKER_NICE
 
 SERVE = "from zoopick.service_cli import service_app; service_app()"
 
@@ -23,6 +25,14 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return fields[0] != "Z"
+
+
+def niceness(pid: int) -> tuple[int, int | None]:
+    """The nice value of ``pid`` (field 19 of /proc/<pid>/stat) and that of its session's
+    scheduling group (Linux autogroup; None without)."""
+    nice = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    group = Path(f"/proc/{pid}/autogroup")
+    return nice, int(group.read_text().split()[-1]) if group.exists() else None
 
 
 def descendants(pid: int) -> set[int]:
@@ -64,6 +74,11 @@ def test_stopping_serve_stops_its_worker_and_the_pool(tmp_path, signum):
             timeout=90,
             what="the local worker and its pool",
         )
+        # issue 21, item 14: the worker (its pool too) yields the cores to the API, also
+        # where the kernel shares them between sessions first (the worker has its own)
+        nice = min(19, niceness(serve.proc.pid)[0] + LOCAL_WORKER_NICE)
+        group = None if niceness(serve.proc.pid)[1] is None else nice
+        assert {niceness(p) for p in started} == {(nice, group)}
         os.kill(serve.proc.pid, signum)  # the server alone, as kill(1) or Docker would
         serve.proc.wait(timeout=90)
         left = poll(
@@ -97,6 +112,7 @@ def test_a_restarted_worker_busy_in_its_pool_dies_with_a_killed_serve(tmp_path):
     )
     port = free_port()
     cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
+    cmd += ["--worker-nice", "0"]  # heartbeats timed in seconds (see test_serve_watch)
     serve = Proc("serve", cmd + ["--concurrency", "1"], env, tmp_path)
     seen: set[int] = set()
     try:

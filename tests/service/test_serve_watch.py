@@ -32,6 +32,9 @@ def serving(
     env.update(extra, ZOOPICK_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1")
     port = procs.free_port()
     cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
+    # these tests time the worker's heartbeats in seconds: at the API's CPU priority, so a
+    # worker starting beside the suite's other tests is not taken for a stalled one
+    cmd += ["--worker-nice", "0"]
     serve = procs.Proc("serve", cmd + ["--concurrency", str(concurrency)], env, tmp_path)
     base = f"http://127.0.0.1:{port}"
     seen: set[int] = set()

@@ -177,3 +177,43 @@ def test_the_trainer_dies_with_the_task_process(tmp_path):
     while live_in_group(trainer) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert live_in_group(trainer) == []
+
+
+def test_lowered_priority_nices_the_child_and_its_session():
+    """``serve`` starts its local worker, and a worker its trainer, in a session of its own
+    through ``lowered_priority`` (issue 21, item 14): the child runs that much nicer than its
+    parent, and where Linux shares the cores between sessions first (autogroup), its session
+    is as nice as the child; the parent-death step still runs."""
+    import os
+    from pathlib import Path
+
+    from zoopick.service.processes import lowered_priority
+
+    show = "import os; print(os.nice(0)); print(open('/proc/self/autogroup').read().split()[-1])"
+    if not Path("/proc/self/autogroup").exists():
+        show = "import os; print(os.nice(0)); print(os.nice(0))"  # no autogroups: nothing more
+    out = subprocess.run(
+        [sys.executable, "-c", show],
+        start_new_session=True,
+        preexec_fn=lowered_priority(3, then=lambda: os.write(1, b"then\n")),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    nicer = str(min(19, os.nice(0) + 3))
+    assert out == ["then", nicer, nicer]
+    # a trainer, started by that worker in a session of its own, stays as nice as it
+    trainer = (
+        "import subprocess, sys; from zoopick.service.processes import lowered_priority; "
+        f"subprocess.run([sys.executable, '-c', {show!r}], start_new_session=True, "
+        "preexec_fn=lowered_priority(0), check=True)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", trainer],
+        start_new_session=True,
+        preexec_fn=lowered_priority(3),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == [nicer, nicer]

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 FP16_MAX = 65504.0
 INDEX_DTYPE = torch.int32
 
+SPARSE_AVERAGE = True
+"""``PairSum.write`` divides only the positions its pairs touch (the rest are zeros) instead
+of the whole bucket; the same values. ``False`` keeps the full pass (the reference)."""
+
 
 def to_wire(values: torch.Tensor, fp16: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(payload to send, float32 value the receiver will see). With ``fp16`` the payload is
@@ -171,7 +175,25 @@ class PairSum:
     def __init__(self, pieces: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.pieces = list(pieces)
 
-    def write(self, out: torch.Tensor) -> torch.Tensor:
-        out.zero_()
+    def write(self, out: torch.Tensor, divisor: int = 1, zeroed: bool = False) -> torch.Tensor:
+        """``out`` becomes the sum divided by ``divisor`` (the average over the workers);
+        ``zeroed``: it holds zeros already (``prescan.accumulate`` cleared it).
+
+        Only the positions the pairs touch can differ from zero, and ``0 / divisor`` is zero,
+        so when the pairs are few against ``out`` (a sixteenth or less) those positions are
+        gathered, divided and put back instead of dividing all of ``out``: the same values
+        (each element divided once; a repeated position gets its one quotient each time)
+        for a pass over the pairs rather than over the bucket."""
+        if not zeroed:
+            out.zero_()
         add_pairs(out, self.pieces)
+        if divisor == 1:
+            return out
+        touched = [idx for idx, _ in self.pieces if idx.numel()]
+        pairs = sum(int(idx.numel()) for idx in touched)
+        if not SPARSE_AVERAGE or 16 * pairs > out.numel():
+            return out.div_(divisor)
+        if touched:
+            pos = torch.cat([idx.long() for idx in touched])
+            out.index_copy_(0, pos, out.index_select(0, pos).div_(divisor))
         return out

@@ -43,6 +43,11 @@ class GaussianKState(HookState):
             raise CommError(f"gaussiank: refine must be a non-negative int, got {refine!r}")
         self.refine = refine
 
+    def scan_spans(self, numel: int, density: float) -> list[tuple[int, int]] | None:
+        """No grouped scan (a threshold, not a top-k), but the sum is a ``PairSum``: the
+        driver's one pass forms ``acc`` and zeroes the bucket."""
+        return []
+
 
 def _exchange(state: GaussianKState, layout: BucketLayout, acc: torch.Tensor, density: float):
     n = acc.numel()

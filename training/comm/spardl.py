@@ -112,6 +112,7 @@ from zoopick.training.comm.hostread import Deferred
 from zoopick.training.comm.pairs import PairCodec
 from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import (
+    SAMPLED_MIN_NUMEL,
     Blocks,
     block_topk_indices,
     cpu_shortcut,
@@ -275,6 +276,18 @@ class SparDLState(HookState):
         # per bucket: (union size of the last iteration, its h, kbq, d), read when it returns
         self.unions: dict[tuple[int, ...], tuple[Deferred, int, int, int]] = {}
 
+    def scan_spans(self, numel: int, density: float) -> list[tuple[int, int]] | None:
+        """Every team block long enough for the CPU's sampled selection (``take``)."""
+        t = self.size // self.teams
+        if self.size % self.teams or 8 * k_for(density, numel) > numel:
+            return []
+        bounds = even_bounds(numel, t)
+        return [
+            (bounds[j], bounds[j + 1])
+            for j in range(t)
+            if bounds[j + 1] - bounds[j] >= SAMPLED_MIN_NUMEL
+        ]
+
     def reset_state(self) -> None:
         super().reset_state()
         self.shares.clear()
@@ -368,8 +381,10 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
         lo, hi = bounds[j], bounds[j + 1]
         with stats.timer("select_s"):
             scratch = state.scratch(acc.device, hi - lo)
-            idx = topk_indices(W[lo:hi], kbs[j] if cap is None else cap, scratch=scratch) + lo
-            payload, seen = round_to(W[idx], codec.value_dtype)
+            peaks = None if state.prescan is None else state.prescan.peaks(lo, hi)
+            count = kbs[j] if cap is None else cap
+            idx = topk_indices(W[lo:hi], count, scratch=scratch, peaks=peaks) + lo
+            payload, seen = round_to(W.index_select(0, idx), codec.value_dtype)
             W.index_add_(0, idx, -seen)
             if sent is not None:
                 sent.index_fill_(0, idx, True)
@@ -417,14 +432,13 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
                 layouts.append([extent(j) for j in tr.blocks])
         if sends or recvs:
             got = p2p_exchange(state, sends, recvs)
-            add_pairs(
-                W,
-                [
-                    pair
-                    for g, lay in zip(got, layouts, strict=True)
-                    for pair in codec.split(g[0], lay)
-                ],
-            )
+            received = [
+                pair for g, lay in zip(got, layouts, strict=True) for pair in codec.split(g[0], lay)
+            ]
+            add_pairs(W, received)
+            if state.prescan is not None:  # those values may have grown: rescan them
+                for idx, _ in received:
+                    state.prescan.touch(idx)
 
     # The owned block: this team's sum, then (d > 1) merged across teams.
     lo = bounds[q]

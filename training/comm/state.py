@@ -39,8 +39,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zoopick.training.comm import select
 from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import PairSum, allreduce_sum, to_wire
+from zoopick.training.comm.prescan import Prescan, accumulate
 from zoopick.training.comm.stats import CommStats
 from zoopick.training.comm.store import BucketLayout, ParamStore
 
@@ -102,6 +104,8 @@ class HookState:
         self.stats = CommStats(sync_cuda=sync_cuda_timing)
         self.iteration = 0
         self.device = torch.device("cpu")
+        # the column maxima of the bucket being exchanged (CPU grouped path; see _run)
+        self.prescan: Prescan | None = None
 
     # -- group ---------------------------------------------------------------------------------
     @property
@@ -131,6 +135,13 @@ class HookState:
         if buf is None or buf.numel() < numel:
             buf = self._scratch[device] = torch.empty(numel, dtype=torch.float32, device=device)
         return buf[:numel]
+
+    def scan_spans(self, numel: int, density: float) -> list[tuple[int, int]] | None:
+        """The blocks ``[lo, hi)`` of a bucket of ``numel`` elements whose selection takes
+        the grouped scan, for the driver's one-pass error feedback (``prescan``); None
+        (the default) when the scheme's sum is not a ``PairSum`` written into a zeroed
+        bucket. An empty list still gets the fused pass, without maxima."""
+        return None
 
     def side_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The state's own CUDA stream on ``device`` (see ``run_hook``)."""
@@ -298,6 +309,21 @@ def _unused_slots(layout: BucketLayout) -> list[tuple[int, int]]:
     ]
 
 
+def _prescan_spans(
+    state: HookState, buf: torch.Tensor, u: torch.Tensor, density: float | None
+) -> list[tuple[int, int]] | None:
+    """The blocks for ``prescan.accumulate`` (its one chunked pass instead of the separate
+    ones), or None for the plain ``acc.add_(u)``: only on the CPU's grouped path, for a
+    scheme that names its blocks (its sum is a ``PairSum``, written into a zeroed bucket),
+    outside a dense warm-up, when ``u`` is the bucket's own float32 gradient (no momentum),
+    which the pass zeroes once it is read."""
+    if density is None or not (select.cpu_shortcut(buf) and select.CPU_GROUPED):
+        return None
+    if buf.dtype != torch.float32 or u.data_ptr() != buf.data_ptr() or not u.is_contiguous():
+        return None
+    return state.scan_spans(buf.numel(), density)
+
+
 def _run(
     state: HookState,
     buf: torch.Tensor,
@@ -309,19 +335,29 @@ def _run(
     state.device = buf.device
     stats = state.stats
     stats.begin(state.iteration, buf.device)
+    density = state.density_at(state.iteration)
+    zeroed = False  # whether buf holds zeros now (its gradient is in acc)
     with stats.timer("select_s"):
         grad = buf.detach().float()
         if state.momentum > 0.0:
             u = state.momenta.gather(layout, buf.device).mul_(state.momentum).add_(grad)
         else:
             u = grad
-        acc = state.residuals.gather(layout, buf.device).add_(u)
+        acc = state.residuals.gather(layout, buf.device)
+        spans = _prescan_spans(state, buf, u, density)
+        if spans is None:
+            acc.add_(u)
+        else:  # the same sums, with buf zeroed and the grouped scan's maxima on the way
+            state.prescan = accumulate(acc, u, spans)
+            zeroed = True
     held = _hold_out(unused, acc)
-    density = state.density_at(state.iteration)
-    if density is None:
-        total, residual, sent = dense_exchange(state, layout, acc, 1.0)
-    else:
-        total, residual, sent = exchange(state, layout, acc, density)
+    try:
+        if density is None:
+            total, residual, sent = dense_exchange(state, layout, acc, 1.0)
+        else:
+            total, residual, sent = exchange(state, layout, acc, density)
+    finally:
+        state.prescan = None
     for off, values in held:
         residual[off : off + values.numel()].add_(values)
     state.residuals.scatter(layout, residual)
@@ -335,7 +371,7 @@ def _run(
         state.momenta.scatter(layout, u)
     stats.add(numel=acc.numel(), buckets=1)
     if isinstance(total, PairSum):  # the gradient in buf is spent (acc holds it): overwrite
-        total.write(buf).div_(state.size)
+        total.write(buf, state.size, zeroed=zeroed)
     else:
         buf.copy_(total.div_(state.size))
     if is_last:

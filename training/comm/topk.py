@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from zoopick.training.comm.registry import register
-from zoopick.training.comm.select import k_for, topk_indices
+from zoopick.training.comm.select import SAMPLED_MIN_NUMEL, k_for, topk_indices
 from zoopick.training.comm.sparse import allgather_exchange
 from zoopick.training.comm.state import HookState, run_hook
 from zoopick.training.comm.store import BucketLayout
@@ -18,11 +18,17 @@ from zoopick.training.comm.store import BucketLayout
 class TopKState(HookState):
     name = "topk"
 
+    def scan_spans(self, numel: int, density: float) -> list[tuple[int, int]] | None:
+        """The whole bucket, when its selection takes the CPU's sampled path."""
+        sampled = numel >= SAMPLED_MIN_NUMEL and 8 * k_for(density, numel) <= numel
+        return [(0, numel)] if sampled else []
+
 
 def _exchange(state: HookState, layout: BucketLayout, acc: torch.Tensor, density: float):
     with state.stats.timer("select_s"):
         scratch = state.scratch(acc.device, acc.numel())
-        idx = topk_indices(acc, k_for(density, acc.numel()), scratch=scratch)
+        peaks = None if state.prescan is None else state.prescan.peaks(0, acc.numel())
+        idx = topk_indices(acc, k_for(density, acc.numel()), scratch=scratch, peaks=peaks)
     return allgather_exchange(state, acc, idx)
 
 

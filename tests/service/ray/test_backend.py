@@ -1,7 +1,7 @@
 """The ``ray`` training backend on a real local Ray cluster (``ray.cluster_utils.Cluster``: a
 head with no CPUs and 1-CPU worker nodes, so every training worker sits on a node of its own),
 driven the way users drive it: ``zoopick train --backend ray`` and the driver process the
-service's task starts (``training.backends.spawn``). One cluster for the module."""
+service's task starts (``training.backends.spawn``). The cluster is the package's (conftest.py)."""
 
 from __future__ import annotations
 
@@ -16,19 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.ray_cluster import local_cluster
 from tests.service.procs import poll
 from zoopick.training.config import FINAL_CONFIG, FINAL_WEIGHTS, EpochRecord, RunEvent, parse_line
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
 TRAIN = [sys.executable, "-m", "zoopick.cli", "train"]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster() as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

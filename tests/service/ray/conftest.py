@@ -1,12 +1,18 @@
-"""A real local Ray cluster for tests (``ray.cluster_utils.Cluster``): a head with no CPUs and
-1-CPU worker nodes, so every training worker sits on a node of its own, as on a pool of
-one-GPU machines."""
+"""One real local Ray cluster (``ray.cluster_utils.Cluster``) for every Ray test: a head with
+no CPUs and 1-CPU worker nodes, so every training worker sits on a node of its own, as on a
+pool of one-GPU machines.
+
+The cluster is package-scoped: the training-backend tests and the service's pool tests share
+it (starting one costs seconds of CPU on two cores) and it stops after the last of them. A
+test that removes a node adds its replacement, so each test finds two free worker nodes."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import pytest
 
 from tests.service.procs import free_port
 
@@ -27,3 +33,10 @@ def local_cluster(nodes: int = 2) -> Iterator[Any]:
         yield cluster
     finally:
         cluster.shutdown()
+
+
+@pytest.fixture(scope="package")
+def cluster() -> Iterator[Any]:
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    with local_cluster() as c:
+        yield c

@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from tests.ray_cluster import local_cluster
 from tests.service.datafiles import npz_bytes
 from tests.service.procs import api_and_worker, create_token, poll
 
@@ -20,12 +19,6 @@ FINETUNE = {
     "epochs": 2, "workers": 2, "compressor": "spardl", "density": 0.1, "batch_size": 4,
     "lr": 0.05,
 }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster() as c:
-        yield c
 
 
 def _prepare(http, admin: str) -> str:

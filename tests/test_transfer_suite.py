@@ -1,0 +1,85 @@
+"""The transfer suite's own arithmetic (benchmarks/transfer/suite_stats.py) on hand-made
+tables: the pre-registered rule, leave-one-zoo-out, the rank ensemble and the bootstrap over
+targets. No zoo, no torch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks.transfer.suite_stats import (
+    bootstrap_over_targets,
+    leave_one_zoo_out,
+    pick,
+    rank_ensemble,
+)
+
+ZOOS = ("z1", "z2", "z3")
+
+
+def _table(per_zoo: dict[str, tuple[float, float, float]]) -> dict:
+    """Two targets a zoo, both at the candidate's value for that zoo."""
+    return {
+        c: {(z, t): v for z, v in zip(ZOOS, vals, strict=True) for t in ("t1", "t2")}
+        for c, vals in per_zoo.items()
+    }
+
+
+def test_rule_takes_the_best_mean_outside_the_tie_band():
+    table = _table({"a": (0.6, 0.6, 0.6), "b": (0.5, 0.5, 0.5), "c": (0.9, 0.1, 0.2)})
+    out = pick(table, ZOOS)
+    assert out["pick"] == "a"
+    assert out["rows"]["a"]["score"] == pytest.approx(0.6)
+    assert [c for c, r in out["rows"].items() if r["tied"]] == ["a"]
+
+
+def test_ties_go_to_the_best_worst_zoo_then_the_name():
+    # a and b tie (0.605 vs 0.600, inside 0.01); b's worst zoo (0.55) beats a's (0.3)
+    table = _table({"a": (0.9, 0.615, 0.3), "b": (0.65, 0.6, 0.55), "c": (0.2, 0.2, 0.2)})
+    out = pick(table, ZOOS)
+    assert out["rows"]["a"]["tied"] and out["rows"]["b"]["tied"]
+    assert out["pick"] == "b"
+    twins = _table({"y": (0.5, 0.5, 0.5), "x": (0.5, 0.5, 0.5)})
+    assert pick(twins, ZOOS)["pick"] == "x"
+
+
+def test_undefined_weighted_tau_counts_as_zero():
+    table = _table({"a": (0.3, 0.3, 0.3), "b": (0.5, 0.5, 0.5)})
+    table["b"] = {k: math.nan for k in table["b"]}
+    assert pick(table, ZOOS)["pick"] == "a"
+
+
+def test_leave_one_zoo_out_judges_the_pick_on_the_held_out_zoo():
+    # "a" wins on z1+z2 but is poor on z3; "b" is the best on z3
+    table = _table({"a": (0.8, 0.8, 0.2), "b": (0.5, 0.5, 0.7), "c": (0.4, 0.4, 0.69)})
+    folds = leave_one_zoo_out(table, ZOOS)
+    z3 = folds["z3"]
+    assert z3["pick"] == "a" and z3["best"] == "b"
+    assert z3["gap"] == pytest.approx(0.5) and z3["rank"] == 3 and not z3["within"]
+    # held out z1: trained on z2 (a 0.8) + z3 (a 0.2): a 0.5, b 0.6 -> b, 0.3 behind a on z1
+    assert folds["z1"]["pick"] == "b" and folds["z1"]["best"] == "a"
+    assert folds["z1"]["gap"] == pytest.approx(0.3)
+
+
+def test_rank_ensemble_averages_ranks_with_ties_and_nan_last():
+    scores = {
+        "m1": {"p": 3.0, "q": 2.0, "r": 1.0},
+        "m2": {"p": 0.1, "q": 0.1, "r": math.nan},
+    }
+    out = rank_ensemble(scores, ["m1", "m2"])
+    # m1 ranks r1 q2 p3; m2: r worst (1), p and q tie (2.5 each)
+    assert out == pytest.approx({"p": (3 + 2.5) / 2, "q": (2 + 2.5) / 2, "r": 1.0})
+
+
+def test_bootstrap_resamples_targets_and_brackets_the_mean():
+    values = {("z1", "t1"): 0.2, ("z2", "t1"): 0.4, ("z1", "t2"): 0.8, ("z2", "t2"): 0.6}
+    out = bootstrap_over_targets(values, resamples=4000, seed=1)
+    assert out["mean"] == pytest.approx(0.5)
+    assert out["targets"] == 2
+    # a resample is t1 twice (0.3), t2 twice (0.7) or one of each (0.5): the 95 % interval
+    # spans the two extremes, which happen a quarter of the time each
+    assert out["lo"] == pytest.approx(0.3) and out["hi"] == pytest.approx(0.7)
+    plain = np.mean(list(values.values()))
+    assert out["lo"] <= plain <= out["hi"]
