@@ -522,6 +522,11 @@ def main() -> None:
 
         with psycopg.connect(args.pg, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{env["_LOAD_DB"]}" WITH (FORCE)')
+        import redis
+
+        broker = redis.Redis.from_url(args.redis)  # the run's queues, results and counters
+        for key in broker.scan_iter(f"{env['ZOOPICK_REDIS_KEY_PREFIX']}*", count=1000):
+            broker.delete(key)
     shutil.rmtree(data_dir, ignore_errors=True)  # kept (with serve.log) when a run failed
 
     for run in runs:
@@ -561,14 +566,15 @@ def main() -> None:
         f"Redis, {args.seconds:g} s per rate, {args.repeats} repeat(s); latency counted from "
         "each request's scheduled send time. Baseline: `GET /healthz` at the same rate in the "
         f"same run. {statements} SQL statements per request. Configurations, alternating "
-        "within each repeat (so both see about the same machine):",
+        "within each repeat (so all see about the same machine):",
         "",
     ]
     for config in configs:
         lines.append(f"- **{config}**: {report['configs'][config]}")
     lines += [
         "",
-        f"Recipe: `{report['command']}`",
+        f"Recipe: `{report['command']}`. Where the time goes, and how the configurations "
+        "were compared: `benchmarks/load/README.md`.",
         "",
         f"Goal: p99 < {GOAL_P99_MS:g} ms at {GOAL_RATE} requests/s (median of the repeats, "
         "no errors, at least 95 % of the rate achieved in each): "
