@@ -20,7 +20,7 @@ from zoopick.app.api import webhooks as webhook_api
 from zoopick.app.dashboard.auth import load_secret
 from zoopick.app.problems import install as install_problems
 from zoopick.app.ratelimit import RateLimits
-from zoopick.service import webhooks
+from zoopick.service import outbox
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.dispatch import Dispatcher
 from zoopick.service.recovery import Sweeper
@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_slots = asyncio.Semaphore(settings.db_pool_size + settings.db_max_overflow)
     app.state.dispatcher = Dispatcher(settings)
     # a job moved by a request sends its webhook's task through this app's broker settings
-    app.state.sessionmaker.configure(info={webhooks.DISPATCHER_KEY: app.state.dispatcher})
+    app.state.sessionmaker.configure(info={outbox.DISPATCHER_KEY: app.state.dispatcher})
     app.state.rate = RateLimits(settings)
     app.state.session_secret = load_secret(settings)  # signs dashboard session cookies
     install_problems(app)

@@ -40,9 +40,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from zoopick.service import outbox
 from zoopick.service.db.models import (
     TERMINAL,
     Artefact,
@@ -66,8 +67,6 @@ RUN_STATUS = {
 """The MLflow run status a job's terminal state ends its run with."""
 JOB_TAG = "zoopick.job_id"
 """The tag a job's run is found by (one run per job, whatever was delivered twice)."""
-PENDING_KEY = "zoopick_mlflow_pending"
-DISPATCHER_KEY = "dispatcher"  # the same Session.info key as webhooks': the API sets it
 PENDING, LOGGING, LOGGED, FAILED = "pending", "logging", "logged", "failed"
 EPOCH_METRICS = {
     "loss": "train_loss",
@@ -300,7 +299,7 @@ def _note(job: Job, ranked: list[dict[str, Any]]) -> str:
 
 
 def _settings_of(session: Session) -> Settings:
-    dispatcher = session.info.get(DISPATCHER_KEY)
+    dispatcher = session.info.get(outbox.DISPATCHER_KEY)
     settings = getattr(dispatcher, "settings", None)
     return settings if isinstance(settings, Settings) else get_settings()
 
@@ -312,31 +311,9 @@ def enqueue(session: Session, job_id: uuid.UUID, status: JobStatus) -> bool:
         return False
     state = {"status": PENDING, "attempts": 0, "updated_at": utcnow().isoformat()}
     session.execute(update(Job).where(Job.id == job_id).values(mlflow=state))
-    if not event.contains(session, "after_commit", _after_commit):  # once per session
-        event.listen(session, "after_commit", _after_commit)
-        event.listen(session, "after_soft_rollback", _after_rollback)
-    session.info.setdefault(PENDING_KEY, []).append(str(job_id))
+    outbox.send_after_commit(session, "the MLflow logging of job", job_id,
+                             lambda d, i: d.log_mlflow(i))  # fmt: skip
     return True
-
-
-def _after_rollback(session: Session, previous_transaction: Any) -> None:
-    session.info.pop(PENDING_KEY, None)  # the mark rolled back with the move
-
-
-def _after_commit(session: Session) -> None:
-    ids = session.info.pop(PENDING_KEY, [])
-    if not ids:
-        return
-    dispatcher = session.info.get(DISPATCHER_KEY)
-    if dispatcher is None:
-        from zoopick.service.dispatch import Dispatcher
-
-        dispatcher = Dispatcher(get_settings())
-    for job_id in ids:
-        try:
-            dispatcher.log_mlflow(job_id)
-        except Exception:  # noqa: BLE001 - the job is marked pending: the sweep re-sends it
-            log.warning("could not send the MLflow logging of job %s", job_id, exc_info=True)
 
 
 # -- one try: claim, log (tracking_client), settle -------------------------------------------------

@@ -29,23 +29,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from zoopick.service import netguard
+from zoopick.service import netguard, outbox
 from zoopick.service.db.models import TERMINAL, Job, JobStatus, Tenant, WebhookDelivery
 from zoopick.service.db.types import utcnow
-from zoopick.service.settings import Settings, get_settings
+from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "Zoopick-Signature"
 EVENT_HEADER = "Zoopick-Event"
 DELIVERY_HEADER = "Zoopick-Delivery"
-PENDING_KEY = "zoopick_webhooks_pending"
-DISPATCHER_KEY = "dispatcher"
-"""``Session.info`` key of the Dispatcher that sends delivery tasks (the API sets its own on
-its sessionmaker; elsewhere one is built from ``get_settings()``)."""
 TOP_RANKED = 5
 
 
@@ -172,30 +168,9 @@ def enqueue(session: Session, job_id: uuid.UUID, status: JobStatus) -> WebhookDe
 
 
 def _send_after_commit(session: Session, delivery_id: uuid.UUID) -> None:
-    if not event.contains(session, "after_commit", _after_commit):  # once per session
-        event.listen(session, "after_commit", _after_commit)
-        event.listen(session, "after_soft_rollback", _after_rollback)
-    session.info.setdefault(PENDING_KEY, []).append(str(delivery_id))
-
-
-def _after_rollback(session: Session, previous_transaction: Any) -> None:
-    session.info.pop(PENDING_KEY, None)  # the events rolled back with the move
-
-
-def _after_commit(session: Session) -> None:
-    ids = session.info.pop(PENDING_KEY, [])
-    if not ids:
-        return
-    dispatcher = session.info.get(DISPATCHER_KEY)
-    if dispatcher is None:
-        from zoopick.service.dispatch import Dispatcher
-
-        dispatcher = Dispatcher(get_settings())
-    for delivery_id in ids:
-        try:
-            dispatcher.deliver_webhook(delivery_id)
-        except Exception:  # noqa: BLE001 - the job moved; the row stays pending for a resend
-            log.warning("could not send webhook delivery %s", delivery_id, exc_info=True)
+    outbox.send_after_commit(
+        session, "webhook delivery", delivery_id, lambda d, i: d.deliver_webhook(i)
+    )
 
 
 # -- delivering ----------------------------------------------------------------------------------

@@ -204,8 +204,8 @@ def test_a_tracking_server_that_is_down_leaves_the_job_succeeded_with_a_warning(
     from zoopick.service.db.models import Job, JobStatus
     from zoopick.service.db.session import session_scope
     from zoopick.service.dispatch import Dispatcher
+    from zoopick.service.outbox import DISPATCHER_KEY
     from zoopick.service.security import get_or_create_tenant
-    from zoopick.service.webhooks import DISPATCHER_KEY
 
     down = service_settings.model_copy(
         update={"mlflow_tracking_uri": f"http://127.0.0.1:{procs.free_port()}",
