@@ -5,7 +5,9 @@ the job's move, so the two commit or roll back together; the task that does the 
 leave before that commit (a worker would find no row) nor after a rollback (it would do work
 for a move that never happened). :func:`send_after_commit` keeps the ids on the session and
 sends them from its ``after_commit`` event; a rollback drops them. A send that fails is only
-logged: the row stays pending and the sweeper re-sends it.
+logged: the row stays pending and the sweeper re-sends it. A failed try is tried again after a
+doubling wait (:func:`retry_in`), and a row left pending past :func:`stale_after` is
+re-sent.
 
 The dispatcher is the session's own when the API put one in its sessionmaker's ``info``
 (:data:`DISPATCHER_KEY`), else one built from the settings.
@@ -31,6 +33,19 @@ PENDING_KEY = "zoopick_outbox"
 
 Send = Callable[[Any, str], None]
 """How one id is sent: ``send(dispatcher, id)``."""
+
+
+def retry_in(first: float, attempts: int) -> float:
+    """Seconds before the next try after ``attempts`` failed ones: ``first``, doubled before
+    each next one."""
+    return first * 2 ** (attempts - 1)
+
+
+def stale_after(first: float, max_attempts: int, try_seconds: float) -> float:
+    """Seconds after which a pending item nobody touched was lost (its task message, or the
+    send after its commit): longer than the whole backoff schedule (:func:`retry_in`), one try
+    of ``try_seconds`` and a minute."""
+    return first * 2**max_attempts + try_seconds + 60
 
 
 def dispatcher_of(session: Session) -> Any:

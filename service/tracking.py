@@ -323,8 +323,9 @@ def stale_after(settings: Settings) -> float:
     """Seconds after which a pending or claimed logging nobody finished was lost (its
     message, or the worker that held it): longer than the whole backoff schedule and a
     bounded try."""
-    backoff = settings.mlflow_backoff_seconds * 2**settings.mlflow_max_attempts
-    return backoff + deadline_seconds(settings) + 60
+    return outbox.stale_after(
+        settings.mlflow_backoff_seconds, settings.mlflow_max_attempts, deadline_seconds(settings)
+    )
 
 
 def deadline_seconds(settings: Settings) -> float:
@@ -384,7 +385,7 @@ def settle(
     state.update(status=PENDING if retry else FAILED, error=_text(error or "unknown", 2000),
                  updated_at=now)  # fmt: skip
     job.mlflow = state
-    return settings.mlflow_backoff_seconds * 2 ** (attempts - 1) if retry else None
+    return outbox.retry_in(settings.mlflow_backoff_seconds, attempts) if retry else None
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,7 @@ def deliver(session: Session, delivery_id: uuid.UUID, settings: Settings) -> Out
         delivery.status = "failed"
         return Outcome(done=True)
     return Outcome(
-        done=False, retry_in=settings.webhook_backoff_seconds * 2 ** (delivery.attempts - 1)
+        done=False, retry_in=outbox.retry_in(settings.webhook_backoff_seconds, delivery.attempts)
     )
 
 
@@ -252,8 +252,11 @@ def deliveries(session: Session, job_id: uuid.UUID) -> list[WebhookDelivery]:
 def stale_after(settings: Settings) -> float:
     """Seconds after which a pending delivery nobody touched was lost (its task message, or the
     send after its commit): longer than the whole backoff schedule plus one try."""
-    backoff = settings.webhook_backoff_seconds * 2**settings.webhook_max_attempts
-    return backoff + settings.webhook_timeout_seconds + 60
+    return outbox.stale_after(
+        settings.webhook_backoff_seconds,
+        settings.webhook_max_attempts,
+        settings.webhook_timeout_seconds,
+    )
 
 
 def resend_stale(factory: Any, dispatcher: Any, settings: Settings) -> list[str]:
