@@ -4,6 +4,7 @@ targets. No zoo, no torch."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -83,3 +84,20 @@ def test_bootstrap_resamples_targets_and_brackets_the_mean():
     assert out["lo"] == pytest.approx(0.3) and out["hi"] == pytest.approx(0.7)
     plain = np.mean(list(values.values()))
     assert out["lo"] <= plain <= out["hi"]
+
+
+def test_run_logs_merge_by_key_and_keep_what_is_there(tmp_path):
+    from benchmarks.transfer.run_logs import merge_run_logs
+
+    kept, zoo = tmp_path / "kept", tmp_path / "zoo"
+    kept.mkdir()
+    (kept / "gt_runs.jsonl").write_text('{"key": "a", "acc": 0.1}\n{"key": "b", "acc": 0.2}\n')
+    assert merge_run_logs(kept, zoo) == 2  # into a folder that does not exist yet
+    (zoo / "gt_runs.jsonl").write_text(
+        (zoo / "gt_runs.jsonl").read_text() + '{"key": "c", "acc": 0.3}\n'
+    )
+    (zoo / "service_runs.jsonl").write_text('{"key": "s", "acc": 0.5}\n')
+    assert merge_run_logs(zoo, kept) == 2  # c and s are new there; a and b are not repeated
+    keys = [json.loads(x)["key"] for x in (kept / "gt_runs.jsonl").read_text().splitlines()]
+    assert keys == ["a", "b", "c"]
+    assert merge_run_logs(zoo, kept) == 0

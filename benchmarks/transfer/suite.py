@@ -40,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.transfer import build_zoo, ground_truth, run, service_gt, tasks, zoos  # noqa: E402
+from benchmarks.transfer.run_logs import merge_run_logs  # noqa: E402
 from benchmarks.transfer.suite_report import summarise, write_markdown  # noqa: E402
 from benchmarks.transfer.suite_stats import rank_ensemble  # noqa: E402
 
@@ -241,6 +242,12 @@ def main(argv: list[str] | None = None) -> None:
         "--device", default="cpu", choices=("cpu", "cuda", "auto"), help="field fine-tunes"
     )
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument(
+        "--truth-only",
+        action="store_true",
+        help="build and fine-tune (both ground truths) without scoring: no metric result is "
+        "seen while a metric may still change (PREREGISTRATION.md)",
+    )
     args = ap.parse_args(argv)
 
     mode = QUICK if args.quick else FULL
@@ -280,6 +287,10 @@ def main(argv: list[str] | None = None) -> None:
         root = zoo_folder(mode, zname)
         only = list(spec.quick) if mode.quick_models else None
         t0 = time.perf_counter()
+        kept_runs = out / f"{mode.results}_runs" / zname
+        merged = merge_run_logs(kept_runs, root)
+        if merged:
+            print(f"{zname}: {merged} fine-tuning runs merged from {kept_runs}", flush=True)
         build = build_zoo.build(
             spec, root, fmnist=args.fmnist, scale=mode.scale, jobs=args.jobs, only=only
         )
@@ -335,6 +346,10 @@ def main(argv: list[str] | None = None) -> None:
                 root, [target], jobs=args.jobs, options=options
             )
             t3 = time.perf_counter()
+            merge_run_logs(root, kept_runs)
+            if args.truth_only:
+                print(f"   truth of {key} in {t3 - t1:.0f}s (not scored: --truth-only)", flush=True)
+                continue
             scored = score_cell(root, target, field_truth[target], service_truth[target], threads)
             res["cells"][key] = {
                 "zoo": zname,
@@ -359,6 +374,9 @@ def main(argv: list[str] | None = None) -> None:
             save(res, json_path, md_path, expected)
             best = max(cands, key=lambda c: scored["candidates"][c]["field"]["weighted_tau"])
             print(f"   done in {time.perf_counter() - t1:.0f}s; best w-tau {best}", flush=True)
+    if args.truth_only:
+        print(f"truth-only: fine-tuning runs kept in {out / f'{mode.results}_runs'}")
+        return
     res["wall_seconds_last_call"] = time.perf_counter() - started
     save(res, json_path, md_path, expected)
     print(f"{res['status']}: {res['cells_done']} of {len(expected)} cells -> {md_path}")
