@@ -370,42 +370,29 @@ class Settings(BaseSettings):
     def env(self) -> dict[str, str]:
         """This process' environment plus the ``ZOOPICK_*`` variables that make a child process
         (a local worker, a test's server) read exactly these settings with
-        :func:`get_settings`: the one way settings reach both faces."""
+        :func:`get_settings`: the one way settings reach both faces.
+
+        Every field is written, defaults included, as the value it has after validation
+        (resolved paths, the filled-in database and broker URLs), so a child never falls back
+        to a default of its own or to a stale variable; a field that is unset (None) removes
+        its variable."""
+        import json
         import os
 
         env = dict(os.environ)
-        env.update(
-            ZOOPICK_DATA_DIR=str(self.data_dir),
-            ZOOPICK_DATABASE_URL=self.database_url,
-            ZOOPICK_BROKER_URL=self.broker_url,
-            ZOOPICK_RESULT_BACKEND=self.result_backend,
-            ZOOPICK_STORAGE_DIR=str(self.storage_dir),
-            ZOOPICK_CACHE_DIR=str(self.cache_dir),
-            ZOOPICK_REDIS_KEY_PREFIX=self.redis_key_prefix,
-            ZOOPICK_TRAIN_BACKEND=self.train_backend,
-            ZOOPICK_RAY_PLACEMENT=self.ray_placement,
-            ZOOPICK_RAY_MAX_FAILURES=str(self.ray_max_failures),
-            ZOOPICK_RAY_START_TIMEOUT_SECONDS=str(self.ray_start_timeout_seconds),
-        )
-        if self.ray_address:
-            env["ZOOPICK_RAY_ADDRESS"] = self.ray_address
-        if self.webhook_allow_networks:  # workers send the webhooks: they need the allow-list
-            import json
-
-            env["ZOOPICK_WEBHOOK_ALLOW_NETWORKS"] = json.dumps(self.webhook_allow_networks)
-        if self.mlflow_tracking_uri:  # workers log the runs: they need where to
-            env["ZOOPICK_MLFLOW_TRACKING_URI"] = self.mlflow_tracking_uri
-        env.update(
-            ZOOPICK_MLFLOW_EXPERIMENT=self.mlflow_experiment,
-            ZOOPICK_MLFLOW_TIMEOUT_SECONDS=str(self.mlflow_timeout_seconds),
-            ZOOPICK_MLFLOW_MAX_ATTEMPTS=str(self.mlflow_max_attempts),
-            ZOOPICK_MLFLOW_BACKOFF_SECONDS=str(self.mlflow_backoff_seconds),
-        )
-        env.update(
-            ZOOPICK_WEBHOOK_MAX_ATTEMPTS=str(self.webhook_max_attempts),
-            ZOOPICK_WEBHOOK_BACKOFF_SECONDS=str(self.webhook_backoff_seconds),
-            ZOOPICK_WEBHOOK_TIMEOUT_SECONDS=str(self.webhook_timeout_seconds),
-        )
+        for name in type(self).model_fields:
+            key = f"ZOOPICK_{name.upper()}"
+            value = getattr(self, name)
+            if value is None:
+                env.pop(key, None)
+            elif isinstance(value, SecretStr):
+                env[key] = value.get_secret_value()
+            elif isinstance(value, bool):
+                env[key] = "true" if value else "false"
+            elif isinstance(value, list | dict):
+                env[key] = json.dumps(value)
+            else:
+                env[key] = str(value)
         return env
 
     def ensure_dirs(self) -> None:

@@ -27,12 +27,11 @@ def free_port() -> int:
 
 
 def env_for(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: ``settings.env()`` plus ``extra`` ``ZOOPICK_*`` values (the
-    settings a test changes beyond the ones ``env()`` carries)."""
+    """The child's environment: ``settings.env()`` (every setting) plus ``extra`` values (a
+    child that must differ from the test's own settings, e.g. a worker with another queue's
+    limits)."""
     env = settings.env()
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    if settings.validate_inline:
-        env["ZOOPICK_VALIDATE_INLINE"] = "1"
     env.update(extra or {})
     return env
 

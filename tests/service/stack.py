@@ -69,7 +69,8 @@ def live_stack(
         redis_key_prefix=f"{prefix}{name}:",
         webhook_allow_networks=["127.0.0.1/32"],  # the webhook tests' receiver
         webhook_backoff_seconds=0.5,
-        **overrides,  # e.g. the MLflow server of test_mlflow.py
+        # the browser test's job that must still run when it is cancelled
+        **{"max_epochs": 1000, **overrides},  # overrides: e.g. test_mlflow.py's server
     )
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
@@ -79,12 +80,9 @@ def live_stack(
     engine.dispose()
     procs: list[Proc] = []
     try:
-        # the browser test's job that must still run when it is cancelled (Settings.env()
-        # leaves the limits out)
-        extra = {"ZOOPICK_MAX_EPOCHS": "1000"}
-        api, base = start_api(settings, data, extra)
+        api, base = start_api(settings, data)
         procs.append(api)
-        worker = start_worker(settings, "cpu,gpu", data, extra)
+        worker = start_worker(settings, "cpu,gpu", data)
         procs.append(worker)
         stack = Stack(base, user, admin, settings, data, procs)
         # the first registration imports timm in the API process: slow on a loaded machine

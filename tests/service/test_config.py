@@ -37,6 +37,38 @@ def test_environment_prefix(tmp_path, monkeypatch):
     assert s.upload_max_bytes == 1234 and not s.embedded_broker
 
 
+def test_env_hands_every_setting_to_a_child(tmp_path, monkeypatch):
+    """A child process started with ``env()`` reads the parent's settings field for field:
+    values that differ from every default, a secret, a list, a bool; and a field the parent
+    left unset is not taken from a stale variable of its environment."""
+    monkeypatch.setenv("ZOOPICK_RAY_ADDRESS", "stale:1")  # parent: explicitly unset below
+    parent = Settings(
+        data_dir=tmp_path,
+        ray_address=None,
+        validate_inline=True,
+        lease_seconds=7,
+        max_epochs=1000,
+        dataset_max_classes=3,
+        rate_jobs="5/second",
+        webhook_allow_networks=["127.0.0.1/32", "10.0.0.0/8"],
+        session_secret="s3cret",
+        heartbeat_seconds=0.25,
+        ray_placement="SPREAD",
+    )
+    env = parent.env()
+    assert "ZOOPICK_RAY_ADDRESS" not in env
+    for var in [v for v in __import__("os").environ if v.startswith("ZOOPICK_")]:
+        monkeypatch.delenv(var)
+    for key, value in env.items():
+        if key.startswith("ZOOPICK_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path / "..")  # paths must not depend on the child's directory
+    child = Settings()
+    assert child.model_dump() == parent.model_dump()
+    assert child.session_secret.get_secret_value() == "s3cret"
+    assert child.validate_inline is True and child.lease_seconds == 7 and child.max_epochs == 1000
+
+
 def test_soft_limits_must_be_below_hard_limits(tmp_path):
     with pytest.raises(ValidationError, match="score_soft_time_limit"):
         Settings(data_dir=tmp_path, score_soft_time_limit=100, score_hard_time_limit=100)

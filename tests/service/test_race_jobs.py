@@ -34,7 +34,6 @@ API = "/api/v1"
 ZOO = [("race-resnet", "test_resnet"), ("race-vit", "test_vit"), ("race-resnet-b", "test_resnet")]
 FINISHED = ("succeeded", "failed", "cancelled")
 LEASE = 8
-WORKER_ENV = {"ZOOPICK_LEASE_SECONDS": str(LEASE)}  # (Settings.env() leaves it out)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +63,7 @@ def stack(new_pg_database, redis_url, tmp_path_factory):
         api, base = start_api(settings, data)
         procs.append(api)
         cpu = start_worker(settings, "cpu", data)
-        gpu = start_worker(settings, "gpu", data, WORKER_ENV)
+        gpu = start_worker(settings, "gpu", data)
         procs += [cpu, gpu]
         client = httpx.Client(
             base_url=base + API, headers={"Authorization": f"Bearer {user}"}, timeout=60
@@ -184,7 +183,7 @@ def test_a_race_runs_its_rungs_within_budget_survives_a_killed_worker_and_seeds_
         ).all()
         assert running, "no candidate was training when its worker was killed"
         killed = running[0].model_id
-    new = start_worker(settings, "gpu", stack["dir"], WORKER_ENV)
+    new = start_worker(settings, "gpu", stack["dir"])
     stack["procs"].append(new)
     stack["gpu"] = new
     # once the dead task's leases (job and candidate) run out, a sweep re-queues the
