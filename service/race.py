@@ -80,6 +80,13 @@ def plan_for(
     }
 
 
+def rung_start(job: Job, rung: int) -> int:
+    """The step ``rung`` starts at (what its candidates held after the rung before): where
+    its learning rate starts to anneal (``FinetuneConfig.decay_from``)."""
+    r = (job.race or {})["rungs"][rung]
+    return int(r["total_steps"] - r["steps_each"])
+
+
 def _insert_entries(session: Session, job_id: uuid.UUID, rung: int, models: list[str],
                     target: int) -> int:  # fmt: skip
     """Rows for one rung's candidates; returns how many this call created (0 when another

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,6 +85,45 @@ def test_survivors_keep_the_best_by_validation_then_the_metrics_order():
     assert "#2 by the metric" in why
 
 
+def test_the_rule_keeps_the_plans_rung_sizes_so_the_budget_holds():
+    rng = np.random.default_rng(1)
+    for k in (2, 3, 5, 8, 21):
+        for budget in (4 * k, 97, 1000):
+            try:
+                rungs = race.plan(k, budget)
+            except race.BudgetTooSmall:
+                continue
+            alive, spent = [f"m{i}" for i in range(k)], 0
+            for r in rungs:
+                assert len(alive) == r.candidates
+                spent += r.candidates * r.steps_each
+                accs = rng.integers(0, 4, len(alive)) / 4  # coarse: many ties
+                results = [
+                    race.Result(m, float(a), int(m[1:])) for m, a in zip(alive, accs, strict=True)
+                ]
+                keep = rungs[r.index + 1].candidates if r.index + 1 < len(rungs) else 1
+                alive = race.survivors(results, keep)
+                assert len(alive) == keep
+            assert spent <= budget
+
+
+def test_a_rung_anneals_its_learning_rate_down_a_cosine_by_hand():
+    # a rung of 4 steps from step 6: 1, (1 + cos(pi/4)) / 2, 1/2, (1 + cos(3 pi/4)) / 2
+    got = [race.rung_lr_factor(s, 6, 10) for s in range(6, 10)]
+    half = 2**-0.5 / 2
+    assert got == pytest.approx([1.0, 0.5 + half, 0.5, 0.5 - half])
+    for outside in (5, 10):
+        with pytest.raises(ValueError, match="not in the rung"):
+            race.rung_lr_factor(outside, 6, 10)
+    from pydantic import ValidationError
+
+    where = {"zoo": "z", "model": "m", "data": "d", "out": "o"}
+    assert FinetuneConfig(**where, max_steps=10, decay_from=6).decay_from == 6
+    for bad in ({"decay_from": 0}, {"max_steps": 6, "decay_from": 6}):
+        with pytest.raises(ValidationError, match="decay_from"):
+            FinetuneConfig(**where, **bad)
+
+
 def test_selection_options_are_strict():
     from pydantic import ValidationError
 
@@ -132,7 +172,14 @@ def test_a_rung_stops_mid_epoch_resumes_exactly_and_seeds_the_final_run(
         validation_fraction=None, max_steps=None, init_from=str(tmp_path / "race" / CHECKPOINT),
     )  # fmt: skip
     fresh = final | {"out": str(tmp_path / "fresh"), "init_from": None}
-    launch(_run_many, 1, [straight, rung1, rung2, again, final, fresh])
+    # the same two rungs, annealed as the service's race runs them (decay_from)
+    hot1 = _cfg(tiny_zoo, tiny_npz, tmp_path / "annealed", max_steps=2, decay_from=0)
+    hot2 = _cfg(tiny_zoo, tiny_npz, tmp_path / "annealed", max_steps=5, resume=True, decay_from=2)
+    launch(_run_many, 1, [straight, rung1, rung2, again, final, fresh, hot1, hot2])
+    after2 = torch.load(tmp_path / "annealed" / CHECKPOINT, weights_only=False)
+    # the last step's rate, by hand: rung 2's third of 3 steps, restarted at lr 0.05 at step 2:
+    # 0.05 x (1 + cos(2 pi/3)) / 2 (a schedule over the whole run would give 0.05 x 0.095)
+    assert after2["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.0125)
 
     a = _records(tmp_path / "straight")
     # 12 training images (race_train_size above) in batches of 4: 3 steps an epoch, so 5 steps
@@ -151,6 +198,10 @@ def test_a_rung_stops_mid_epoch_resumes_exactly_and_seeds_the_final_run(
     assert (s["epoch"], s["step"]) == (r["epoch"], r["step"]) == (1, 2)
     for key, value in s["model"].items():
         torch.testing.assert_close(r["model"][key], value, rtol=1e-5, atol=1e-6)
+    # annealing changed the training (a lower rate on every step but the first of a rung)
+    head = [k for k in s["model"] if k.endswith("weight")][-1]
+    assert (after2["epoch"], after2["step"]) == (1, 2)
+    assert not torch.allclose(after2["model"][head], r["model"][head])
 
     from safetensors.torch import load_file
 

@@ -221,9 +221,25 @@ class FinetuneConfig(FinetuneOptions):
         "state start this run when it has none of its own (the final fine-tune starts from the "
         "race winner's).",
     )
+    decay_from: int | None = Field(
+        None,
+        ge=0,
+        description="With max_steps (a rung of a race): the step the rung starts at. The "
+        "learning rate falls from lr down a cosine over steps decay_from to max_steps "
+        "(training.race.rung_lr_factor) and the next rung restarts it, so every rung is judged "
+        "at the end of an annealed run. None: a constant rate.",
+    )
 
     # fields that may change between a run and its resumption
-    _RESUMABLE = frozenset({"epochs", "resume", "out", "max_steps"})
+    _RESUMABLE = frozenset({"epochs", "resume", "out", "max_steps", "decay_from"})
+
+    @model_validator(mode="after")
+    def _decay_within_the_run(self) -> FinetuneConfig:
+        if self.decay_from is not None and (
+            self.max_steps is None or self.decay_from >= self.max_steps
+        ):
+            raise ValueError("decay_from needs max_steps, and must be below it")
+        return self
 
     @classmethod
     def for_run(

@@ -34,6 +34,7 @@ from zoopick.training.config import (
     write_line,
 )
 from zoopick.training.progress import Reporter
+from zoopick.training.race import rung_lr_factor
 
 
 def _log(record: EpochRecord | RunEvent, out: Path) -> None:
@@ -206,6 +207,10 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
             if amp:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             yb = y_train[idx].to(device)
+            if cfg.decay_from is not None:  # a race's rung anneals (training.race)
+                factor = rung_lr_factor(epoch * steps + step, cfg.decay_from, limit)
+                for group in opt.param_groups:
+                    group["lr"] = cfg.lr * factor
             opt.zero_grad(set_to_none=True)
             with torch.autocast(device.type, torch.bfloat16, enabled=amp):
                 logits = ddp(xb)

@@ -6,6 +6,15 @@ on a stratified share of the training split (never the test split), and keeps th
 (successive halving: Jamieson and Talwalkar 2016, the rule Hyperband is built on); the last
 one standing is chosen, and the final fine-tune starts from its race checkpoint.
 
+Each rung anneals: its learning rate falls from the run's rate down a cosine to near zero
+over the rung's steps and restarts at the next rung (:func:`rung_lr_factor`; SGDR's warm
+restarts, Loshchilov and Hutter 2017). A rung is judged by where its run ends, and a run
+validated at a constant high rate is judged at an arbitrary point of a noisy trajectory, which
+ranks how fast a model starts more than where a full fine-tune (whose rate decays) ends; an
+annealed run's accuracy is the short version of the full one's. Chosen on the development zoo
+by a rule fixed beforehand (``benchmarks/race/PREREGISTRATION.md``): it beat the constant
+rate under every judging rule tried there.
+
 The budget is in epochs of the race's training images summed over every candidate and rung
 (one epoch: one pass over the training split minus its validation share), turned into
 optimizer steps once, before the race starts, and split equally between the rungs and, in a
@@ -141,7 +150,16 @@ class Result:
     metric_place: int
 
 
-def _ranked(results: Sequence[Result]) -> list[Result]:
+def rung_lr_factor(step: int, start: int, end: int) -> float:
+    """The learning-rate multiplier of optimizer step ``step`` (counted from the run's start,
+    0-based) of a rung that trains steps ``start`` to ``end - 1``: a cosine from 1 at its
+    first step towards 0 after its last, ``(1 + cos(pi (step - start) / (end - start))) / 2``."""
+    if not start <= step < end:
+        raise ValueError(f"step {step} is not in the rung's steps {start}..{end - 1}")
+    return 0.5 * (1.0 + math.cos(math.pi * (step - start) / (end - start)))
+
+
+def ranked(results: Sequence[Result]) -> list[Result]:
     """Best first by validation accuracy; failed candidates last; ties to the metric's
     order."""
     return sorted(
@@ -153,20 +171,20 @@ def _ranked(results: Sequence[Result]) -> list[Result]:
 def survivors(results: Sequence[Result], keep: int) -> list[str]:
     """The ``keep`` best by validation accuracy; ties (and failed candidates, which rank
     last) go to the metric's order."""
-    ranked = _ranked(results)
-    return [r.model for r in ranked[:keep] if r.val_accuracy is not None]
+    order = ranked(results)
+    return [r.model for r in order[:keep] if r.val_accuracy is not None]
 
 
 def why_won(results: Sequence[Result], steps: int) -> str:
     """One sentence on the last rung: who won, by how much, after how many steps."""
-    ranked = _ranked(results)
-    best = ranked[0]
+    order = ranked(results)
+    best = order[0]
     text = (
         f"{best.model} won the last rung with validation accuracy "
         f"{best.val_accuracy:.4f} after {steps} steps"
     )
-    if len(ranked) > 1:
-        other = ranked[1]
+    if len(order) > 1:
+        other = order[1]
         acc = "failed" if other.val_accuracy is None else f"{other.val_accuracy:.4f}"
         text += f" (runner-up {other.model}: {acc})"
         if other.val_accuracy == best.val_accuracy:

@@ -609,6 +609,7 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
                     out=str(out),
                     resume=(out / CHECKPOINT).exists(),
                     max_steps=entry.target_steps,
+                    decay_from=races.rung_start(job, level),
                     validation_fraction=selection.validation_fraction,
                 )
                 entry_id = entry.id
@@ -644,10 +645,12 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
 
     last: list[EpochRecord] = []
     started = time.monotonic()
+    lease_lost: list[bool] = []
 
     def keep_going() -> bool:
         with session_scope(factory()) as session:
             if not races.renew(session, entry_id, owner, cfg.lease_seconds):
+                lease_lost.append(True)  # a sweeper gave the candidate to a new task
                 return False
             pipeline.claim_lease(session, jid, shared, cfg.lease_seconds)
             job = session.get(Job, jid)
@@ -666,6 +669,10 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
         raise
     seconds = time.monotonic() - started
     with session_scope(factory()) as session:
+        if result.stopped and lease_lost:
+            # the entry belongs to the task the sweeper sent (it resumes the checkpoint):
+            # settling it here would cancel a candidate nobody cancelled
+            return "lease lost"
         if result.stopped:
             races.settle(session, entry_id, "cancelled", seconds=seconds)
             return "cancelled"

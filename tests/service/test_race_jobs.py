@@ -10,6 +10,7 @@ whose worker was killed resumes its checkpoint on another worker."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -195,7 +196,8 @@ def test_a_race_runs_its_rungs_within_budget_survives_a_killed_worker_and_seeds_
 
     poll(
         sweep_then_read,
-        lambda j: isinstance(j, dict) and j["recoveries"] == 1,
+        # >= 1: on a loaded machine both last-rung candidates may have been on the killed worker
+        lambda j: isinstance(j, dict) and j["recoveries"] >= 1,
         timeout=120,
         interval=1,
         what="the sweeper to re-queue the killed candidate",
@@ -227,10 +229,17 @@ def test_a_race_runs_its_rungs_within_budget_survives_a_killed_worker_and_seeds_
     on_disk = _steps_on_disk(stack, jid, race["steps_per_epoch"])
     assert sorted(on_disk.values()) == [9, 22, 22]
     assert race["spent_steps"] == sum(on_disk.values()) <= race["budget_steps"]
+    # every rung annealed (the killed candidate's too, resumed mid-rung): a checkpoint's last
+    # step ran at lr (1 + cos(pi (n - 1) / n)) / 2 of its rung's n steps (9, then 13 from 9)
+    for folder in _race_dir(stack, jid).iterdir():
+        blob = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=False)
+        n = {9: 9, 22: 13}[on_disk[blob["config"]["model"]]]
+        want = FINETUNE["lr"] * (1 + math.cos(math.pi * (n - 1) / n)) / 2
+        assert blob["optimizer"]["param_groups"][0]["lr"] == pytest.approx(want)
 
     # the killed candidate's rung ran twice and resumed its first-rung checkpoint
     entry = next(e for e in last["entries"] if e["model"] == killed)
-    assert entry["attempts"] == 2 and job["recoveries"] == 1
+    assert entry["attempts"] >= 2 and job["recoveries"] >= 1  # more under heavy load
     folder = next(
         p
         for p in _race_dir(stack, jid).iterdir()
