@@ -5,7 +5,8 @@
 #
 #   OUT=/tmp/gpu bash benchmarks/gpu_checks.sh setup cuda-tests hooks train transfer iteration
 #
-# Extra options for the transfer and iteration scripts go in TRANSFER_ARGS / ITERATION_ARGS.
+# Extra options for the transfer, iteration and hooks scripts go in TRANSFER_ARGS /
+# ITERATION_ARGS / HOOKS_ARGS.
 #
 # Made here, carried to the device (both git-ignored): .whl/ = `pip download --no-deps
 # --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl` of
@@ -19,8 +20,11 @@
 # setup       the package (editable, no deps); wheels in .whl/ (pydantic, celery... for the
 #             `zoopick` CLI) and Debian's iproute2 in .ipr/ (for the network namespaces of the
 #             comm benchmark) when those folders are there
-# cuda-tests  tests/test_comm_cuda.py (hooks on CUDA tensors, no synchronising call)
-# hooks       benchmarks/comm/gpu_hooks.py (ResNet-50 buckets on the GPU)
+# cuda-tests  tests/test_comm_cuda.py (hooks on CUDA tensors, no synchronising call) and
+#             tests/test_comm_triton.py (the fused Triton selection, compiled, against torch)
+# hooks       benchmarks/comm/gpu_hooks.py (issue 19: ResNet-50 and ViT-B/16 at 25 and 100 MB
+#             buckets, plain and +triton, with and without async_comm; profiler table, goals;
+#             extra options in HOOKS_ARGS)
 # train       `zoopick train` on the GPU (bf16 autocast, channels_last, NCCL at world size 1)
 #             with dense, spardl and spardl on the side stream
 # transfer    benchmarks/transfer/gpu_check.py (needs benchmarks/transfer/zoo)
@@ -55,11 +59,13 @@ env_paths() {
 }
 
 cuda_tests() {
-    python3 -m pytest -q -p no:cacheprovider tests/test_comm_cuda.py 2>&1 | tee "$OUT/cuda_tests.log" | tail -15
+    python3 -m pytest -q -p no:cacheprovider tests/test_comm_cuda.py tests/test_comm_triton.py 2>&1 |
+        tee "$OUT/cuda_tests.log" | tail -15
 }
 
 hooks() {
-    python3 benchmarks/comm/gpu_hooks.py --out "$OUT"
+    # shellcheck disable=SC2086
+    python3 benchmarks/comm/gpu_hooks.py --out "$OUT" ${HOOKS_ARGS:-} 2>&1 | tee "$OUT/gpu_hooks.log"
 }
 
 train() {

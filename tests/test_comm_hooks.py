@@ -191,21 +191,24 @@ def _dfs_adapt(rank: int, P: int) -> dict:
 GROUPED_WORLD = 2
 GROUPED_SIZES = (300_007, 140_001)  # buckets whose blocks take the CPU's sampled selection
 GROUPED_HOOKS = ("spardl", "topk", "gaussiank")
+# CPU paths: (select.CPU_KERNEL, select.CPU_GROUPED, exchange.SPARSE_AVERAGE)
+CPU_PATHS = {"compiled": (True, True, True), "grouped": (False, True, True)}
+CPU_PATHS["plain"] = (False, False, False)
 
 
 def _grouped_vs_plain(rank: int, P: int) -> dict:
     """spardl, topk and gaussiank at density 1 % on large buckets (the CPU's sampled
-    selection) for 3 iterations, once with issue 19's CPU paths (the driver's one-pass
-    error feedback, the grouped scan, the sparse average) and once with the plain ones
-    (``select.CPU_GROUPED``, ``exchange.SPARSE_AVERAGE`` off): every averaged bucket and
-    residual, per path."""
+    selection) for 3 iterations on each of issue 19's CPU paths (``CPU_PATHS``): the
+    compiled single pass (``cpu_kernels``), the torch one (the driver's one-pass error
+    feedback, the grouped scan, the sparse average) and the plain reference: every
+    averaged bucket and residual, per path, and the compiled path's selection counts."""
     from zoopick.training.comm import exchange, select
 
     out: dict = {}
-    saved = (select.CPU_GROUPED, exchange.SPARSE_AVERAGE)
+    saved = (select.CPU_KERNEL, select.CPU_GROUPED, exchange.SPARSE_AVERAGE)
     try:
-        for grouped in (True, False):
-            select.CPU_GROUPED = exchange.SPARSE_AVERAGE = grouped
+        for path, flags in CPU_PATHS.items():
+            select.CPU_KERNEL, select.CPU_GROUPED, exchange.SPARSE_AVERAGE = flags
             for name in GROUPED_HOOKS:
                 gen = torch.Generator().manual_seed(300 + rank)
                 params = [torch.zeros(n) for n in GROUPED_SIZES]
@@ -219,9 +222,11 @@ def _grouped_vs_plain(rank: int, P: int) -> dict:
                         bucket = comm.SimpleBucket([p], [g], index=b, is_last=b == 1)
                         seen.append(hook(state, bucket).wait().clone())
                 residuals = [state.residuals.get(p).clone() for p in params]
-                out[(name, grouped)] = (seen, residuals)
+                out[(name, path)] = (seen, residuals)
     finally:
-        select.CPU_GROUPED, exchange.SPARSE_AVERAGE = saved
+        select.CPU_KERNEL, select.CPU_GROUPED, exchange.SPARSE_AVERAGE = saved
+    kernels = select._load_cpu_kernels()
+    out["counts"] = dict(kernels.COUNTS) if kernels is not None else {}
     return out
 
 
@@ -416,23 +421,29 @@ def test_momentum_masks_sent_positions(run):
                 torch.testing.assert_close(nxt["mom_before"][i], expect, rtol=1e-6, atol=1e-6)
 
 
-def test_grouped_scan_and_sparse_average_change_no_bit():
-    """Issue 19's CPU paths (the driver's one-pass error feedback with the column maxima,
-    the grouped candidate scan, the sparse average) leave every averaged bucket and every
-    residual of spardl, topk and gaussiank bit-identical to the plain paths, on two real
-    gloo workers with buckets large enough for the sampled selection (spardl's own block
-    is rescanned where the peer's pairs landed); the averages are the same on both ranks
-    and not trivially zero."""
+def test_cpu_paths_change_no_bit():
+    """Issue 19's CPU paths, the compiled single pass (``cpu_kernels``: error feedback,
+    zeroing and candidates in one pass, filtered by the exact threshold) and the torch one
+    (the driver's one-pass error feedback with the column maxima, the grouped candidate
+    scan, the sparse average), leave every averaged bucket and every residual of spardl,
+    topk and gaussiank bit-identical to the plain paths, on two real gloo workers with
+    buckets large enough for the sampled selection (spardl's own block is selected after
+    the peer's pairs landed in it: touched positions); the averages are the same on both
+    ranks and not trivially zero, and the compiled path selected on its candidates."""
     run = launch_cached(suite, GROUPED_WORLD)
     for name in GROUPED_HOOKS:
         for res in run:
-            new, new_res = res["grouped"][(name, True)]
-            old, old_res = res["grouped"][(name, False)]
-            assert len(new) == len(old) == 6
-            for a, b in zip(new, old, strict=True):
-                assert torch.equal(a, b), name
-            for a, b in zip(new_res, old_res, strict=True):
-                assert torch.equal(a, b), name
-        first, second = (res["grouped"][(name, True)][0] for res in run)
+            old, old_res = res["grouped"][(name, "plain")]
+            assert len(old) == 6
+            for path in ("compiled", "grouped"):
+                new, new_res = res["grouped"][(name, path)]
+                assert len(new) == len(old)
+                for a, b in zip(new, old, strict=True):
+                    assert torch.equal(a, b), (name, path)
+                for a, b in zip(new_res, old_res, strict=True):
+                    assert torch.equal(a, b), (name, path)
+        first, second = (res["grouped"][(name, "compiled")][0] for res in run)
         for a, b in zip(first, second, strict=True):
             assert torch.equal(a, b) and torch.count_nonzero(a) > 0, name
+    for res in run:  # spardl: 2 blocks x 2 buckets x 3 iterations; topk: 1 x 2 x 3
+        assert res["grouped"]["counts"].get("kernel", 0) >= 15, res["grouped"]["counts"]

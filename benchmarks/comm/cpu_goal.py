@@ -9,11 +9,13 @@ at least 10x spardl's added time plus spardl's own wire time, i.e. added time at
 This runs the whole-iteration benchmark (``run.py --mode iteration``, workers in network
 namespaces shaped to the link, pinned one core each with ``--pin-from``) ``--repeats``
 times. Each launch measures ``noop``, ``dense``, ``spardl-plain`` (the reference CPU paths:
-plain scan, full division; the code before this work) and ``spardl`` (the defaults), and
-whatever else ``--hooks`` names, in one process pair; the order of the two spardl variants
-alternates between launches. Per hook it reports the median and range of the *added* ms over
-the launches, and the ratio the goal defines. It also measures the floor: one pass over the
-gradient's 11.7M float32 elements on one core.
+plain scan, full division; the code before this work), ``spardl-grouped`` (issue 19's torch
+paths: grouped scan, sparse average) and ``spardl`` (the defaults: the compiled pass of
+``training/comm/cpu_kernels.py``), and whatever else ``--hooks`` names, in one process
+pair; the order of ``spardl-plain`` and ``spardl`` alternates between launches. Per hook
+it reports the median and range of the *added* ms over the launches, and the ratio the goal
+defines. It also measures the floor: one pass over the gradient's 11.7M float32 elements on
+one core.
 
     python benchmarks/comm/cpu_goal.py --out benchmarks/results/comm_cpu.md
 """
@@ -150,9 +152,11 @@ def render(args: argparse.Namespace, launches: list[dict[str, Any]], floor: dict
         f"timm resnet18 `zero_init_last=False` at {args.px} px, batch {args.batch}, density "
         f"{args.density}; {args.warmup} warm-up and {args.iters} timed iterations per hook; "
         "the order of `spardl-plain` and `spardl` alternates between launches). "
-        "`spardl-plain` is the code before this work (`select.CPU_GROUPED` and "
-        "`exchange.SPARSE_AVERAGE` off), `spardl` the defaults; both send the same pairs "
-        "and apply bit-identical updates (tests/test_comm_hooks.py).",
+        "`spardl-plain` is the code before this work (`select.CPU_GROUPED`, "
+        "`select.CPU_KERNEL` and `exchange.SPARSE_AVERAGE` off), `spardl-grouped` issue "
+        "19's torch paths (grouped scan, sparse average; `select.CPU_KERNEL` off), `spardl` "
+        "the defaults (the compiled single pass, training/comm/cpu_kernels.py); all send "
+        "the same pairs and apply bit-identical updates (tests/test_comm_hooks.py).",
         "",
         "Load average before / after each launch: "
         + "; ".join(f"{r['loadavg_before']} / {r['loadavg_after']}" for r in runs)
@@ -209,6 +213,27 @@ def render(args: argparse.Namespace, launches: list[dict[str, Any]], floor: dict
                 f"  CPU + wire estimate {_spread(est)} ms (wire included) against {bound:.1f}: "
                 f"ratio {DENSE_WIRE_MS_ISSUE / med:.1f}x: **{verdict}**."
             )
+    counts: dict[str, dict[str, int]] = {}
+    zeros: list[float] = []
+    for res in launches:
+        for rec in res["records"]:
+            for key, n in (rec.get("kernel_counts") or {}).items():
+                counts.setdefault(_label(rec), {}).setdefault(key, 0)
+                counts[_label(rec)][key] += n
+            if rec.get("zero_fraction") is not None:
+                zeros.append(rec["zero_fraction"])
+    for h, c in counts.items():
+        if sum(c.values()):
+            lines.append(
+                f"- `{h}`: {c.get('kernel', 0)} block selections on the compiled pass's "
+                f"candidates, {c.get('fallback', 0)} on its torch fallback (timed "
+                "iterations, both ranks, all launches)."
+            )
+    if zeros:
+        lines.append(
+            f"- Degenerate inputs: the local gradient's share of exact zeros is "
+            f"{100 * min(zeros):.2f}-{100 * max(zeros):.2f} % (first noop iteration)."
+        )
     if dense_wire is not None:
         lines.append(
             f"- dense all-reduce's own bytes at {args.link} Mbit/s take {dense_wire:.0f} ms "

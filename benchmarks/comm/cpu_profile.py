@@ -7,10 +7,11 @@ recipe of ``iteration.py``), like ``worker.py`` does. After ``--warmup`` iterati
 residuals are in their steady state and the scratch buffers exist):
 
 * ``--iters`` timed iterations per variant, the variants interleaved iteration by iteration
-  (``plain``: ``select.CPU_GROUPED = exchange.SPARSE_AVERAGE = False``, the reference
-  paths; ``grouped``: the defaults: the driver's one-pass error feedback with the column
-  maxima (``prescan``), the grouped candidate scan and the sparse average),
-  each on a state of its own fed
+  (``plain``: ``select.CPU_KERNEL = select.CPU_GROUPED = exchange.SPARSE_AVERAGE = False``,
+  the reference paths; ``grouped``: issue 19's torch paths: the driver's one-pass error
+  feedback with the column maxima (``prescan``), the grouped candidate scan and the sparse
+  average; ``compiled``: the defaults, the compiled single pass of ``cpu_kernels``, whose
+  numba kernels the profile lists as ``numba::<kernel>``), each on a state of its own fed
   the same gradients; per iteration the wall time of all hook calls after a barrier and the
   calling thread's CPU time (``time.thread_time``: what the other jobs of a busy machine do
   not inflate as much as wall time);
@@ -51,13 +52,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.comm.worker import ddp_buckets, model_gradients  # noqa: E402
 from zoopick.training.comm import SimpleBucket, exchange, make_hook, select  # noqa: E402
 
-# variant: (select.CPU_GROUPED, exchange.SPARSE_AVERAGE)
-VARIANTS = {"plain": (False, False), "grouped": (True, True)}
+# variant: (select.CPU_KERNEL, select.CPU_GROUPED, exchange.SPARSE_AVERAGE)
+VARIANTS = {
+    "plain": (False, False, False),
+    "grouped": (False, True, True),
+    "compiled": (True, True, True),
+}
 
 
 def use_variant(name: str) -> None:
     """Switch the module flags of ``training/comm`` to a variant's paths."""
-    select.CPU_GROUPED, exchange.SPARSE_AVERAGE = VARIANTS[name]
+    select.CPU_KERNEL, select.CPU_GROUPED, exchange.SPARSE_AVERAGE = VARIANTS[name]
+
+
+def trace_kernels() -> None:
+    """Wrap the numba kernels of ``cpu_kernels`` in profiler ranges (``numba::<name>``): the
+    profiler sees only aten operations otherwise."""
+    kernels = select._load_cpu_kernels()
+    if kernels is None:
+        return
+    for name in ("_accumulate", "_candidates"):
+        kernel = getattr(kernels, name)
+
+        def traced(*args, _kernel=kernel, _label=f"numba::{name}"):
+            with torch.profiler.record_function(_label):
+                return _kernel(*args)
+
+        setattr(kernels, name, traced)
 
 
 def floor_ms(numel: int) -> dict[str, float]:
@@ -96,7 +117,8 @@ def profile_table(prof: Any) -> list[tuple[str, str, float, int]]:
     """(function, operation, self ms, calls), largest first."""
     acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
-        if not ev.name.startswith(("aten::", "c10d::", "gloo:")) and "wait" not in ev.name:
+        names = ("aten::", "c10d::", "gloo:", "numba::")
+        if not ev.name.startswith(names) and "wait" not in ev.name:
             continue
         op = "wait (gloo)" if "wait" in ev.name else ev.name
         key = (_owner(ev), op)
@@ -138,6 +160,8 @@ def run_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     groups = ddp_buckets([p.numel() * 4 for p in params])
     bucket_grads = [[[g[i] for i in idx] for idx in groups] for g in grads]
     numel = sum(p.numel() for p in params)
+    if "compiled" in spec["variants"]:
+        trace_kernels()
     setups = {}
     for name in spec["variants"]:
         state, hook = make_hook(spec["hook"], density=spec["density"])
@@ -199,8 +223,9 @@ def _free_port() -> int:
 
 CATEGORIES = (  # (category, functions of training/comm whose operations count there)
     (
-        "error feedback: acc = residual + gradient (fused: + bucket zeroed, column maxima)",
-        ("_run", "accumulate", "_add_zero"),
+        "error feedback: acc = residual + gradient (fused: + bucket zeroed, column maxima or "
+        "candidates)",
+        ("_run", "accumulate", "_add_zero", "pre_threshold"),
     ),
     (
         "selection: |x|, sample, threshold, compare, candidates, trim",
@@ -212,6 +237,7 @@ CATEGORIES = (  # (category, functions of training/comm whose operations count t
             "grouped_positions",
             "sparse_positions",
             "touch",
+            "trim_candidates",
         ),
     ),
     ("selected values out of the residual (gather, subtract)", ("take", "round_to")),

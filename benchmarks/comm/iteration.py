@@ -15,14 +15,17 @@ at 32 px with the default ``zero_init_last`` it is 94 %).
 
 Per hook (``noop`` = torch's ``noop_hook``, the baseline of "time a hook adds"; ``dense``;
 ``powersgd`` rank 4; ours by name, ``spardl-tD`` = D teams, ``-async`` = ``async_comm``,
-``-plain`` = the reference CPU paths of issue 19: ``select.CPU_GROUPED`` and
-``exchange.SPARSE_AVERAGE`` off, the code before that work) a fresh DDP wraps the model
+``-plain`` = the reference CPU paths of issue 19: ``select.CPU_GROUPED``,
+``select.CPU_KERNEL`` and ``exchange.SPARSE_AVERAGE`` off, the code before that work;
+``-grouped`` = the torch paths of issue 19 without the compiled pass: ``select.CPU_KERNEL``
+off) a fresh DDP wraps the model
 restored to the same initial weights; ``warmup`` untimed iterations, then ``iters`` timed
 ones: barrier, forward + backward (DDP runs the hook inside backward and waits for it), one
 wall time per iteration; the optimizer step is outside the timed region. Also recorded: the
 process CPU seconds, the hook's own ``state.stats`` (bytes, select / comm seconds) and the
 bytes this worker's network interface really sent (``/proc/net/dev`` of its namespace:
-payload plus TCP/IP headers and the barrier) over the timed iterations.
+payload plus TCP/IP headers and the barrier) over the timed iterations, and how many block
+selections took the compiled pass's candidates or its torch fallback (``cpu_kernels.COUNTS``).
 """
 
 from __future__ import annotations
@@ -47,11 +50,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from zoopick.training.comm import exchange, make_hook, select  # noqa: E402
 
 PLAIN = "-plain"  # label suffix: the reference CPU paths (see the module docstring)
+GROUPED = "-grouped"  # label suffix: issue 19's torch paths, without the compiled pass
 
 
-def use_plain(plain: bool) -> None:
-    """The reference CPU paths of issue 19 (plain scan, full division) or the defaults."""
+def use_paths(label: str) -> None:
+    """The CPU paths of ``label``: the reference (plain scan, full division), the torch
+    paths of issue 19 (grouped scan, sparse average), or the defaults (and the compiled
+    pass)."""
+    plain = label.endswith(PLAIN)
     select.CPU_GROUPED = exchange.SPARSE_AVERAGE = not plain
+    select.CPU_KERNEL = not (plain or label.endswith(GROUPED))
+
+
+def kernel_counts() -> dict[str, int]:
+    """Block selections so far on the compiled pass's candidates and on its torch fallback
+    (zeros where numba is missing)."""
+    kernels = select._load_cpu_kernels()
+    counts = {} if kernels is None else kernels.COUNTS
+    return {"kernel": counts.get("kernel", 0), "fallback": counts.get("fallback", 0)}
 
 
 def iface_tx_rx(iface: str) -> tuple[int, int]:
@@ -91,7 +107,7 @@ def attach(ddp: DDP, label: str, density: float, spec: dict[str, Any]):
 
         ddp.register_comm_hook(state, powersgd_waited)
         return None
-    name, options = label.removesuffix(PLAIN), {}
+    name, options = label.removesuffix(PLAIN).removesuffix(GROUPED), {}
     if name.endswith("-async"):  # the FIFO communication thread (async_comm=True)
         name, options = name[: -len("-async")], {"async_comm": True}
     if name.startswith("spardl-t"):
@@ -106,19 +122,21 @@ def run_config(label, density, spec, model, initial, iface) -> dict[str, Any]:
     model.load_state_dict(initial)
     ddp = DDP(model)
     state = attach(ddp, label, density, spec)
-    use_plain(label.endswith(PLAIN))
+    use_paths(label)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     warmup = spec["warmup"] + (spec["powersgd_start"] if label == "powersgd" else 0)
     px, batch = spec["px"], spec["batch"]
     iters: list[dict[str, float]] = []
     zero_fraction = None
     tx0 = rx0 = 0
+    counts0 = kernel_counts()
     for it in range(warmup + spec["iters"]):
         gen = torch.Generator().manual_seed(10_000 * rank + it)
         x = torch.randn(batch, 3, px, px, generator=gen)
         y = torch.randint(0, 1000, (batch,), generator=gen)
         if it == warmup:
             tx0, rx0 = iface_tx_rx(iface)
+            counts0 = kernel_counts()
         opt.zero_grad(set_to_none=True)
         dist.barrier()
         cpu0, t0 = time.process_time(), time.perf_counter()
@@ -137,8 +155,9 @@ def run_config(label, density, spec, model, initial, iface) -> dict[str, Any]:
                 rec[key] = float(st[key])
         iters.append(rec)
     dist.barrier()
-    use_plain(False)
+    use_paths("")
     tx1, rx1 = iface_tx_rx(iface)
+    counts = {key: n - counts0[key] for key, n in kernel_counts().items()}
     n = spec["iters"]
     del ddp
     return {
@@ -148,6 +167,7 @@ def run_config(label, density, spec, model, initial, iface) -> dict[str, Any]:
         "wire_tx_per_iter": (tx1 - tx0) / n,
         "wire_rx_per_iter": (rx1 - rx0) / n,
         "zero_fraction": zero_fraction,
+        "kernel_counts": counts,
     }
 
 

@@ -58,6 +58,11 @@ def summarise(P: int, link: str, rate: int | None, ranks: list[dict]) -> list[di
                 "wire_tx": mean(pr["wire_tx_per_iter"] for pr in per_rank),
                 "wire_tx_max": max(pr["wire_tx_per_iter"] for pr in per_rank),
                 "zero_fraction": mean(zeros) if zeros else None,
+                # block selections over the timed iterations, all ranks (cpu_kernels.COUNTS)
+                "kernel_counts": {
+                    key: sum(pr.get("kernel_counts", {}).get(key, 0) for pr in per_rank)
+                    for key in ("kernel", "fallback")
+                },
             }
         )
     noop = next((r for r in out if r["hook"] == "noop"), None)

@@ -39,8 +39,18 @@ from benchmarks.comm import cpushare, netns, report  # noqa: E402
 
 HOOKS = report.ORDER  # the hooks benchmarked are the ones the report lays out, in its order
 # --mode iteration: torch's no-op hook is the baseline; "-async" = our FIFO comm thread;
-# "-plain" = the reference CPU paths before issue 19's grouped scan (iteration.py)
-ITERATION_HOOKS = ("noop", *HOOKS, "spardl-async", "topk-async", "spardl-plain", "topk-plain")
+# "-plain" = the reference CPU paths before issue 19's grouped scan, "-grouped" = its torch
+# paths without the compiled pass (iteration.py)
+ITERATION_HOOKS = (
+    "noop",
+    *HOOKS,
+    "spardl-async",
+    "topk-async",
+    "spardl-plain",
+    "topk-plain",
+    "spardl-grouped",
+    "topk-grouped",
+)
 DENSE_HOOKS = ("noop", "dense", "powersgd")  # density does not apply: run once per (P, link)
 WORKER = Path(__file__).resolve().parent / "worker.py"
 ITERATION_WORKER = Path(__file__).resolve().parent / "iteration.py"

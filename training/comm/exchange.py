@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from zoopick.training.comm import select
 from zoopick.training.comm.errors import CommError
 
 if TYPE_CHECKING:
@@ -183,17 +184,33 @@ class PairSum:
         so when the pairs are few against ``out`` (a sixteenth or less) those positions are
         gathered, divided and put back instead of dividing all of ``out``: the same values
         (each element divided once; a repeated position gets its one quotient each time)
-        for a pass over the pairs rather than over the bucket."""
+        for a pass over the pairs rather than over the bucket. On the CPU, for a bucket the
+        compiled selection would take (``select.cpu_kernels``), one compiled loop adds and
+        divides (``cpu_kernels.add_average``: the same values)."""
         if not zeroed:
             out.zero_()
+        pairs = sum(int(idx.numel()) for idx, _ in self.pieces)
+        if self._compiled(out, divisor, pairs):
+            select.cpu_kernels(out).add_average(out, self.pieces, divisor)
+            return out
         add_pairs(out, self.pieces)
         if divisor == 1:
             return out
         touched = [idx for idx, _ in self.pieces if idx.numel()]
-        pairs = sum(int(idx.numel()) for idx in touched)
         if not SPARSE_AVERAGE or 16 * pairs > out.numel():
             return out.div_(divisor)
         if touched:
             pos = torch.cat([idx.long() for idx in touched])
             out.index_copy_(0, pos, out.index_select(0, pos).div_(divisor))
         return out
+
+    @staticmethod
+    def _compiled(out: torch.Tensor, divisor: int, pairs: int) -> bool:
+        """Whether ``write`` takes the compiled sparse average: a large contiguous float32
+        CPU bucket (no numba import for small ones), a division, few pairs."""
+        sparse = SPARSE_AVERAGE and divisor != 1 and 16 * pairs <= out.numel()
+        if not sparse or out.numel() < select.SAMPLED_MIN_NUMEL:
+            return False
+        if out.dtype != torch.float32 or not out.is_contiguous():
+            return False
+        return select.cpu_kernels(out) is not None

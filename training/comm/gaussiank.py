@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zoopick.training.comm import triton_kernels
 from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import (
@@ -54,6 +55,15 @@ def _exchange(state: GaussianKState, layout: BucketLayout, acc: torch.Tensor, de
     k = k_for(density, n)
     if k >= n:
         return allgather_exchange(state, acc, torch.arange(n, device=acc.device))
+    if triton_kernels.applies(acc) and state.refine <= triton_kernels.MAX_REFINE:
+        with state.stats.timer("select_s"):  # CUDA: the fused selection (triton_kernels)
+            scan = state.prescan
+            moments = scan.moments if isinstance(scan, triton_kernels.Scan) else None
+            wire = torch.float16 if state.fp16 else torch.float32
+            idx, valid, payload, _ = triton_kernels.take_gaussiank(
+                acc, k, state.refine, gaussiank_capacity(k), wire, moments
+            )
+        return allgather_exchange(state, acc, idx, valid, payload)
     with state.stats.timer("select_s"):
         mag = torch.abs(acc, out=state.scratch(acc.device, n))
         thr, _ = gaussian_threshold(acc, k, state.refine, mag=mag)

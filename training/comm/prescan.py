@@ -56,6 +56,10 @@ class Prescan:
             if inside.numel():
                 peaks.index_fill_(0, (inside - lo) % peaks.numel(), float("inf"))
 
+    def changed(self, lo: int, hi: int) -> None:
+        """Values of ``acc[lo:hi]`` changed otherwise (an unused parameter's residual held
+        out, zeroed): nothing to do, a maximum too high only costs a column's look."""
+
 
 def _add_zero(acc: torch.Tensor, grad: torch.Tensor) -> None:
     """``acc += grad; grad = 0`` over 1-d slices, chunk by chunk."""

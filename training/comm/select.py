@@ -15,16 +15,29 @@ largest ``|x|`` of each group of ``GROUP_ROWS`` elements, and only the groups th
 threshold are looked at element by element. It returns the positions of the plain
 ``sparse_positions(|x| >= threshold)`` in their order, so the selection is bit-identical;
 ``CPU_GROUPED = False`` keeps the plain scan (the reference, issue 19's "before").
+
+Faster still, while ``CPU_KERNEL`` is true and numba can be imported (``cpu_kernels``): the
+driver's one compiled pass forms ``acc``, zeroes the gradient and lists each block's
+candidates above a sampled pre-threshold, and the selection filters that list by the exact
+threshold; the same positions in the same order again (``cpu_kernels``'s docstring).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from zoopick.training.comm.cpu_kernels import BlockScan
 
 
 def k_for(density: float, numel: int) -> int:
@@ -48,6 +61,19 @@ GROUP_ROWS = 8
 ``GROUP_ROWS`` rows is its column ``c``. Eight balanced the two stages on ResNet-18's
 gradient at 1 % (about a tenth of the groups reach the threshold)."""
 
+CPU_KERNEL = True
+"""Run the CPU's sampled selection on the compiled single pass (``cpu_kernels``) where numba
+can be imported; same result as the grouped and the plain scan."""
+
+CUDA_TRITON = os.environ.get("ZOOPICK_COMM_TRITON", "0") == "1"
+"""Select on CUDA with the fused Triton kernels (``triton_kernels``: spardl's top-k and
+GaussianK, error feedback and wire rounding fused, no sort) instead of ``torch.topk`` and
+``capped_indices``. Off until measured on a GPU (issue 19): a user turns it on for a
+process with the environment variable ``ZOOPICK_COMM_TRITON=1`` (read at import, so it
+reaches every training worker a job starts); the same result, ties aside
+(``triton_kernels``'s docstring). Under Triton's interpreter (``TRITON_INTERPRET=1``) they
+run on CPU tensors with ``CPU_SHORTCUTS`` off: how the tests check them without a GPU."""
+
 SAMPLED_MIN_NUMEL = 1 << 16  # below this, torch.topk is cheap enough
 SAMPLE_STRIDE = 97
 SAMPLE_MARGIN = 1.3
@@ -57,7 +83,7 @@ def topk_indices(
     x: torch.Tensor,
     k: int,
     scratch: torch.Tensor | None = None,
-    peaks: torch.Tensor | None = None,
+    peaks: torch.Tensor | BlockScan | None = None,
 ) -> torch.Tensor:
     """Positions of the ``k`` largest ``|x|`` (exact, unordered).
 
@@ -66,13 +92,16 @@ def topk_indices(
     6x more on one core (163 vs 25 ms for 7.2M elements, k = 1 %). On a GPU ``torch.topk``.
     ``scratch`` (float32, ``x.numel()`` elements, e.g. ``HookState.scratch``) receives
     ``|x|`` instead of a fresh temporary. ``peaks``: the column maxima of ``|x|`` for the
-    grouped scan when they are known already (``prescan.Prescan``; never too low)."""
+    grouped scan when they are known already (``prescan.Prescan``; never too low), or the
+    block's candidates from the compiled pass (``cpu_kernels.BlockScan``)."""
     n = x.numel()
     if k >= n:
         return torch.arange(n, device=x.device)
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=x.device)
     sampled = cpu_shortcut(x) and n >= SAMPLED_MIN_NUMEL and 8 * k <= n
+    if sampled and peaks is not None and not isinstance(peaks, torch.Tensor):
+        return peaks.topk_indices(x, k, scratch)  # the compiled pass's candidates
     if sampled and CPU_GROUPED:
         return _sampled_topk_grouped(x, k, scratch, peaks)
     mag = x.abs() if scratch is None else torch.abs(x, out=scratch)
@@ -95,6 +124,30 @@ def _positive(threshold: torch.Tensor | float) -> torch.Tensor | float:
 def cpu_shortcut(x: torch.Tensor) -> bool:
     """Whether the CPU-only shortcuts apply to ``x`` (see the module docstring)."""
     return CPU_SHORTCUTS and x.device.type == "cpu"
+
+
+def cpu_kernels(x: torch.Tensor) -> ModuleType | None:
+    """The compiled kernels (``cpu_kernels``) when they apply to ``x`` (a CPU tensor, the
+    shortcuts and ``CPU_KERNEL`` on) and numba can be imported; else None: the torch path."""
+    if not (CPU_KERNEL and cpu_shortcut(x)):
+        return None
+    return _load_cpu_kernels()
+
+
+@functools.cache
+def _load_cpu_kernels() -> ModuleType | None:
+    """Import ``cpu_kernels`` (and numba) on first use; on failure warn once and keep to the
+    torch path, which gives the same result."""
+    try:
+        from zoopick.training.comm import cpu_kernels
+    except (ImportError, OSError, RuntimeError) as exc:
+        warnings.warn(
+            f"zoopick: the compiled CPU selection is off ({exc!r}); the torch path runs",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return cpu_kernels
 
 
 def sampled_topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -149,9 +202,14 @@ def _sampled_topk(mag: torch.Tensor, k: int) -> torch.Tensor:
 def _sample_threshold(mag_sample: torch.Tensor, k: int, n: int) -> torch.Tensor:
     """The threshold a strided sample of ``|x|`` (every ``SAMPLE_STRIDE``-th of ``n``
     elements) expects to pass about ``SAMPLE_MARGIN * k`` elements (0-d tensor)."""
-    m = mag_sample.numel()
-    rank = min(m, max(1, math.ceil(SAMPLE_MARGIN * k * m / n)))
+    rank = sample_rank(k, mag_sample.numel(), n)
     return torch.topk(mag_sample, rank, sorted=False).values.min()
+
+
+def sample_rank(k: int, m: int, n: int) -> int:
+    """Which largest of a sample of ``m`` of ``n`` elements is the sampled threshold: the
+    one expected to pass about ``SAMPLE_MARGIN * k`` of the ``n``."""
+    return min(m, max(1, math.ceil(SAMPLE_MARGIN * k * m / n)))
 
 
 def grouped_positions(
@@ -207,12 +265,26 @@ def _sampled_topk_grouped(
     :func:`grouped_positions`."""
     thr = _sample_threshold(x[::SAMPLE_STRIDE].abs(), k, x.numel())
     # a mostly-zero input (threshold 0): |x| >= the least subnormal means x != 0
-    cand = grouped_positions(x, _positive(thr), peaks)
+    return trim_candidates(x, k, grouped_positions(x, _positive(thr), peaks), scratch)
+
+
+def trim_candidates(
+    x: torch.Tensor,
+    k: int,
+    cand: torch.Tensor,
+    scratch: torch.Tensor | None = None,
+    mags: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The sampled selection's last step: the exact top-``k`` of ``|x|`` among the candidate
+    positions ``cand`` (ascending, those with ``|x| >= threshold``), or ``torch.topk`` on all
+    of ``|x|`` when fewer than ``k`` passed (``scratch`` receives ``|x|`` then). ``mags``:
+    ``|x[cand]|`` when the caller has it."""
     if cand.numel() < k:
         mag = x.abs() if scratch is None else torch.abs(x, out=scratch)
         return torch.topk(mag, k, sorted=False).indices
-    top = torch.topk(x.index_select(0, cand).abs_(), k, sorted=False).indices
-    return cand.index_select(0, top)
+    if mags is None:
+        mags = x.index_select(0, cand).abs_()
+    return cand.index_select(0, torch.topk(mags, k, sorted=False).indices)
 
 
 @dataclass(frozen=True)

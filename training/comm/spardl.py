@@ -100,6 +100,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zoopick.training.comm import triton_kernels
 from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import (
     PairSum,
@@ -375,10 +376,31 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
         pairs, _, length = extent(j, count)
         return codec.nbytes(pairs, length)
 
+    def take_fused(js: tuple[int, ...], count: int) -> list[tuple[torch.Tensor, ...]]:
+        """``take`` of blocks ``js`` at once by the Triton kernels (CUDA with
+        ``select.CUDA_TRITON``): one selection whose last pass also rounds the values and
+        takes them out of W; a single block starts from the first radix level that the
+        error-feedback pass took (``triton_kernels.Scan``)."""
+        with stats.timer("select_s"):
+            starts = [bounds[j] for j in js]
+            lengths = [bounds[j + 1] - bounds[j] for j in js]
+            scan = state.prescan
+            hist = None
+            if len(js) == 1 and isinstance(scan, triton_kernels.Scan):
+                hist = scan.histogram(starts[0], starts[0] + lengths[0])
+            where = triton_kernels.blocks(starts, lengths, W.device)
+            idx, payload = triton_kernels.take_topk(W, where, count, codec.value_dtype, hist)
+            if sent is not None:
+                sent.index_fill_(0, idx.flatten(), True)
+        return [(i, v, v.float()) for i, v in zip(idx.unbind(0), payload.unbind(0), strict=True)]
+
     def take(j: int, cap: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Remove the top-``cap`` (default kb) pairs of block j from W: (positions, payload,
         value seen)."""
         lo, hi = bounds[j], bounds[j + 1]
+        if triton_kernels.applies(W):
+            i, v, seen = take_fused((j,), kbs[j] if cap is None else cap)[0]
+            return i, v, seen
         with stats.timer("select_s"):
             scratch = state.scratch(acc.device, hi - lo)
             peaks = None if state.prescan is None else state.prescan.peaks(lo, hi)
@@ -400,6 +422,8 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
         uneven = any(kbs[j] != kmsg for j in blocks) or kmsg > min(lengths)
         if len(blocks) == 1 or cpu_shortcut(W) or uneven:
             return [take(j)[:2] for j in blocks]
+        if triton_kernels.applies(W):
+            return [(i, v) for i, v, _ in take_fused(blocks, kmsg)]
         with stats.timer("select_s"):
             key = (n, t, blocks, acc.device)
             spec = state.blocks.get(key)

@@ -14,7 +14,11 @@ from zoopick.training.comm.state import HookState
 
 
 def allgather_exchange(
-    state: HookState, acc: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor | None = None
+    state: HookState,
+    acc: torch.Tensor,
+    idx: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    payload: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exchange this worker's selected positions ``idx`` of ``acc``.
 
@@ -23,17 +27,18 @@ def allgather_exchange(
     with value 0, so the count is inside the payload (the stats' pair count is read from it
     later, see ``CommStats``) and a padding pair adds nothing. Returns (sum over workers,
     residual, sent positions: the indices, or a mask when some were padding and momentum
-    is on). The sum is a ``PairSum``, written into the bucket by the driver."""
-    if valid is None:
-        values, wire_idx = acc[idx], idx
-    else:
-        values = acc[idx] * valid
-        wire_idx = torch.where(valid, idx, torch.full_like(idx, -1))
-    payload, seen = to_wire(values, state.fp16)
+    is on). The sum is a ``PairSum``, written into the bucket by the driver. ``payload``:
+    the wire values of a fused selection (``triton_kernels``) that took them out of ``acc``
+    already (padding zero), so ``acc`` is the residual as it stands."""
+    wire_idx = idx if valid is None else torch.where(valid, idx, torch.full_like(idx, -1))
+    if payload is None:
+        values = acc[idx] if valid is None else acc[idx] * valid
+        payload, seen = to_wire(values, state.fp16)
+        acc.index_add_(0, idx, -seen)
     lengths = [[idx.numel()] * 2] * state.size
     gathered = allgather_parts(state, [wire_idx.to(INDEX_DTYPE), payload], lengths)
     total = PairSum([(i.clamp(min=0), v) for i, v in gathered])
-    residual = acc.index_add_(0, idx, -seen)
+    residual = acc
     if valid is None:
         state.stats.add(nnz=state.size * idx.numel())
         return total, residual, idx

@@ -34,17 +34,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from zoopick.training.comm import select
+from zoopick.training.comm import select, triton_kernels
 from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import PairSum, allreduce_sum, to_wire
 from zoopick.training.comm.prescan import Prescan, accumulate
 from zoopick.training.comm.stats import CommStats
 from zoopick.training.comm.store import BucketLayout, ParamStore
+
+if TYPE_CHECKING:
+    from zoopick.training.comm.cpu_kernels import Scan
 
 WARMUP_MODES = ("exp", "dense")
 
@@ -104,8 +107,8 @@ class HookState:
         self.stats = CommStats(sync_cuda=sync_cuda_timing)
         self.iteration = 0
         self.device = torch.device("cpu")
-        # the column maxima of the bucket being exchanged (CPU grouped path; see _run)
-        self.prescan: Prescan | None = None
+        # the column maxima or candidates of the bucket being exchanged (CPU; see _run)
+        self.prescan: Prescan | Scan | triton_kernels.Scan | None = None
 
     # -- group ---------------------------------------------------------------------------------
     @property
@@ -312,12 +315,15 @@ def _unused_slots(layout: BucketLayout) -> list[tuple[int, int]]:
 def _prescan_spans(
     state: HookState, buf: torch.Tensor, u: torch.Tensor, density: float | None
 ) -> list[tuple[int, int]] | None:
-    """The blocks for ``prescan.accumulate`` (its one chunked pass instead of the separate
-    ones), or None for the plain ``acc.add_(u)``: only on the CPU's grouped path, for a
+    """The blocks for ``prescan.accumulate`` or ``cpu_kernels.accumulate`` (one pass instead
+    of the separate ones), or None for the plain ``acc.add_(u)``: only on the CPU's grouped
+    or compiled path (the compiled one where the scheme names a block), for a
     scheme that names its blocks (its sum is a ``PairSum``, written into a zeroed bucket),
     outside a dense warm-up, when ``u`` is the bucket's own float32 gradient (no momentum),
-    which the pass zeroes once it is read."""
-    if density is None or not (select.cpu_shortcut(buf) and select.CPU_GROUPED):
+    which the pass zeroes once it is read. On CUDA with ``select.CUDA_TRITON`` the pass is
+    ``triton_kernels.accumulate``."""
+    on_cpu = select.cpu_shortcut(buf) and (select.CPU_GROUPED or select.CPU_KERNEL)
+    if density is None or not (on_cpu or triton_kernels.applies(buf)):
         return None
     if buf.dtype != torch.float32 or u.data_ptr() != buf.data_ptr() or not u.is_contiguous():
         return None
@@ -347,10 +353,20 @@ def _run(
         spans = _prescan_spans(state, buf, u, density)
         if spans is None:
             acc.add_(u)
-        else:  # the same sums, with buf zeroed and the grouped scan's maxima on the way
-            state.prescan = accumulate(acc, u, spans)
+        elif triton_kernels.applies(buf):  # CUDA: one Triton pass, the selection's first look
+            state.prescan = triton_kernels.accumulate(acc, u, spans, keep=not unused)
+            zeroed = True
+        else:  # the same sums, with buf zeroed and the selection's scan on the way
+            kernels = select.cpu_kernels(buf) if spans else None
+            if kernels is None:  # the grouped scan's column maxima (torch)
+                state.prescan = accumulate(acc, u, spans)
+            else:  # the compiled pass's candidates (numba)
+                state.prescan = kernels.accumulate(acc, u, spans, density)
             zeroed = True
     held = _hold_out(unused, acc)
+    if state.prescan is not None:  # what the pass kept of those values is stale
+        for off, values in held:
+            state.prescan.changed(off, off + values.numel())
     try:
         if density is None:
             total, residual, sent = dense_exchange(state, layout, acc, 1.0)

@@ -1,0 +1,411 @@
+"""The fused Triton selection (``training/comm/triton_kernels.py``, issue 19) against plain
+torch references.
+
+Without a GPU the kernels run in Triton's interpreter on CPU tensors; with one, on CUDA
+compiled, and the hooks' steady state runs under ``torch.cuda.set_sync_debug_mode("error")``
+as in ``test_comm_cuda.py`` (on the CPU the host-read guard of ``test_comm_nosync.py``
+records what would be a sync instead). Triton runs in one mode per process, fixed when
+``triton.language`` is first imported (its own library, ``tl.sum`` and the like, is jitted
+then): so on a machine without CUDA, where compiled kernels cannot run anyway, this module
+sets ``TRITON_INTERPRET=1`` for its process before anything imports triton, and the check
+that the kernels compile for an H100 runs in a fresh process.
+
+What is guaranteed, and checked here: exactly ``k`` pairs per block; the set is the ``k``
+largest ``|x|`` (NaN above +inf, as ``torch.topk`` ranks it), and among elements equal to
+the k-th largest the lowest positions, which an independent stable sort gives; positions
+ascending; the wire values rounded as ``exchange.round_to`` rounds them and ``x`` left with
+what they did not carry. ``torch.topk`` (the plain path) takes an unspecified subset of such
+ties, so it is compared only where the k-th largest is untied. The interpreter is slow (each
+Triton op is a few numpy calls): sizes are small, one tile per program except in the test
+that checks the running counts across tiles and programs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import zoopick.training.comm as comm
+from tests.comm_harness import free_port
+from tests.host_sync_guard import no_host_reads
+from zoopick.training.comm import select, spardl, triton_kernels
+from zoopick.training.comm.exchange import round_to
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CUDA = torch.cuda.is_available()
+if HAS_TRITON and not CUDA and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"  # this process's Triton mode (module docstring)
+    import triton.language  # noqa: F401  (jits triton's library in that mode now)
+INTERPRETED = HAS_TRITON and not CUDA and triton_kernels.interpreting()
+
+pytestmark = [
+    pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed"),
+    # the interpreter computes inf - inf and inf * 0 in numpy, as a GPU does, and numpy warns
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
+
+
+@pytest.fixture
+def device(monkeypatch) -> torch.device:
+    """CUDA (compiled kernels) where present, else the CPU through the interpreter (one
+    tile per program, for speed)."""
+    if CUDA:
+        return torch.device("cuda")
+    if not INTERPRETED:
+        pytest.skip("triton was imported in compiled mode before this module (no CUDA here)")
+    monkeypatch.setattr(triton_kernels, "TILES", 1)
+    return torch.device("cpu")
+
+
+def stable_topk(x: torch.Tensor, starts, lengths, k: int) -> torch.Tensor:
+    """Reference: per block the positions of the k largest ``|x|``, ties to the lowest
+    positions (a stable descending sort), ascending; ``(blocks, k)``."""
+    rows = []
+    for s, n in zip(starts, lengths, strict=True):
+        order = torch.sort(x[s : s + n].abs(), descending=True, stable=True).indices[:k]
+        rows.append(torch.sort(order + s).values)
+    return torch.stack(rows)
+
+
+def take(device, x: torch.Tensor, starts, lengths, k: int, dtype=torch.float32, hist1=None):
+    """``take_topk`` on a copy of the CPU tensor ``x`` on ``device``, results back on the
+    CPU: (positions, payload, residual)."""
+    dev_x = x.to(device, copy=True)
+    where = triton_kernels.blocks(starts, lengths, device)
+    pos, pay = triton_kernels.take_topk(dev_x, where, k, dtype, hist1)
+    return pos.cpu(), pay.cpu(), dev_x.cpu()
+
+
+def expected_residual(x: torch.Tensor, pos: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """The plain path's residual: ``x`` with what the rounded payload carries taken out."""
+    out = x.clone()
+    flat = pos.flatten()
+    _, seen = round_to(x[flat], dtype)
+    return out.index_add_(0, flat, -seen)
+
+
+def test_topk_takes_exactly_the_k_largest_of_every_block(device):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3600, generator=g)
+    starts, lengths, k = (5, 1600, 2700), (1537, 1000, 777), 23  # odd, unequal, with gaps
+    pos, pay, res = take(device, x, starts, lengths, k)
+    assert pos.shape == (3, k)
+    assert torch.equal(pos, stable_topk(x, starts, lengths, k))
+    for row, s, n in zip(pos, starts, lengths, strict=True):  # untied data: torch.topk's set
+        plain = torch.topk(x[s : s + n].abs(), k).indices + s
+        assert set(row.tolist()) == set(plain.tolist())
+    assert torch.equal(pay, x[pos])
+    assert torch.equal(res, expected_residual(x, pos))
+
+
+def test_ties_nan_inf_and_zeros(device):
+    g = torch.Generator().manual_seed(2)
+    zeros = torch.zeros(300)
+    tied = torch.randint(-3, 4, (401,), generator=g).float()  # ties cut at the k-th
+    odd = torch.randn(351, generator=g)
+    odd[[3, 40, 41]] = float("nan")
+    odd[[7, 100]] = float("inf")
+    odd[[8, 200]] = float("-inf")
+    odd[9] = -0.0
+    x = torch.cat([zeros, tied, odd])
+    starts, lengths, k = (0, 300, 701), (300, 401, 351), 40
+    pos, pay, res = take(device, x, starts, lengths, k)
+    assert torch.equal(pos, stable_topk(x, starts, lengths, k))
+    assert torch.equal(pos[0], torch.arange(k))  # all zero: the first k positions
+    assert {704, 741, 742, 708, 801, 709, 901} <= set(pos[2].tolist())  # NaN, then the infs
+    torch.testing.assert_close(pay, x[pos], rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(res, expected_residual(x, pos), rtol=0, atol=0, equal_nan=True)
+
+
+def test_density_one_is_the_dense_exchange(device):
+    x = torch.randn(999, generator=torch.Generator().manual_seed(3))
+    pos, pay, res = take(device, x, (0,), (999,), 999)
+    assert torch.equal(pos[0], torch.arange(999))
+    assert torch.equal(pay[0], x)
+    assert torch.equal(res, torch.zeros(999))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_wire_values_round_as_the_plain_path(device, dtype):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(700, generator=g) * torch.logspace(-6, 6, 700)
+    x[[10, 11]] = torch.tensor([7e4, -1e5])  # beyond float16's range: clamped there
+    x[12] = float("nan")
+    x[13] = 3.0e38  # rounds up to bfloat16's infinity
+    pos, pay, res = take(device, x, (0,), (700,), 60, dtype)
+    assert torch.equal(pos, stable_topk(x, (0,), (700,), 60))
+    want, _ = round_to(x[pos], dtype)
+    torch.testing.assert_close(pay, want, rtol=0, atol=0, equal_nan=True)
+    want_res = expected_residual(x, pos, dtype)
+    torch.testing.assert_close(res, want_res, rtol=0, atol=0, equal_nan=True)
+
+
+def test_running_counts_across_tiles_and_programs(device, monkeypatch):
+    """Several programs of several tiles per block, ties spread over all of them: the
+    cumulative counts that place each program's pairs and cut the ties."""
+    monkeypatch.setattr(triton_kernels, "TILE", 128)
+    monkeypatch.setattr(triton_kernels, "TILES", 3)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-4, 5, (1900,), generator=g).float()
+    starts, lengths = (0, 1000), (1000, 900)  # 3 programs of 3 tiles each
+    for k in (1, 250, 333):
+        pos, _, res = take(device, x, starts, lengths, k)
+        assert torch.equal(pos, stable_topk(x, starts, lengths, k)), k
+        assert torch.equal(res, expected_residual(x, pos))
+
+
+def test_error_feedback_pass_and_its_first_look(device):
+    """``acc += grad`` exactly, the gradient zeroed, and on the way the first radix level of
+    every span (top-k blocks) or, without spans, the moments (GaussianK)."""
+    g = torch.Generator().manual_seed(6)
+    acc0, grad0 = torch.randn(3000, generator=g), torch.randn(3000, generator=g)
+    acc, grad = acc0.to(device, copy=True), grad0.to(device, copy=True)
+    scan = triton_kernels.accumulate(acc, grad, [(1500, 2900), (100, 1300)])
+    total = acc0 + grad0
+    assert torch.equal(acc.cpu(), total)
+    assert torch.equal(grad.cpu(), torch.zeros(3000))
+    keys = (total.view(torch.int32) & 0x7FFFFFFF) >> 20
+    assert set(scan.hists) == {(100, 1300), (1500, 2900)}  # nothing for the gaps
+    for lo, hi in scan.hists:
+        want = torch.bincount(keys[lo:hi], minlength=triton_kernels.BINS)
+        assert torch.equal(scan.hists[(lo, hi)].cpu().long(), want)
+    # the selection that starts from that histogram is the one that takes its own
+    pos, _, _ = take(device, total, (100,), (1200,), 17, hist1=scan.histogram(100, 1300))
+    assert torch.equal(pos, stable_topk(total, (100,), (1200,), 17))
+    assert scan.histogram(100, 1300) is None  # used once
+
+    acc, grad = acc0.to(device, copy=True), grad0.to(device, copy=True)
+    parts = triton_kernels.accumulate(acc, grad, []).moments.cpu().double()
+    assert torch.equal(acc.cpu(), total)
+    n = parts[:, 0].sum()
+    mean = (parts[:, 0] * parts[:, 1]).sum() / n
+    m2 = (parts[:, 2] + parts[:, 0] * (parts[:, 1] - mean) ** 2).sum()
+    assert n == 3000
+    torch.testing.assert_close(mean, total.double().mean(), rtol=0, atol=1e-6)
+    torch.testing.assert_close((m2 / (n - 1)).sqrt(), total.double().std(), rtol=1e-6, atol=0)
+    held = triton_kernels.accumulate(acc, grad, [(0, 3000)], keep=False)
+    assert held.hists == {} and held.moments is None
+
+
+def gaussiank(device, x: torch.Tensor, k: int, refine: int, dtype=torch.float32):
+    """``take_gaussiank`` on a copy of the CPU tensor ``x`` on ``device``, results on the
+    CPU: (positions, valid, payload, residual, (threshold, count, mean, std))."""
+    dev_x = x.to(device, copy=True)
+    cap = select.gaussiank_capacity(k)
+    pos, valid, pay, stats = triton_kernels.take_gaussiank(dev_x, k, refine, cap, dtype)
+    return pos.cpu(), valid.cpu(), pay.cpu(), dev_x.cpu(), stats.cpu()
+
+
+@pytest.mark.parametrize("refine", [0, 3])
+def test_gaussiank_threshold_and_selection(device, refine):
+    x = torch.distributions.Laplace(0.1, 1.0).sample((3000,))  # heavy tails: refinement works
+    k = 30
+    pos, valid, pay, res, (thr, count, mean, std) = gaussiank(device, x, k, refine)
+    ref_thr, ref_count = select.gaussian_threshold(x, k, refine)
+    torch.testing.assert_close(thr, ref_thr, rtol=1e-5, atol=0)
+    torch.testing.assert_close(mean, x.mean(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(std, x.std(), rtol=1e-5, atol=0)
+    assert count == torch.count_nonzero(x.abs() >= thr)  # exact at the chosen threshold
+    cap = select.gaussiank_capacity(k)
+    want, want_valid, _ = select.capped_indices(x, thr, cap)
+    taken = pos[valid]
+    assert set(taken.tolist()) == set(want[want_valid].tolist())
+    m = int(valid.sum())
+    assert torch.equal(valid, torch.arange(cap) < m)  # valid first, then padding
+    assert torch.equal(taken, torch.sort(taken).values)
+    assert not pos[m:].any() and not pay[m:].any()
+    assert torch.equal(pay[:m], x[taken])
+    assert torch.equal(res, expected_residual(x, taken))
+
+
+def test_gaussiank_over_capacity_takes_the_largest_lowest_first(device):
+    """A bimodal bucket that the Gaussian model misjudges: 300 of 3000 at +-1, the rest 0.
+    Every refinement leaves 300 passing, over the capacity of 40: the 40 largest are taken,
+    all tied, so the lowest positions."""
+    x = torch.zeros(3000)
+    ones = torch.randperm(3000, generator=torch.Generator().manual_seed(8))[:300]
+    x[ones] = torch.where(ones % 2 == 0, 1.0, -1.0)
+    pos, valid, pay, res, (thr, count, _, _) = gaussiank(device, x, 30, 3, torch.float16)
+    ref_thr, ref_count = select.gaussian_threshold(x, 30, 3)
+    torch.testing.assert_close(thr, ref_thr, rtol=1e-5, atol=0)
+    assert count == ref_count == 300
+    assert bool(valid.all())
+    assert torch.equal(pos, torch.sort(ones).values[:40])
+    assert torch.equal(pay, x[pos].half())
+    assert torch.equal(res, expected_residual(x, pos))
+
+
+@pytest.mark.parametrize("case", ["zeros", "nan", "inf"])
+def test_gaussiank_degenerate_buckets_select_what_the_plain_path_selects(device, case):
+    x = torch.zeros(500)
+    if case != "zeros":
+        x = torch.randn(500, generator=torch.Generator().manual_seed(9))
+        x[17] = float(case)
+    pos, valid, pay, res, _ = gaussiank(device, x, 5, 3)
+    thr, _ = select.gaussian_threshold(x, 5, 3)
+    _, want_valid, _ = select.capped_indices(x, thr, select.gaussiank_capacity(5))
+    assert int(valid.sum()) == int(want_valid.sum()) == 0
+    assert not pos.any() and not pay.any()
+    torch.testing.assert_close(res, x, rtol=0, atol=0, equal_nan=True)
+
+
+def test_gaussiank_capacity_never_exceeds_the_bucket(device):
+    """``ceil(4k / 3)`` pairs may outnumber a small bucket: as ``capped_indices``, the
+    capacity is the bucket's size then."""
+    x = torch.randn(10, generator=torch.Generator().manual_seed(10))
+    pos, valid, _, res, (thr, _, _, _) = gaussiank(device, x, 9, 3)
+    want, want_valid, _ = select.capped_indices(x, thr, select.gaussiank_capacity(9))
+    assert pos.shape == want.shape == (10,)
+    assert set(pos[valid].tolist()) == set(want[want_valid].tolist())
+
+
+# -- the hooks on the fused path ----------------------------------------------------------------
+
+SHAPES = [(40, 25), (300,), (63,), (500,)]
+HOOKS = {  # (name, options, whether the driver's fused pass runs: not with momentum)
+    "spardl_bf16": ("spardl", {"pairs16": "bf16"}, True),
+    "spardl_momentum": ("spardl", {"momentum": 0.9}, False),
+    "gaussiank_fp16": ("gaussiank", {"fp16": True}, True),
+    "gaussiank_momentum": ("gaussiank", {"momentum": 0.9}, False),
+}
+
+
+@pytest.fixture
+def world_of_one(device):
+    """A process group of one (gloo on the CPU, NCCL on CUDA) in this process."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+def run_hook(name, options, device, iters=3, guarded=1):
+    """Apply ``iters`` iterations of two buckets (rebuilt after the first, as DDP does);
+    the last ``guarded`` under the device's sync check. Returns (per iteration the bucket
+    outputs, per parameter the summed outputs, the summed gradients and the residual, the
+    host reads found)."""
+    gen = torch.Generator().manual_seed(7)
+    params = [torch.zeros(s, device=device) for s in SHAPES]
+    state, hook = comm.make_hook(name, density=0.05, **options)
+    outs, found = [], []
+    applied = [torch.zeros(s).flatten() for s in SHAPES]
+    grad_sum = [torch.zeros(s).flatten() for s in SHAPES]
+    for it in range(iters):
+        split = [[0, 1], [2, 3]] if it == 0 else [[3, 0], [1, 2]]
+        grads = [torch.randn(s, generator=gen) for s in SHAPES]
+        buckets = [
+            comm.SimpleBucket(
+                [params[i] for i in m], [grads[i].to(device) for i in m], index=b, is_last=b == 1
+            )
+            for b, m in enumerate(split)
+        ]
+        if it < iters - guarded:
+            got = [hook(state, bucket).wait().cpu() for bucket in buckets]
+        elif device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = [hook(state, bucket).wait() for bucket in buckets]
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            got = [o.cpu() for o in got]
+        else:
+            with no_host_reads() as reads:
+                got = [hook(state, bucket).wait().clone() for bucket in buckets]
+            found += reads
+        outs.append(got)
+        for members, out in zip(split, got, strict=True):
+            off = 0
+            for i in members:
+                n = applied[i].numel()
+                applied[i] += out[off : off + n]
+                grad_sum[i] += grads[i].flatten()
+                off += n
+    residuals = [state.residuals.get(p).cpu().flatten() for p in params]
+    return outs, (applied, grad_sum, residuals), found
+
+
+@pytest.mark.parametrize("key", list(HOOKS))
+def test_hooks_on_the_fused_path(device, world_of_one, monkeypatch, key):
+    """The same applied updates and residuals as the plain device path (CPU shortcuts
+    off; on CUDA GaussianK's moments differ from torch's in the last bits, so there
+    nothing lost is checked instead), nothing read on the host in the steady state, and
+    the fused kernels did run (spardl's whole bucket is a scan span here, so its first
+    radix level comes from the error-feedback pass)."""
+    name, options, fused_pass = HOOKS[key]
+    monkeypatch.setattr(select, "CPU_SHORTCUTS", False)
+    monkeypatch.setattr(spardl, "SAMPLED_MIN_NUMEL", 0)
+    plain = run_hook(name, options, device)
+    calls: list[str] = []
+    for fn in ("accumulate", "take_topk", "take_gaussiank"):
+        original = getattr(triton_kernels, fn)
+
+        def counted(*args, _fn=fn, _original=original, **kwargs):
+            calls.append(_fn)
+            if _fn == "take_topk":
+                calls.append("hist1" if args[4] is not None else "own")
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(triton_kernels, fn, counted)
+    monkeypatch.setattr(select, "CUDA_TRITON", True)
+    outs, (applied, grad_sum, residuals), found = run_hook(name, options, device)
+    expected = "take_topk" if name == "spardl" else "take_gaussiank"
+    assert calls.count(expected) == 6
+    assert calls.count("accumulate") == (6 if fused_pass else 0)
+    if name == "spardl":
+        assert calls.count("hist1") == calls.count("accumulate")
+    assert found == []
+    if device.type == "cpu" or name == "spardl":
+        for a, b in zip(plain[0], outs, strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        assert all(torch.equal(x, y) for x, y in zip(plain[1][2], residuals, strict=True))
+    if not options.get("momentum"):  # nothing lost: applied + residual = summed gradients
+        for a, g, r in zip(applied, grad_sum, residuals, strict=True):
+            torch.testing.assert_close(a + r, g, rtol=0, atol=1e-4)
+
+
+COMPILE = "from zoopick.training.comm import triton_kernels as t; print(len(t.compile_variants()))"
+
+
+@pytest.mark.skipif(CUDA, reason="the CUDA tests above compile and run every kernel")
+def test_kernels_compile_for_an_h100(tmp_path):
+    """Every kernel variant the hooks launch compiles to a cubin for sm_90 (an H100) without
+    a GPU: compiled Triton is stricter than the interpreter the tests above run (only
+    constexpr globals, fixed loop-carried types), so this is what shows before a GPU is
+    lent that the kernels build for one. A fresh process (the module docstring)."""
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("this triton has no NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # a real compile, and nothing under ~/.triton
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) == sum(len(v) for _, v in triton_kernels.VARIANTS.values())
+
+
+def test_the_fused_path_is_an_environment_option():
+    """``select.CUDA_TRITON`` is off unless ``ZOOPICK_COMM_TRITON=1`` is in the process's
+    environment (what a training worker inherits from the service or ``zoopick train``)."""
+    code = "from zoopick.training.comm import select; print(select.CUDA_TRITON)"
+    seen = {}
+    for value in ("1", "0", None):
+        env = {k: v for k, v in os.environ.items() if k != "ZOOPICK_COMM_TRITON"}
+        if value is not None:
+            env["ZOOPICK_COMM_TRITON"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        seen[value] = out.stdout.strip()
+    assert seen == {"1": "True", "0": "False", None: "False"}

@@ -1,0 +1,698 @@
+"""Fused selection for the sparse hooks on a GPU (issue 19): Triton kernels, no sort.
+
+Why: on an H100 the plain device path (``torch.topk`` over a whole bucket, GaussianK's chain
+of ``count_nonzero`` passes and ``where`` steps, packing by separate ops) made spardl and
+gaussiank add about 14 ms to a 26 ms ResNet-50 iteration (``benchmarks/results/
+comm_gpu.md``), against well under a millisecond of memory traffic for what they must read.
+These kernels do the same selections in a few passes over the bucket and a handful of
+launches, with nothing read on the host (fixed-capacity outputs and device-side counts, as
+``select.capped_indices``).
+
+The design is the CPU kernels' (``cpu_kernels.py``): a cheap first look at the magnitudes
+gives a threshold, one fused pass does the error feedback, and an exact trim makes the
+count exactly ``k``. On the GPU the first look is a histogram rather than a sample, because
+a histogram bounds the trim without a fallback and so needs no host decision:
+
+* **Keys.** ``|x|``'s float32 bits read as an int32 (sign cleared) order like ``|x|``, with
+  NaN above +inf (as ``torch.topk`` ranks it). The k-th largest key is found by a radix
+  select of three levels: a histogram of bits 30..20 (2,048 bins: exponent and three
+  mantissa bits), then of bits 19..9 among the keys of the bin where the k-th lies, then
+  of bits 8..0. Each level is one read of the block, all blocks of a message in one launch
+  (grid: programs x blocks); a per-block ``pick`` (one small program) finds the bin and the
+  count still wanted. A level whose boundary bin is taken whole ends the search early and
+  the later launches return at once.
+* **Error feedback fused.** ``accumulate`` forms ``acc += grad`` (and zeroes the spent
+  gradient, as ``prescan.accumulate`` does on the CPU) in the pass that takes the first
+  level's histogram of every top-k block, or GaussianK's moments: the first look costs no
+  pass of its own.
+* **Exact trim and packing.** With the k-th key ``T`` known, a counting pass gives each
+  program its number of keys above ``T`` and equal to ``T``; a cumulative sum over the
+  programs (one ``torch.cumsum``) gives each its output offset, and the writing pass
+  stores, in position order, every key above ``T`` and the first ties at ``T`` until
+  exactly ``k`` are out: (position, wire value) pairs, the value already rounded to the
+  codec's type (float32, float16 clamped to its range, or bfloat16 rounded to nearest
+  even, as ``exchange.round_to``), and the residual updated in place (``x -= seen``), which
+  the plain path does with a gather, a rounding and an ``index_add_``.
+* **GaussianK** (``take_gaussiank``): the moments from the fused pass give the threshold;
+  one pass counts ``|x| >= t`` for every threshold the refinement could visit (a tree of
+  ``2^(refine + 1) - 1``, so ``refine <= MAX_REFINE``), and one small program walks the
+  refinement on those counts. When the passing count fits the capacity (the usual case)
+  every passing element is taken and the radix levels return at once; otherwise the
+  capacity's largest are taken exactly.
+
+Reads of a bucket after the error-feedback pass: spardl's block, four (two radix levels,
+count, write); GaussianK, three in the usual case (threshold counts, count, write). About
+ten launches a selection, none of them waiting on the host.
+
+Ties: the selected set is the ``k`` largest ``|x|``; among elements equal to the k-th
+largest, those at the lowest positions. ``torch.topk`` (the plain path) takes an
+unspecified subset of such ties, so the two paths select the same set whenever the k-th
+largest magnitude is not tied.
+
+Triton is imported only when a kernel is first needed (``_kernels``): with the flag off, or
+without CUDA, nothing imports it. Under Triton's interpreter (``TRITON_INTERPRET=1``) the
+same kernels run on CPU tensors, which is how the tests check them without a GPU
+(``applies``); a process runs Triton in one mode, fixed when it first imports
+``triton.language``. ``compile_variants`` builds every kernel for an sm_90 target without a
+GPU. The tile sizes (``TILE``, ``TILES``, ``COUNT_TILE``) change no result: tests and the
+benchmark's dry run set them for the interpreter's speed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from zoopick.training.comm import select
+
+TILE = 1024
+"""Elements a program handles at once."""
+
+TILES = 4
+"""Tiles per program (a program covers ``TILE * TILES`` elements of a block)."""
+
+BINS = 2048
+"""Width of a histogram row (the third level uses its first 512 bins)."""
+
+LEVELS = (2048, 2048, 512)
+"""Bins of the radix levels: key bits 30..20, 19..9 and 8..0."""
+
+KEY_MAX = 0x7FFFFFFF
+INF_KEY = 0x7F800000  # the key of +inf; NaN keys lie above it
+
+MAX_REFINE = 4
+"""GaussianK refinements the fused path follows (the counts of its ``2^(r+1) - 1``
+candidate thresholds are taken in one pass); more falls back to the plain path."""
+
+NODES = 32  # candidate thresholds, padded to a power of two
+COUNT_TILE = 256  # elements per step of the threshold counting (NODES counters each)
+STATE = 5  # per block: prefix, still wanted (ties once done), done, T, count taken
+VALUE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+TINY = select.TINY
+
+
+@functools.cache
+def available() -> bool:
+    """Whether triton can be imported (without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def applies(x: torch.Tensor) -> bool:
+    """Whether a hook selects from ``x`` with these kernels: ``select.CUDA_TRITON`` on, off
+    the CPU shortcuts, and ``x`` on CUDA, or on the CPU under the interpreter (tests)."""
+    if not select.CUDA_TRITON or select.cpu_shortcut(x) or x.dtype != torch.float32:
+        return False
+    if x.device.type == "cuda" or (x.device.type == "cpu" and interpreting()):
+        return available()
+    return False
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Blocks ``[start, start + length)`` of a flat tensor, on the device (built once per
+    layout: the copies from the host are made when the layout is first seen)."""
+
+    starts: torch.Tensor  # int64
+    lengths: torch.Tensor  # int64
+    bounds: torch.Tensor  # int32 (lowest, highest) key taken per block
+    longest: int
+    count: int
+
+    def programs(self) -> int:
+        """Programs per block (grid axis 0)."""
+        return max(1, math.ceil(self.longest / (TILE * TILES)))
+
+
+@functools.lru_cache(maxsize=256)
+def spans(
+    starts: tuple[int, ...], lengths: tuple[int, ...], device: torch.device, keyed: tuple[bool, ...]
+) -> Spans:
+    """The :class:`Spans` of blocks; ``keyed[i]`` false gives block i no eligible key (a
+    histogram of nothing: the gaps of :func:`accumulate`)."""
+    bounds = [(0, KEY_MAX) if on else (1, 0) for on in keyed]
+    return Spans(
+        torch.tensor(starts, dtype=torch.int64, device=device),
+        torch.tensor(lengths, dtype=torch.int64, device=device),
+        torch.tensor(bounds, dtype=torch.int32, device=device),
+        max(lengths),
+        len(starts),
+    )
+
+
+def blocks(starts: Sequence[int], lengths: Sequence[int], device: torch.device) -> Spans:
+    """:class:`Spans` of blocks whose every element may be selected (the top-k of each)."""
+    return spans(tuple(starts), tuple(lengths), device, (True,) * len(starts))
+
+
+class Scan:
+    """What the fused error-feedback pass saw: per span ``(lo, hi)`` the first radix level's
+    histogram of ``acc[lo:hi]``, and the moments of the whole bucket (per program: count,
+    mean, sum of squared deviations). Each histogram is used once (the selection changes
+    its block); :meth:`touch` (values changed elsewhere, e.g. received pairs) drops all."""
+
+    def __init__(self, hists: dict[tuple[int, int], torch.Tensor], moments: torch.Tensor | None):
+        self.hists = hists
+        self.moments = moments
+
+    def histogram(self, lo: int, hi: int) -> torch.Tensor | None:
+        return self.hists.pop((lo, hi), None)
+
+    def touch(self, idx: torch.Tensor | None = None) -> None:
+        self.hists.clear()
+        self.moments = None
+
+    def peaks(self, lo: int, hi: int) -> None:
+        """No column maxima (those serve the CPU's grouped scan): a hook that is not wired
+        to these kernels (``topk``) selects on its plain device path."""
+        return None
+
+
+def accumulate(
+    acc: torch.Tensor, grad: torch.Tensor, span_list: Sequence[tuple[int, int]], keep: bool = True
+) -> Scan:
+    """``acc += grad`` and ``grad.zero_()`` (1-d float32 of one size) in one pass that also
+    takes the first radix level of every span in ``span_list`` (disjoint ``(lo, hi)``: the
+    top-k blocks), or without spans the bucket's moments (GaussianK's threshold).
+    ``keep=False``: the caller will change ``acc`` before selecting (held-out parameters),
+    so neither is kept."""
+    n = acc.numel()
+    cuts: list[tuple[int, int, bool]] = []
+    done = 0
+    for lo, hi in sorted(span_list):
+        if lo < done or hi > n:
+            raise ValueError(f"spans must be disjoint and inside {n}: {sorted(span_list)}")
+        if lo > done:
+            cuts.append((done, lo - done, False))
+        cuts.append((lo, hi - lo, keep))
+        done = hi
+    if done < n or not cuts:
+        cuts.append((done, n - done, False))
+    sp = spans(
+        tuple(c[0] for c in cuts), tuple(c[1] for c in cuts), acc.device, tuple(c[2] for c in cuts)
+    )
+    level = 1 if keep and span_list else 0
+    with_moments = keep and not span_list
+    hist = torch.zeros(sp.count if level else 1, BINS, dtype=torch.int32, device=acc.device)
+    parts = sp.count * sp.programs() if with_moments else 1
+    moments = torch.empty(parts, 3, dtype=torch.float32, device=acc.device)
+    _kernels().scan[(sp.programs(), sp.count)](
+        acc, grad, sp.starts, sp.lengths, sp.bounds, sp.starts, hist, moments,
+        LEVEL=level, ACCUMULATE=True, MOMENTS=with_moments, NBINS=BINS, TILE=TILE, TILES=TILES,
+    )  # fmt: skip
+    rows = {(s, s + length): hist[i] for i, (s, length, on) in enumerate(cuts) if on and level}
+    return Scan(rows, moments if with_moments else None)
+
+
+def take_topk(
+    x: torch.Tensor,
+    where: Spans,
+    k: int,
+    value_dtype: torch.dtype = torch.float32,
+    hist1: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest ``|x|`` of every block, taken out of ``x``: ``(positions, payload)``,
+    each ``(blocks, k)``; positions absolute and ascending per block, payload the values
+    rounded to ``value_dtype``, and ``x`` there reduced by what the payload carries (the
+    residual of error feedback). ``k`` must not exceed the shortest block. ``hist1``: the
+    first level's histogram of the only block, from :func:`accumulate`."""
+    if hist1 is not None and where.count != 1:
+        raise ValueError("a ready first-level histogram serves a single block")
+    if k == 0:
+        empty = torch.empty(where.count, 0, device=x.device)
+        return empty.long(), empty.to(value_dtype)
+    state = torch.zeros(where.count, STATE, dtype=torch.int64, device=x.device)
+    positions, payload = _take(x, where, where.bounds, state, k, value_dtype, hist1, None)
+    return positions, payload
+
+
+def take_gaussiank(
+    x: torch.Tensor,
+    k: int,
+    refine: int,
+    capacity: int,
+    value_dtype: torch.dtype = torch.float32,
+    moments: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GaussianK's selection of ``x`` (``select.gaussian_threshold`` then
+    ``select.capped_indices`` with ``capacity``), taken out of ``x``: ``(positions[cap],
+    valid[cap], payload[cap], stats)``. The valid entries come first, in position order;
+    padding is position 0 with value 0. ``stats`` (float32): the threshold, the count that
+    passes it, the mean and the std. ``moments``: :attr:`Scan.moments` of ``x`` when the
+    fused pass has them."""
+    if not 0 <= refine <= MAX_REFINE:
+        raise ValueError(f"refine={refine}: the fused path follows at most {MAX_REFINE}")
+    n = x.numel()
+    capacity = min(capacity, n)  # as capped_indices
+    kern = _kernels()
+    whole = blocks((0,), (n,), x.device)
+    if moments is None:
+        moments = torch.empty(whole.programs(), 3, dtype=torch.float32, device=x.device)
+        kern.scan[(whole.programs(), 1)](
+            x, x, whole.starts, whole.lengths, whole.bounds, whole.starts, whole.bounds, moments,
+            LEVEL=0, ACCUMULATE=False, MOMENTS=True, NBINS=BINS, TILE=TILE, TILES=TILES,
+        )  # fmt: skip
+    stats = torch.empty(NODES + 4, dtype=torch.float32, device=x.device)
+    z = select.normal_quantile(1.0 - min(1.0, k / n) / 2.0)
+    kern.thresholds[(1,)](moments, moments.shape[0], stats, z, NODES=NODES, PART=1024)
+    counts = torch.zeros(NODES, dtype=torch.int32, device=x.device)
+    step = COUNT_TILE * TILES
+    kern.count_passing[(math.ceil(n / step),)](
+        x, n, stats, counts, NODES=NODES, TILE=COUNT_TILE, TILES=TILES
+    )
+    bounds = torch.empty(1, 2, dtype=torch.int32, device=x.device)
+    state = torch.empty(1, STATE, dtype=torch.int64, device=x.device)
+    kern.walk[(1,)](
+        counts, stats, bounds, state, 2 * k / 3, 4 * k / 3, capacity, REFINE=refine, NODES=NODES
+    )
+    valid = torch.empty(1, capacity, dtype=torch.bool, device=x.device)
+    positions, payload = _take(x, whole, bounds, state, capacity, value_dtype, None, valid)
+    return positions[0], valid[0], payload[0], stats[NODES:]
+
+
+def _take(
+    x: torch.Tensor,
+    where: Spans,
+    bounds: torch.Tensor,
+    state: torch.Tensor,
+    k: int,
+    value_dtype: torch.dtype,
+    hist1: torch.Tensor | None,
+    valid: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The radix levels, the count and the write (see the module docstring). ``state``:
+    zeros, or already ``done`` (GaussianK's walk found that everything passing fits);
+    ``valid``: pad the outputs beyond the count taken and mark the valid slots."""
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        raise ValueError("the fused selection reads a contiguous float32 tensor")
+    kern = _kernels()
+    B, dev = where.count, x.device
+    grid = (where.programs(), B)
+    hist = torch.zeros(3 if hist1 is None else 2, B, BINS, dtype=torch.int32, device=dev)
+    rows = list(hist) if hist1 is None else [hist1.view(1, BINS), *hist]
+    positions = torch.empty(B, k, dtype=torch.int64, device=dev)
+    payload = torch.empty(B, k, dtype=value_dtype, device=dev)
+    pay = payload.view(torch.int16) if value_dtype == torch.bfloat16 else payload
+    pad = valid is not None
+    for level, nbins in enumerate(LEVELS, start=1):
+        if level > 1 or hist1 is None:
+            kern.scan[grid](
+                x, x, where.starts, where.lengths, bounds, state, rows[level - 1], x,
+                LEVEL=level, ACCUMULATE=False, MOMENTS=False, NBINS=nbins, TILE=TILE, TILES=TILES,
+            )  # fmt: skip
+        kern.pick[(B,)](rows[level - 1], state, bounds, k, LEVEL=level, NBINS=nbins)
+    counts = torch.empty(B, grid[0], 2, dtype=torch.int64, device=dev)
+    kind = VALUE_KINDS[value_dtype]
+    kern.emit[grid](
+        x, where.starts, where.lengths, bounds, state, counts, positions, x, positions, k,
+        WRITE=False, VALUE=0, PAD=False, TILE=TILE, TILES=TILES,
+    )  # fmt: skip
+    ends = torch.cumsum(counts, 1)
+    kern.emit[grid](
+        x, where.starts, where.lengths, bounds, state, ends, positions, pay,
+        valid if pad else positions, k,
+        WRITE=True, VALUE=kind, PAD=pad, TILE=TILE, TILES=TILES,
+    )  # fmt: skip
+    return positions, payload
+
+
+VARIANTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
+    "scan": (
+        "*fp32 *fp32 *i64 *i64 *i32 *i64 *i32 *fp32",
+        [dict(LEVEL=lv, ACCUMULATE=acc, MOMENTS=mom, NBINS=nb)
+         for lv, acc, mom, nb in ((0, True, True, BINS), (0, True, False, BINS),
+                                  (1, True, False, BINS), (0, False, True, BINS),
+                                  (1, False, False, BINS), (2, False, False, BINS),
+                                  (3, False, False, 512))],
+    ),
+    "pick": ("*i32 *i64 *i32 i32", [dict(LEVEL=lv, NBINS=nb) for lv, nb in enumerate(LEVELS, 1)]),
+    "emit": (
+        "*fp32 *i64 *i64 *i32 *i64 *i64 *i64 {value} {valid} i32",
+        [dict(WRITE=w, VALUE=v, PAD=pad)
+         for w, v, pad in ((False, 0, False), (True, 0, False), (True, 0, True),
+                           (True, 1, True), (True, 2, False), (True, 1, False))],
+    ),
+    "thresholds": ("*fp32 i32 *fp32 fp32", [dict(NODES=NODES, PART=1024)]),
+    "count_passing": ("*fp32 i32 *fp32 *i32", [dict(NODES=NODES)]),
+    "walk": (
+        "*i32 *fp32 *i32 *i64 fp32 fp32 i32",
+        [dict(REFINE=r, NODES=NODES) for r in range(MAX_REFINE + 1)],
+    ),
+}  # fmt: skip
+"""Argument types and constexpr variants of every kernel the hooks launch (tiles aside;
+unused pointer arguments get a tensor of the type listed here)."""
+
+
+def compile_variants(arch: int = 90) -> dict[str, int]:
+    """Compile every variant in :data:`VARIANTS` ahead of time for a CUDA target (sm_90: an
+    H100) and return the cubin size of each: what shows without a GPU that the kernels
+    build for one (compiled Triton is stricter than the interpreter). Needs a process that
+    has not run the interpreter: triton's own library is jitted in one mode per process."""
+    if interpreting():
+        raise RuntimeError("compile_variants needs TRITON_INTERPRET unset")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    kern = _kernels()
+    target = GPUTarget("cuda", arch, 32)
+    wire = {0: "*fp32", 1: "*fp16", 2: "*i16"}
+    sizes: dict[str, int] = {}
+    for name, (types, variants) in VARIANTS.items():
+        fn = getattr(kern, name)
+        for variant in variants:
+            arg_types = types.format(
+                value=wire.get(variant.get("VALUE", 0)),
+                valid="*i1" if variant.get("PAD") else "*i64",
+            ).split()
+            names = [p.name for p in fn.params if not p.is_constexpr]
+            constants = dict(variant)
+            if any(p.name == "TILE" for p in fn.params):
+                tile = COUNT_TILE if name == "count_passing" else TILE
+                constants |= {"TILE": tile, "TILES": TILES}
+            signature = dict(zip(names, arg_types, strict=True)) | dict.fromkeys(
+                constants, "constexpr"
+            )
+            out = compile(ASTSource(fn, signature, constants), target=target)
+            sizes[f"{name}{sorted(variant.items())}"] = len(out.asm["cubin"])
+    return sizes
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    """The jitted kernels, built on first use: the only place triton is imported. Triton
+    runs in one mode per process (``TRITON_INTERPRET=1``: the interpreter), fixed when
+    ``triton.language`` is first imported, whose own library (``tl.sum`` and the like) is
+    jitted then. The kernels below are plain functions until here; the names they read
+    from this module (``tl`` and the constants) are set here, as constexpr, which compiled
+    kernels require of globals."""
+    global tl, _S, _W, _INF, _LEAST
+    import triton
+    import triton.language
+
+    tl = triton.language
+    _S, _W = tl.constexpr(STATE), tl.constexpr(BINS)
+    _INF, _LEAST = tl.constexpr(INF_KEY), tl.constexpr(TINY)
+    jit = triton.jit
+    return SimpleNamespace(
+        scan=jit(_scan), pick=jit(_pick), emit=jit(_emit), thresholds=jit(_thresholds),
+        count_passing=jit(_count_passing), walk=jit(_walk),
+    )  # fmt: skip
+
+
+# -- the kernels (plain functions until ``_kernels`` jits them) --------------------------------
+tl: Any = None  # triton.language, set by _kernels
+_S = _W = _INF = _LEAST = None  # constexpr constants, set by _kernels
+
+
+def _scan(
+    x_ptr, grad_ptr, starts_ptr, lengths_ptr, bounds_ptr, state_ptr, hist_ptr, moments_ptr,
+    LEVEL: tl.constexpr, ACCUMULATE: tl.constexpr, MOMENTS: tl.constexpr,
+    NBINS: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    """One pass over every block: with ACCUMULATE ``x += grad, grad = 0``; with LEVEL
+    1..3 that radix level's histogram of the eligible keys (levels 2 and 3: those under
+    the block's prefix); with MOMENTS the count, mean and squared deviations of the
+    program's elements. A selection's levels do nothing once its block is done."""
+    p = tl.program_id(0)
+    b = tl.program_id(1)
+    start = tl.load(starts_ptr + b)
+    length = tl.load(lengths_ptr + b)
+    lo = tl.load(bounds_ptr + 2 * b)
+    hi = tl.load(bounds_ptr + 2 * b + 1)
+    bins = tl.arange(0, NBINS)
+    hist = tl.zeros([NBINS], dtype=tl.int32)
+    cnt = tl.zeros([], dtype=tl.float32)
+    mean = tl.zeros([], dtype=tl.float32)
+    m2 = tl.zeros([], dtype=tl.float32)
+    if ACCUMULATE or LEVEL == 0:
+        prefix = 0
+        active = 1
+    else:
+        prefix = tl.load(state_ptr + _S * b).to(tl.int32)
+        active = tl.load(state_ptr + _S * b + 2) == 0
+    if active:
+        for t in range(TILES):
+            offs = (p * TILES + t) * TILE + tl.arange(0, TILE)
+            m = offs < length
+            v = tl.load(x_ptr + start + offs, mask=m, other=0.0)
+            if ACCUMULATE:
+                g = tl.load(grad_ptr + start + offs, mask=m, other=0.0)
+                v = v + g
+                tl.store(x_ptr + start + offs, v, mask=m)
+                tl.store(grad_ptr + start + offs, tl.zeros_like(g), mask=m)
+            if MOMENTS:
+                c_t = tl.sum(m.to(tl.float32))
+                mean_t = tl.sum(tl.where(m, v, 0.0)) / tl.maximum(c_t, 1.0)
+                d = tl.where(m, v - mean_t, 0.0)
+                tot = cnt + c_t
+                delta = mean_t - mean
+                w = c_t / tl.maximum(tot, 1.0)
+                has = c_t > 0
+                m2 = tl.where(has, m2 + tl.sum(d * d) + delta * delta * cnt * w, m2)
+                mean = tl.where(has, mean + delta * w, mean)
+                cnt = tot
+            if LEVEL >= 1:
+                key = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+                ok = m & (key >= lo) & (key <= hi)
+                if LEVEL == 1:
+                    digit = key >> 20
+                elif LEVEL == 2:
+                    ok = ok & ((key >> 20) == prefix)
+                    digit = (key >> 9) & 2047
+                else:
+                    ok = ok & ((key >> 9) == prefix)
+                    digit = key & 511
+                got = tl.histogram(tl.where(ok, digit, 0), NBINS)
+                miss = TILE - tl.sum(ok.to(tl.int32))
+                hist += got - tl.where(bins == 0, miss, 0)
+    if LEVEL >= 1:
+        tl.atomic_add(hist_ptr + b * _W + bins, hist, mask=hist > 0, sem="relaxed")
+    if MOMENTS:
+        q = b * tl.num_programs(0) + p
+        tl.store(moments_ptr + 3 * q, cnt)
+        tl.store(moments_ptr + 3 * q + 1, mean)
+        tl.store(moments_ptr + 3 * q + 2, m2)
+
+
+def _pick(
+    hist_ptr, state_ptr, bounds_ptr, k, LEVEL: tl.constexpr, NBINS: tl.constexpr,
+):  # fmt: skip
+    """Per block: the bin of this level where the k-th largest key lies and the keys still
+    wanted below the bins above it; the search is over when that bin is taken whole (``T``
+    just below its keys, no ties) or at the last level (``T`` the k-th key, and the count
+    still wanted is the ties at ``T`` to take). The first level also records the count
+    taken, ``min(k, eligible keys)``."""
+    b = tl.program_id(0)
+    bins = tl.arange(0, NBINS)
+    h = tl.load(hist_ptr + b * _W + bins)
+    total = tl.sum(h)
+    base = state_ptr + _S * b
+    fresh = tl.load(base + 2) == 0
+    prefix = tl.load(base).to(tl.int32)
+    if LEVEL == 1:
+        need = tl.minimum(total, k)
+        floor = tl.load(bounds_ptr + 2 * b)
+        tl.store(base + 4, need.to(tl.int64), mask=fresh)
+    elif LEVEL == 2:
+        need = tl.load(base + 1).to(tl.int32)
+        floor = prefix << 20
+    else:
+        need = tl.load(base + 1).to(tl.int32)
+        floor = prefix << 9
+    suffix = tl.cumsum(h, 0, reverse=True)
+    digit = tl.sum((suffix >= need).to(tl.int32)) - 1
+    above = tl.sum(tl.where(bins > digit, h, 0))
+    if LEVEL == 1:
+        nxt = digit
+    elif LEVEL == 2:
+        nxt = (prefix << 11) | digit
+    else:
+        nxt = (prefix << 9) | digit
+    whole = need == total
+    last = whole | (LEVEL == 3)
+    tl.store(base, nxt.to(tl.int64), mask=fresh)
+    tl.store(base + 1, tl.where(whole, 0, need - above).to(tl.int64), mask=fresh)
+    tl.store(base + 2, last.to(tl.int64), mask=fresh)
+    tl.store(base + 3, tl.where(whole, floor - 1, nxt).to(tl.int64), mask=fresh)
+
+
+def _emit(
+    x_ptr, starts_ptr, lengths_ptr, bounds_ptr, state_ptr, counts_ptr, pos_ptr, val_ptr,
+    valid_ptr, k, WRITE: tl.constexpr, VALUE: tl.constexpr, PAD: tl.constexpr,
+    TILE: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    """Counting pass (WRITE false): per program the eligible keys above ``T`` and equal
+    to it. Writing pass (``counts_ptr``: their running sums over the programs): every
+    key above ``T`` and the first ``ties`` keys at ``T`` in position order, as
+    (position, wire value) pairs, and ``x -= seen`` there; with PAD the slots past the
+    count taken become (0, 0) and ``valid`` marks the others (the programs share the
+    slots in strides)."""
+    p = tl.program_id(0)
+    b = tl.program_id(1)
+    start = tl.load(starts_ptr + b)
+    length = tl.load(lengths_ptr + b)
+    lo = tl.load(bounds_ptr + 2 * b)
+    hi = tl.load(bounds_ptr + 2 * b + 1)
+    ties = tl.load(state_ptr + _S * b + 1)
+    t_key = tl.load(state_ptr + _S * b + 3)
+    q = b * tl.num_programs(0) + p
+    if WRITE:
+        first = p > 0
+        base_gt = tl.load(counts_ptr + 2 * q - 2, mask=first, other=0)
+        base_eq = tl.load(counts_ptr + 2 * q - 1, mask=first, other=0)
+    else:
+        base_gt = tl.zeros([], dtype=tl.int64)
+        base_eq = tl.zeros([], dtype=tl.int64)
+    for t in range(TILES):
+        offs = (p * TILES + t) * TILE + tl.arange(0, TILE)
+        m = offs < length
+        v = tl.load(x_ptr + start + offs, mask=m, other=0.0)
+        key = (v.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
+        ok = m & (key >= lo) & (key <= hi)
+        gt = ok & (key > t_key)
+        eq = ok & (key == t_key)
+        gi = gt.to(tl.int64)
+        ei = eq.to(tl.int64)
+        if WRITE:
+            eq_before = base_eq + tl.cumsum(ei, 0) - ei
+            take = gt | (eq & (eq_before < ties))
+            slot = base_gt + tl.cumsum(gi, 0) - gi + tl.minimum(eq_before, ties)
+            out = b * k + slot
+            tl.store(pos_ptr + out, start + offs, mask=take)
+            if VALUE == 0:
+                seen = v
+                tl.store(val_ptr + out, v, mask=take)
+            elif VALUE == 1:
+                wire = tl.clamp(v, -65504.0, 65504.0, propagate_nan=tl.PropagateNan.ALL)
+                wire = wire.to(tl.float16)
+                seen = wire.to(tl.float32)
+                tl.store(val_ptr + out, wire, mask=take)
+            else:  # bfloat16, rounded to nearest even on the bits (as torch rounds)
+                bits = v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+                up = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+                top = tl.where(v != v, (bits >> 16) | 0x40, up) & 0xFFFF  # NaN stays quiet
+                seen = (top << 16).to(tl.int32).to(tl.float32, bitcast=True)
+                tl.store(val_ptr + out, top.to(tl.int16), mask=take)
+            tl.store(x_ptr + start + offs, v - seen, mask=take)
+        base_gt += tl.sum(gi)
+        base_eq += tl.sum(ei)
+    if not WRITE:
+        tl.store(counts_ptr + 2 * q, base_gt)
+        tl.store(counts_ptr + 2 * q + 1, base_eq)
+    if PAD:
+        taken = tl.load(state_ptr + _S * b + 4)
+        for c0 in range(p * TILE, k, tl.num_programs(0) * TILE):
+            slot = c0 + tl.arange(0, TILE)
+            inside = slot < k
+            tl.store(valid_ptr + b * k + slot, slot < taken, mask=inside)
+            empty = inside & (slot >= taken)
+            tl.store(pos_ptr + b * k + slot, tl.zeros([TILE], dtype=tl.int64), mask=empty)
+            zero = tl.zeros([TILE], dtype=val_ptr.dtype.element_ty)
+            tl.store(val_ptr + b * k + slot, zero, mask=empty)
+
+
+def _thresholds(moments_ptr, parts, out_ptr, z, NODES: tl.constexpr, PART: tl.constexpr):
+    """GaussianK: the mean and std of the bucket from the per-program moments (combined
+    in float64), ``thr = max(|mean| + std * z, TINY)`` in float32 as the plain path
+    computes it, and every threshold the refinement can reach: node ``i`` of a binary
+    tree (children ``2i + 1``: x0.5, ``2i + 2``: x1.5), multiplied in the plain path's
+    order. ``out``: the NODES thresholds, then (``walk``) the chosen one and its count,
+    then the mean and the std."""
+    n = tl.zeros([], dtype=tl.float64)
+    s = tl.zeros([], dtype=tl.float64)
+    for c0 in range(0, parts, PART):
+        i = c0 + tl.arange(0, PART)
+        m = i < parts
+        c = tl.load(moments_ptr + 3 * i, mask=m, other=0.0).to(tl.float64)
+        mu = tl.load(moments_ptr + 3 * i + 1, mask=m, other=0.0).to(tl.float64)
+        n += tl.sum(c)
+        s += tl.sum(tl.where(c > 0, c * mu, 0.0))
+    mean = s / n
+    m2 = tl.zeros([], dtype=tl.float64)
+    for c0 in range(0, parts, PART):
+        i = c0 + tl.arange(0, PART)
+        m = i < parts
+        c = tl.load(moments_ptr + 3 * i, mask=m, other=0.0).to(tl.float64)
+        mu = tl.load(moments_ptr + 3 * i + 1, mask=m, other=0.0).to(tl.float64)
+        dev = tl.load(moments_ptr + 3 * i + 2, mask=m, other=0.0).to(tl.float64)
+        d = mu - mean
+        m2 += tl.sum(tl.where(c > 0, dev + c * d * d, 0.0))
+    mean32 = mean.to(tl.float32)
+    std32 = tl.sqrt(m2 / (n - 1.0)).to(tl.float32)
+    least = tl.full([], _LEAST, tl.float32)
+    thr = tl.maximum(tl.abs(mean32) + std32 * z, least, propagate_nan=tl.PropagateNan.ALL)
+    node = tl.arange(0, NODES)
+    path = node + 1  # the binary digits after its leading one: 0 = x0.5, 1 = x1.5
+    depth = tl.zeros([NODES], dtype=tl.int32)
+    for j in tl.static_range(1, 6):
+        depth += (path >= (1 << j)).to(tl.int32)
+    vals = tl.zeros([NODES], dtype=tl.float32) + thr
+    for step in tl.static_range(0, 5):
+        bit = (path >> tl.maximum(depth - 1 - step, 0)) & 1
+        factor = tl.where(bit == 1, 1.5, 0.5)
+        vals = tl.where(step < depth, vals * factor, vals)
+    tl.store(out_ptr + node, vals)
+    tl.store(out_ptr + NODES + 2, mean32)
+    tl.store(out_ptr + NODES + 3, std32)
+
+
+def _count_passing(
+    x_ptr, n, thr_ptr, counts_ptr, NODES: tl.constexpr, TILE: tl.constexpr,
+    TILES: tl.constexpr,
+):  # fmt: skip
+    """``counts[j] += #{|x| >= thr[j]}`` for every candidate threshold, one read."""
+    p = tl.program_id(0)
+    thr = tl.load(thr_ptr + tl.arange(0, NODES))
+    got = tl.zeros([NODES], dtype=tl.int32)
+    for t in range(TILES):
+        offs = (p * TILES + t) * TILE + tl.arange(0, TILE)
+        m = offs < n
+        mag = tl.abs(tl.load(x_ptr + offs, mask=m, other=0.0))
+        hit = (mag[:, None] >= thr[None, :]) & m[:, None]
+        got += tl.sum(hit.to(tl.int32), axis=0)
+    tl.atomic_add(counts_ptr + tl.arange(0, NODES), got, sem="relaxed")
+
+
+def _walk(
+    counts_ptr, out_ptr, bounds_ptr, state_ptr, low, high, cap,
+    REFINE: tl.constexpr, NODES: tl.constexpr,
+):  # fmt: skip
+    """GaussianK's refinement on the counts: from the root, halve while fewer than
+    ``low`` pass, x1.5 while more than ``high`` pass (counts compared as float32, as
+    the plain path's ``count < 2 * k / 3``). Sets the block's eligible keys
+    (``|x| >= max(thr, TINY)``, NaN never) and, when all of them fit ``cap``, a done
+    search that takes them all."""
+    ids = tl.arange(0, NODES)
+    counts = tl.load(counts_ptr + ids)
+    thr_all = tl.load(out_ptr + ids)
+    node = tl.zeros([], dtype=tl.int32)
+    for _ in tl.static_range(0, REFINE):
+        c = tl.sum(tl.where(ids == node, counts, 0)).to(tl.float32)
+        node = tl.where(c < low, 2 * node + 1, tl.where(c > high, 2 * node + 2, node))
+    thr = tl.sum(tl.where(ids == node, thr_all, 0.0))
+    passing = tl.sum(tl.where(ids == node, counts, 0))
+    floor = tl.maximum(thr, tl.full([], _LEAST, tl.float32), propagate_nan=tl.PropagateNan.ALL)
+    lo = floor.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    tl.store(bounds_ptr, lo)
+    tl.store(bounds_ptr + 1, tl.zeros([], dtype=tl.int32) + _INF)
+    # |x| >= thr counts exactly the eligible keys unless thr was raised to TINY
+    fits = (thr == floor) & (passing <= cap)
+    tl.store(state_ptr, tl.zeros([], dtype=tl.int64))
+    tl.store(state_ptr + 1, tl.where(fits, passing, 0).to(tl.int64))
+    tl.store(state_ptr + 2, fits.to(tl.int64))
+    tl.store(state_ptr + 3, (lo - 1).to(tl.int64))
+    tl.store(state_ptr + 4, tl.where(fits, passing, 0).to(tl.int64))
+    tl.store(out_ptr + NODES, thr)
+    tl.store(out_ptr + NODES + 1, passing.to(tl.float32))
