@@ -7,11 +7,20 @@ manifests) without affecting each other.
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    # Triton runs in one mode per process, fixed when it is first imported (some test modules
+    # import it indirectly, through torch or timm): without CUDA only its interpreter can run
+    # the fused kernels that tests/test_comm_triton.py checks, so choose it before any import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY_CLASSES = ("dark", "mid", "bright")
 TINY_PER_CLASS = 8

@@ -123,6 +123,7 @@ def compute(
         flush=True,
     )
     at_once = max(1, jobs // options.max_workers)
+    failed: list[str] = []
     started = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix="zoopick-service-gt-"))
     try:
@@ -139,7 +140,12 @@ def compute(
             for n, f in enumerate(as_completed(futures), start=1):
                 entry, target = futures[f]
                 rec = {"key": key(entry, target), "target": target, "model": entry["id"]}
-                rec.update(f.result())
+                try:
+                    rec.update(f.result())
+                except Exception as exc:  # one failed run must not stop the others
+                    failed.append(f"{target}/{entry['id']}: {exc!r}")
+                    print(f"  FAILED {failed[-1]}", flush=True)
+                    continue
                 done[rec["key"]] = rec
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
@@ -149,6 +155,8 @@ def compute(
                     )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if failed:  # the finished runs are logged; a rerun retries only these
+        raise RuntimeError(f"{len(failed)} service fine-tunes failed: " + "; ".join(failed))
     truth = {
         t: {
             e["id"]: {"acc": done[key(e, t)]["acc"], "curve": done[key(e, t)]["curve"]}

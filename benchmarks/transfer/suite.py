@@ -282,6 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     # the suite is every zoo x every target of the mode, whatever this call was asked to do
     expected = [f"{z}/{t}" for z in zoos.ZOOS for t in (mode.targets or tasks.TARGETS)]
     started = time.perf_counter()
+    incomplete: list[str] = []
     for zname in zoo_names:
         spec = zoos.ZOOS[zname]
         root = zoo_folder(mode, zname)
@@ -342,9 +343,15 @@ def main(argv: list[str] | None = None) -> None:
             )
             t2 = time.perf_counter()
             options = service_gt.default_options(**mode.service_changes)
-            service_truth, service_meta = service_gt.compute(
-                root, [target], jobs=args.jobs, options=options
-            )
+            try:
+                service_truth, service_meta = service_gt.compute(
+                    root, [target], jobs=args.jobs, options=options
+                )
+            except RuntimeError as exc:  # failed runs: keep the rest, go on to the next cell
+                merge_run_logs(root, kept_runs)
+                incomplete.append(f"{key}: {exc}")
+                print(f"   {key} incomplete: {exc}", flush=True)
+                continue
             t3 = time.perf_counter()
             merge_run_logs(root, kept_runs)
             if args.truth_only:
@@ -374,6 +381,8 @@ def main(argv: list[str] | None = None) -> None:
             save(res, json_path, md_path, expected)
             best = max(cands, key=lambda c: scored["candidates"][c]["field"]["weighted_tau"])
             print(f"   done in {time.perf_counter() - t1:.0f}s; best w-tau {best}", flush=True)
+    if incomplete:  # rerun: the logged runs are kept, only the failed ones run again
+        raise SystemExit("cells left incomplete by failed runs:\n" + "\n".join(incomplete))
     if args.truth_only:
         print(f"truth-only: fine-tuning runs kept in {out / f'{mode.results}_runs'}")
         return
