@@ -504,10 +504,13 @@ def finetune(self, job_id: str) -> str:
         with session_scope(factory()) as session:
             pipeline.record_run_event(session, run_id, event)
 
+    lease_lost: list[bool] = []
+
     def keep_going() -> bool:
         """Heartbeat between epochs/polls: renew the lease, honour a cancel."""
         with session_scope(factory()) as session:
             if not pipeline.renew_lease(session, jid, owner, cfg.lease_seconds):
+                lease_lost.append(True)  # a sweeper gave the job to a new task
                 return False
             job = session.get(Job, jid)
             return job is not None and not job.cancel_requested
@@ -528,6 +531,9 @@ def finetune(self, job_id: str) -> str:
             )
         raise
 
+    if result.stopped and lease_lost:
+        # the job, its running run and its folder are the new task's now: settle nothing
+        return "lease lost"
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if result.stopped:

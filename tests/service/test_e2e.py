@@ -337,6 +337,73 @@ def test_running_job_is_cancelled_during_training(stack):
     assert client.get(f"/jobs/{jid}/model").status_code == 409
 
 
+def test_a_task_that_lost_its_lease_stops_and_settles_nothing(stack):
+    """A training task whose lease was taken (a sweeper judged it lost and re-queued the job)
+    stops its trainer at the next heartbeat and leaves the job and its running run as they
+    are: they belong to the new task, which trains on the same run record."""
+    pytest.importorskip("zoopick.training.launch", reason="training not written yet")
+    from sqlalchemy import update
+
+    from zoopick.service.db.models import TrainingRun
+
+    client, factory = stack["client"], stack["factory"]
+    gpu = gpu_worker(stack)
+    dataset = _upload_ready(stack, npz_bytes(n_per_class=20, seed=12))
+    ft = {"epochs": 100, "workers": 1, "compressor": "dense", "lr": 0.01}
+    jid = client.post(
+        "/jobs", json={"dataset_id": dataset, "models": ["tiny-resnet"], "finetune": ft}
+    ).json()["id"]
+    run_dir = stack["settings"].storage_dir / "jobs" / jid / "train"
+    job = poll(
+        lambda: _job(client, jid),
+        lambda j: (
+            j["status"] in ("succeeded", "failed", "cancelled")
+            or bool(j["training"] and j["training"]["epochs"])
+        ),
+        timeout=120,
+        interval=0.1,
+        what="the first epoch",
+    )
+    assert job["status"] == "training", (job, gpu.tail())
+    thief = "other-host:1:new-task"
+    with factory.begin() as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == uuid.UUID(jid))
+            .values(lease_owner=thief, lease_expires_at=utcnow() + timedelta(hours=1))
+        )
+    try:
+        poll(
+            lambda: trainer_processes(run_dir),
+            lambda procs: procs == [],
+            timeout=60,
+            what="the trainer to stop after the lease was taken",
+        )
+        poll(
+            gpu.tail,
+            lambda text: "'lease lost'" in text,
+            timeout=30,
+            what="the task to return 'lease lost'",
+        )
+        with factory() as session:
+            row = session.get(Job, uuid.UUID(jid))
+            assert (row.status, row.lease_owner, row.cancel_requested) == ("training", thief, False)
+            runs = session.scalars(select(TrainingRun).where(TrainingRun.job_id == row.id)).all()
+        assert [(r.status, r.finished_at) for r in runs] == [("running", None)]
+    finally:  # nobody will train it: settle it so that later tests see a quiet stack
+        with factory.begin() as session:
+            session.execute(
+                update(Job)
+                .where(Job.id == uuid.UUID(jid))
+                .values(status="cancelled", lease_owner=None, lease_expires_at=None)
+            )
+            session.execute(
+                update(TrainingRun)
+                .where(TrainingRun.job_id == uuid.UUID(jid))
+                .values(status="cancelled", finished_at=utcnow())
+            )
+
+
 def test_a_failing_rank_fails_the_job_with_its_error(stack):
     """Four images leave 2 for training after the test split: enough to validate and score,
     but the trainer's ranks find they cannot each get a batch. Their error is the job's."""
