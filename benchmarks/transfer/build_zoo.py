@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
@@ -38,6 +41,19 @@ from benchmarks.transfer.zoos import ZooModel, ZooSpec  # noqa: E402
 
 MEAN = STD = [0.5, 0.5, 0.5]
 PRETRAIN_LR = 3e-3
+
+PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "1"}
+"""The environment of every build process, so that any x86-64 machine with AVX2 builds the
+same bytes. Why: a build is seeded and single-threaded, but torch picks its CPU kernels by
+the machine's vector width (ATen's AVX2 or AVX-512 loops sum in different orders) and MKL
+its code path by CPU (the random ViT's initialisation alone differed between two machines);
+checkpoints made on one session's machine were not the next one's, so ground truth keyed by
+their sha256 could not carry over. ``ATEN_CPU_CAPABILITY`` pins ATen's loops, ``MKL_CBWR``
+MKL's (its documented conditional numerical reproducibility), and oneDNN, whose convolution
+blocking also follows the cache sizes, is not used (``torch.backends.mkldnn``): about 2x
+the build time, paid once a session. Checked on one machine: pinned builds are identical
+whatever ``MKL_ENABLE_INSTRUCTIONS`` allows, unpinned ones change with the vector width."""
+PORTABLE = "aten-avx2+mkl-cbwr-avx2+no-onednn"
 
 
 ZOO: tuple[ZooModel, ...] = zoos.BASE.models  # the first zoo (older callers import ZOO)
@@ -74,6 +90,7 @@ def pretrain_one(m: ZooModel, out: str, fmnist: str, scale: float, seed: int) ->
     import torch
 
     setup_torch(1)
+    torch.backends.mkldnn.enabled = False  # see PORTABLE_ENV
     start = time.perf_counter()
     model_seed = stable_seed(seed, m.id)
     info: dict = {"id": m.id, "spec": _spec(m)}
@@ -197,6 +214,21 @@ def default_out(zoo: str) -> Path:
     return root / "zoo" if zoo == "base" else root / "zoos" / zoo
 
 
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` while the block runs (what spawned workers inherit)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def build(
     spec: ZooSpec,
     out: Path,
@@ -214,6 +246,7 @@ def build(
         "seed": seed,
         "pretrain_lr": PRETRAIN_LR,
         "tasks_version": tasks.VERSION,
+        "portable": PORTABLE,
     }
     if spec.name != "base":  # the first zoo's stamps predate zoo names
         settings["zoo"] = spec.name
@@ -243,20 +276,19 @@ def build(
             todo.append(m)
     print(f"{len(models) - len(todo)} of {len(models)} checkpoints exist; training {len(todo)}")
     call = (str(out), fmnist, scale, seed)
-    if todo and jobs > 1:
+    if todo:
+        # fresh processes, even for one job: PORTABLE_ENV must be set before torch loads;
         # longest first so the pool does not end on one straggler
         todo.sort(key=lambda m: -m.epochs * m.size**2)
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+        with (
+            _environment(PORTABLE_ENV),
+            ProcessPoolExecutor(max(1, jobs), mp_context=get_context("spawn")) as pool,
+        ):
             futures = [pool.submit(pretrain_one, m, *call) for m in todo]
             for f in futures:
                 info = f.result()
                 log[info["id"]] = info
                 print(f"  {info['id']}: {info['seconds']:.1f}s {info.get('source_train_acc', '')}")
-    else:
-        for m in todo:
-            info = pretrain_one(m, *call)
-            log[info["id"]] = info
-            print(f"  {info['id']}: {info['seconds']:.1f}s {info.get('source_train_acc', '')}")
 
     built = [m for m in spec.models if (out / "ckpt" / f"{m.id}.safetensors").exists()]
     write_manifest([manifest_entry(m, log.get(m.id)) for m in built], out / "zoo.json")
