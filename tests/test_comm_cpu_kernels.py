@@ -267,3 +267,27 @@ def test_kth_largest_is_torch_topks_threshold():
             expect = torch.topk(values, rank, sorted=False).values.min()
             got = cpu_kernels._kth_largest(values.numpy(), rank)
             torch.testing.assert_close(torch.tensor(got), expect, rtol=0, atol=0, equal_nan=True)
+
+
+def test_compiled_take_is_the_torch_one():
+    """``cpu_kernels.take`` (spardl's float32 take on the CPU) gives the values and the
+    residual of ``round_to(x.index_select(0, idx))`` and ``x.index_add_(0, idx, -seen)`` bit
+    for bit: finite values leave 0 (+0.0, as ``v + -v`` does), infinities and NaN leave NaN;
+    unlisted positions are untouched."""
+    from zoopick.training.comm.exchange import round_to
+
+    gen = torch.Generator().manual_seed(26)
+    scale = 10.0 ** torch.randint(-30, 30, (50_000,), generator=gen)
+    x = torch.randn(50_000, generator=gen) * scale
+    x[[3, 7, 11, 13]] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0])
+    idx = torch.cat([torch.tensor([3, 7, 11, 13]), torch.randperm(50_000, generator=gen)[:900]])
+    idx = idx.unique()[torch.randperm(idx.unique().numel(), generator=gen)]  # distinct, unsorted
+    ref = x.clone()
+    payload, seen_ref = round_to(ref.index_select(0, idx), torch.float32)
+    ref.index_add_(0, idx, -seen_ref)
+    got = x.clone()
+    seen = cpu_kernels.take(got, idx)
+    assert torch.equal(seen.view(torch.int32), payload.view(torch.int32))  # bit for bit
+    assert torch.equal(got.view(torch.int32)[~got.isnan()], ref.view(torch.int32)[~ref.isnan()])
+    assert torch.equal(got.isnan(), ref.isnan()) and got.isnan()[[3, 7, 11]].all()
+    assert int((got[idx] == 0).sum()) == idx.numel() - 3

@@ -284,6 +284,26 @@ def _add_average(out, idx, val, divisor):  # pragma: no cover - compiled
         out[idx[j]] = quotients[j]
 
 
+@_jit
+def _take(x, idx, seen):  # pragma: no cover - compiled
+    """``seen = x[idx]``, then ``x[idx] += -seen`` position by position (``idx`` distinct)."""
+    for j in range(idx.shape[0]):
+        v = x[idx[j]]
+        seen[j] = v
+        x[idx[j]] = x[idx[j]] + -v
+
+
+def take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The float32 wire's ``round_to(x.index_select(0, idx))`` and ``x.index_add_(0, idx,
+    -seen)`` (``x`` contiguous float32, ``idx`` distinct int64 positions) in one compiled
+    loop: the values taken out of the residual, and what the residual keeps (``v - v``: 0,
+    or NaN for a non-finite ``v``, as the torch ops give). About a tenth of their time: a
+    gather and a scatter of 1 % of a bucket cost two torch kernels and a temporary each."""
+    seen = torch.empty(idx.numel(), dtype=torch.float32)
+    _take(x.numpy(), idx.numpy(), seen.numpy())
+    return seen
+
+
 def add_average(
     out: torch.Tensor, pieces: Sequence[tuple[torch.Tensor, torch.Tensor]], divisor: int
 ) -> None:

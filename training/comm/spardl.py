@@ -116,6 +116,7 @@ from zoopick.training.comm.select import (
     SAMPLED_MIN_NUMEL,
     Blocks,
     block_topk_indices,
+    cpu_kernels,
     cpu_shortcut,
     even_bounds,
     k_for,
@@ -406,8 +407,12 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
             peaks = None if state.prescan is None else state.prescan.peaks(lo, hi)
             count = kbs[j] if cap is None else cap
             idx = topk_indices(W[lo:hi], count, scratch=scratch, peaks=peaks) + lo
-            payload, seen = round_to(W.index_select(0, idx), codec.value_dtype)
-            W.index_add_(0, idx, -seen)
+            kernels = cpu_kernels(W) if codec.value_dtype == torch.float32 else None
+            if kernels is not None:  # the same values and residual, one compiled loop
+                payload = seen = kernels.take(W, idx)
+            else:
+                payload, seen = round_to(W.index_select(0, idx), codec.value_dtype)
+                W.index_add_(0, idx, -seen)
             if sent is not None:
                 sent.index_fill_(0, idx, True)
         return idx, payload, seen
