@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
@@ -36,7 +33,13 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import numpy as np  # noqa: E402
 
 from benchmarks.transfer import tasks, zoos  # noqa: E402
-from benchmarks.transfer.finetune_gt import setup_torch, stable_seed, to_tensor, train  # noqa: E402
+from benchmarks.transfer.finetune_gt import (  # noqa: E402
+    environment,
+    setup_torch,
+    stable_seed,
+    to_tensor,
+    train,
+)
 from benchmarks.transfer.zoos import ZooModel, ZooSpec  # noqa: E402
 
 MEAN = STD = [0.5, 0.5, 0.5]
@@ -214,21 +217,6 @@ def default_out(zoo: str) -> Path:
     return root / "zoo" if zoo == "base" else root / "zoos" / zoo
 
 
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` while the block runs (what spawned workers inherit)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def build(
     spec: ZooSpec,
     out: Path,
@@ -281,7 +269,7 @@ def build(
         # longest first so the pool does not end on one straggler
         todo.sort(key=lambda m: -m.epochs * m.size**2)
         with (
-            _environment(PORTABLE_ENV),
+            environment(**PORTABLE_ENV),
             ProcessPoolExecutor(max(1, jobs), mp_context=get_context("spawn")) as pool,
         ):
             futures = [pool.submit(pretrain_one, m, *call) for m in todo]

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,21 @@ import torch.nn.functional as F
 def stable_seed(*parts: object) -> int:
     """A seed derived from names (CRC32), identical across processes and Python runs."""
     return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+@contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """``values`` in ``os.environ`` while the block runs (what child processes inherit)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def setup_torch(threads: int = 1, device: str = "cpu") -> None:

@@ -20,35 +20,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.transfer.finetune_gt import read_manifest  # noqa: E402
+from benchmarks.transfer.finetune_gt import environment, read_manifest  # noqa: E402
 from benchmarks.transfer.ground_truth import file_hash  # noqa: E402
-
-
-@contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def default_options(**changes):
@@ -130,7 +113,7 @@ def compute(
         # the trainer's workers (started with a copy of this environment) each get one thread
         # and never see a GPU; the suite's next GPU fine-tunes get the environment back
         with (
-            _environment(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
+            environment(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
             log_path.open("a") as log,
             ThreadPoolExecutor(at_once) as pool,
         ):
