@@ -296,14 +296,13 @@ def trainer_processes(run_dir) -> list[str]:
     return found
 
 
-def test_running_job_is_cancelled_during_training(stack):
-    """A long fine-tune (100 epochs): cancelled once its first epochs are in, the training
-    task stops the trainer's whole process group at the next epoch and settles the job."""
+def _long_finetune_at_work(stack, ft: dict, seed: int):
+    """A fine-tune job of ``ft`` on its own dataset, once its first epoch is in and its
+    trainer's processes are at work: (job id, run folder, the gpu worker)."""
     pytest.importorskip("zoopick.training.launch", reason="training not written yet")
     client = stack["client"]
     gpu = gpu_worker(stack)
-    dataset = _upload_ready(stack, npz_bytes(n_per_class=20, seed=11))
-    ft = {"epochs": 100, "workers": 2, "compressor": "dense", "lr": 0.01}
+    dataset = _upload_ready(stack, npz_bytes(n_per_class=20, seed=seed))
     jid = client.post(
         "/jobs", json={"dataset_id": dataset, "models": ["tiny-resnet"], "finetune": ft}
     ).json()["id"]
@@ -320,6 +319,15 @@ def test_running_job_is_cancelled_during_training(stack):
     )
     assert job["status"] == "training", (job, gpu.tail())
     assert trainer_processes(run_dir)  # torchrun and its ranks are at work
+    return jid, run_dir, gpu
+
+
+def test_running_job_is_cancelled_during_training(stack):
+    """A long fine-tune (100 epochs): cancelled once its first epochs are in, the training
+    task stops the trainer's whole process group at the next epoch and settles the job."""
+    client = stack["client"]
+    ft = {"epochs": 100, "workers": 2, "compressor": "dense", "lr": 0.01}
+    jid, run_dir, gpu = _long_finetune_at_work(stack, ft, seed=11)
     resp = client.post(f"/jobs/{jid}/cancel")
     assert resp.status_code == 202 and resp.json()["cancel_requested"], resp.text
     job = poll(
@@ -341,30 +349,13 @@ def test_a_task_that_lost_its_lease_stops_and_settles_nothing(stack):
     """A training task whose lease was taken (a sweeper judged it lost and re-queued the job)
     stops its trainer at the next heartbeat and leaves the job and its running run as they
     are: they belong to the new task, which trains on the same run record."""
-    pytest.importorskip("zoopick.training.launch", reason="training not written yet")
     from sqlalchemy import update
 
     from zoopick.service.db.models import TrainingRun
 
-    client, factory = stack["client"], stack["factory"]
-    gpu = gpu_worker(stack)
-    dataset = _upload_ready(stack, npz_bytes(n_per_class=20, seed=12))
+    factory = stack["factory"]
     ft = {"epochs": 100, "workers": 1, "compressor": "dense", "lr": 0.01}
-    jid = client.post(
-        "/jobs", json={"dataset_id": dataset, "models": ["tiny-resnet"], "finetune": ft}
-    ).json()["id"]
-    run_dir = stack["settings"].storage_dir / "jobs" / jid / "train"
-    job = poll(
-        lambda: _job(client, jid),
-        lambda j: (
-            j["status"] in ("succeeded", "failed", "cancelled")
-            or bool(j["training"] and j["training"]["epochs"])
-        ),
-        timeout=120,
-        interval=0.1,
-        what="the first epoch",
-    )
-    assert job["status"] == "training", (job, gpu.tail())
+    jid, run_dir, gpu = _long_finetune_at_work(stack, ft, seed=12)
     thief = "other-host:1:new-task"
     with factory.begin() as session:
         session.execute(
