@@ -38,40 +38,45 @@ what fine-tuning keeps: the features.
 *Why cross-fitted (issue 20).* Estimated means are noisy: ``(m_i - m_j)' M (m_i - m_j)``
 exceeds the true separation by ``tr(M V)``, V the covariance of the mean difference, about
 ``dim (1/n_i + 1/n_j)``: 13 at 10 images a class in 64 dimensions, against a true separation
-that may be 0. The form of issues 11-19 (``splits=0``, kept for comparison) subtracted
-``tr(M (S_i/n_i + S_j/n_j))`` with M = Sbar^-1 built from those same S: an inverse covariance
-is small exactly where its own sample spread is large, so this falls short of ``tr(M V)``
-(the inverse-Wishart bias, ``E[S^-1] = Sigma^-1 N/(N - p - 1)`` for a plain estimate).
-Measured on features with no class information (``benchmarks/results/fsms_fewshot.md``):
-the raw q exceeded the subtracted term by 11-28 % at 20 images a class and 20-90 % at 5
-(more for steeper spectra and fewer classes), and q was then floored at 0, so such features
-scored 0.1-0.3 at 20 images a class, 0.2-0.6 at 10 and 0.3-1.4 at 5, a floor that differs
-from model to model with its spectrum and width and so reorders a zoo. The halves' mean
-differences have independent noise, so their product has expectation exactly the
+that may be 0. The form of issues 11-19 (``splits=0``, kept for comparison) subtracted ``tr(M
+(S_i/n_i + S_j/n_j))`` with M = Sbar^-1 built from those same S: an inverse covariance is
+small exactly where its own sample spread is large, so this falls short of ``tr(M V)`` (the
+inverse-Wishart bias, ``E[S^-1] = Sigma^-1 N/(N - p - 1)`` for a plain estimate). Measured on
+features with no class information (``benchmarks/results/fsms_fewshot.md``, 4 draws a
+setting): the raw q exceeded the subtracted term by up to 37 % at 20 images a class and 9-79 %
+at 5 (more for steeper spectra and fewer classes), and q was then floored at 0, so such
+features scored up to 0.26 at 20 images a class, 0.45 at 10 and 1.1 at 5 (at 50: 0.04-0.11), a
+floor that differs from model to model with its spectrum and width and so reorders a zoo. The
+halves' mean differences have independent noise, so their product has expectation exactly the
 separation, with nothing to subtract; for Gaussian classes the scatter within the halves is
-independent of the halves' means, so Sbar^-1 does not bias it either (without Gaussian
-classes only a product of the two halves' mean-scatter correlations, third moments, is left,
-which vanishes for symmetric noise). ``D_ij`` is left unfloored: a pair that
-does not separate averages ~0 rather than a positive floor, and the final ``max(0, .)``
-keeps the score >= 0. Featureless data now score ~0.01 at 5-20 images a class in 64 or 2,048
-dimensions. The price is variance: each half mean carries twice the noise, which the average
-over 8 splits mostly recovers. On simulated zoos whose truth is known (the recipe in
-``benchmarks/metrics_fewshot/run.py``; nothing from the transfer suite) the corrected form
-ranks models better than the plug-in one at 5-10 images a class and the same at 50-200 (the
-numbers are in ``benchmarks/results/fsms_fewshot.md``). A smaller dimension for small
-classes, the other fix considered, lost more signal than noise in the same simulation (32 or
-16 dimensions instead of 64 ranked worse at 40 classes at every class size), so ``dim``
-stays 64. The splits are drawn from ``seed`` and the labels alone, so every model scored on
-one dataset is cut the same way; reordering the rows redraws them (the score moves by its
-sampling noise). Classes need 2 images; smaller ones are left out with a warning.
+independent of the halves' means, so Sbar^-1 does not bias it either (without Gaussian classes
+only a product of the two halves' mean-scatter correlations, third moments, is left, which
+vanishes for symmetric noise). ``D_ij`` is left unfloored: a pair that does not separate
+averages ~0 rather than a positive floor, and the final ``max(0, .)`` keeps the score >= 0.
+Featureless data now score at most 0.02 from 10 classes up and at most 0.13 (two classes of 5
+in 2,048 dimensions, where one pair is all there is) at 5-20 images a class. The price is
+variance: each half mean carries twice the noise, which the average over 8 splits mostly
+recovers (1 split ranks 0.03 worse at 5 images a class, 4 splits 0.01). On simulated zoos
+whose truth is known (the recipe in ``benchmarks/metrics_fewshot/run.py``; nothing from the
+transfer suite; 48 zoos of 12 models, Gaussian, heavy-tailed and low-rank noise, 2 to 100
+classes) the corrected form ranks models better than the plug-in one by a paired weighted tau
+of 0.069 +- 0.020 at 5 images a class, 0.050 at 10 and 0.028 at 20, and the same at 50-200
+(within 0.004); it also leads ``logme`` by 0.13 at 5 and 0.05 at 10. A smaller dimension for
+small classes, the other fix considered, lost more signal than noise in the same simulation
+(32 or 16 dimensions instead of 64 ranked worse by 0.015-0.033 and 0.07-0.09 at every class
+size, over all settings), so ``dim`` stays 64. The splits are drawn from ``seed`` and the
+labels alone, so every model scored on one dataset is cut the same way; reordering the rows
+redraws them (the score moves by its sampling noise). Classes need 2 images; smaller ones are
+left out with a warning.
 
 The head is never read, so the score cannot move with the head size (a test checks it). It is
 invariant to the features' scale, shift and rotation. Noise directions appended to features of
-at least ``dim`` dimensions never raise it (tested); a model with fewer than ``dim`` features is
-compared in its own dimension. Cost O(n D min(n, D)) for the projection, then ``splits`` x
-O(C_t dim^2 + C_t^2 dim^3): at 100 classes (n = 10,000, D = 2,048) about 3 s in all on two
-cores, at 1,000 classes of 5 about twice the plug-in form's (it solves one pair system per
-split, the plug-in form one with ``dim`` + 1 right-hand sides).
+at least ``dim`` dimensions never raise it (tested); a model with fewer than ``dim`` features
+is compared in its own dimension. Cost O(n D min(n, D)) for the projection, then ``splits`` x
+O(C_t dim^2 + C_t^2 dim^3): at 100 classes (n = 10,000, D = 2,048) about 4 s in all on two
+cores (``benchmarks/results/metrics_speed.md``), at 1,000 classes of 5 about twice the plug-in
+form's (it solves one pair system per split, the plug-in form one with ``dim`` + 1 right-hand
+sides).
 
 The options were fixed by the reasoning above, not tuned per target; ``whiten`` was chosen
 between two forms on the transfer benchmark, which therefore is not an independent check of
