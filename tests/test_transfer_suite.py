@@ -101,3 +101,41 @@ def test_run_logs_merge_by_key_and_keep_what_is_there(tmp_path):
     keys = [json.loads(x)["key"] for x in (kept / "gt_runs.jsonl").read_text().splitlines()]
     assert keys == ["a", "b", "c"]
     assert merge_run_logs(zoo, kept) == 0
+
+
+def test_a_cell_is_done_by_its_plan_whatever_bytes_the_build_gave():
+    import dataclasses
+
+    from benchmarks.transfer import build_zoo, suite, zoos
+
+    spec, mode, cands = zoos.ZOOS["base"], suite.FULL, ["logme", "fsms"]
+    settings = build_zoo.build_settings(spec)
+    digest = suite.build_digest(spec, settings, None)
+    plans = {t: suite.cell_plan(mode, digest, t, cands) for t in ("t1", "t2", "t3")}
+    res = {
+        "cells": {
+            "base/t1": {"status": "done", "plan": plans["t1"], "files": {"ckpt/a": "1"}},
+            "base/t2": {"status": "done", "plan": plans["t2"], "files": {"ckpt/a": "9"}},
+            "base/t3": {"status": "partial", "plan": plans["t3"]},
+            "fonts/t1": {"status": "done", "plan": plans["t1"]},
+        }
+    }
+    assert suite.cells_done(res, "base", plans) == ["t1", "t2"]
+    assert suite.cells_done(res, "synth", plans) == []
+    # another candidate list, target or protocol is another plan
+    assert suite.cell_plan(mode, digest, "t1", ["logme"]) != plans["t1"]
+    assert suite.cell_plan(mode, digest, "t2", cands) != plans["t1"]
+    assert suite.cell_plan(suite.QUICK, digest, "t1", cands) != plans["t1"]
+    # the build digest follows the settings, the models built and each model's spec
+    other = dataclasses.replace(spec.models[0], epochs=spec.models[0].epochs + 1)
+    changed = dataclasses.replace(spec, models=(other, *spec.models[1:]))
+    assert suite.build_digest(changed, settings, None) != digest
+    assert suite.build_digest(spec, {**settings, "seed": 1}, None) != digest
+    assert suite.build_digest(spec, settings, [spec.models[0].id]) != digest
+    assert suite.build_digest(spec, settings, None) == digest
+    # a cell keeps the sha256 of every checkpoint and of its own target's splits only
+    hashes = {"ckpt/a.safetensors": "1", "targets/t1-train.npz": "2", "targets/t2-test.npz": "3"}
+    assert suite.cell_files(hashes, "t1") == {
+        "ckpt/a.safetensors": "1",
+        "targets/t1-train.npz": "2",
+    }

@@ -96,7 +96,7 @@ def pretrain_one(m: ZooModel, out: str, fmnist: str, scale: float, seed: int) ->
     torch.backends.mkldnn.enabled = False  # see PORTABLE_ENV
     start = time.perf_counter()
     model_seed = stable_seed(seed, m.id)
-    info: dict = {"id": m.id, "spec": _spec(m)}
+    info: dict = {"id": m.id, "spec": checkpoint_spec(m)}
     if m.source is None:
         torch.manual_seed(model_seed)
         model = timm.create_model(m.arch, pretrained=False, num_classes=RANDOM_HEAD)
@@ -115,7 +115,7 @@ def pretrain_one(m: ZooModel, out: str, fmnist: str, scale: float, seed: int) ->
     return info
 
 
-def _spec(m: ZooModel) -> dict:
+def checkpoint_spec(m: ZooModel) -> dict:
     """What a checkpoint was built from (JSON-able), kept in build.json to catch a changed
     spec behind an unchanged id."""
     return {"arch": m.arch, "source": m.source, "epochs": m.epochs, "size": m.size}
@@ -217,6 +217,21 @@ def default_out(zoo: str) -> Path:
     return root / "zoo" if zoo == "base" else root / "zoos" / zoo
 
 
+def build_settings(spec: ZooSpec, *, scale: float = 1.0, seed: int = 0) -> dict:
+    """What every file of a build of ``spec`` depends on besides the models' own specs
+    (``checkpoint_spec``): kept in build.json, where a folder built otherwise is refused."""
+    settings = {
+        "scale": scale,
+        "seed": seed,
+        "pretrain_lr": PRETRAIN_LR,
+        "tasks_version": tasks.VERSION,
+        "portable": PORTABLE,
+    }
+    if spec.name != "base":  # the first zoo's stamps predate zoo names
+        settings["zoo"] = spec.name
+    return settings
+
+
 def build(
     spec: ZooSpec,
     out: Path,
@@ -229,15 +244,7 @@ def build(
 ) -> dict:
     """Build (or finish building) ``spec`` into ``out``: targets, checkpoints, manifest,
     build.json. Returns build.json's content."""
-    settings = {
-        "scale": scale,
-        "seed": seed,
-        "pretrain_lr": PRETRAIN_LR,
-        "tasks_version": tasks.VERSION,
-        "portable": PORTABLE,
-    }
-    if spec.name != "base":  # the first zoo's stamps predate zoo names
-        settings["zoo"] = spec.name
+    settings = build_settings(spec, scale=scale, seed=seed)
     stamp = out / "build.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("settings") != settings:
         raise SystemExit(
@@ -257,7 +264,7 @@ def build(
     for m in models:
         path = out / "ckpt" / f"{m.id}.safetensors"
         recorded = log.get(m.id, {}).get("spec")
-        if path.exists() and recorded not in (None, _spec(m)):  # None: built before specs
+        if path.exists() and recorded not in (None, checkpoint_spec(m)):  # None: built before specs
             print(f"  {m.id}: its spec changed since it was built ({recorded}): retraining")
             path.unlink()
         if not path.exists():

@@ -13,11 +13,12 @@ For each zoo of ``zoos.ZOOS`` (built by ``build_zoo.build``) and each target of
    :data:`ENSEMBLES` score the zoo from one forward pass over the target's training split
    (``run.score_target``), each ranking judged against both truths.
 
-Resumable: fine-tuning runs are logged as they finish and forward passes cached, and a cell
-whose signature (zoo checkpoints, target data, protocol, candidates, metric code) is already in
-the results is skipped. The results are rewritten after every cell, marked ``partial`` until
-every cell is done. The summary (per zoo, per target, leave-one-zoo-out, bootstrap interval
-over targets, the rule's pick, the goals) is recomputed from the cells each time.
+Resumable: fine-tuning runs are logged as they finish and forward passes cached; a cell whose
+plan (zoo build, target, protocol, candidates, metric code: ``cell_plan``) is in the results
+is skipped, and a zoo whose every cell is is not built. The results are rewritten after every
+cell, marked ``partial`` until every cell is done. The summary (per zoo, per target,
+leave-one-zoo-out, bootstrap interval over targets, the rule's pick, the goals) is recomputed
+from the cells each time.
 
     python benchmarks/transfer/suite.py --quick                     # minutes: not a result
     python benchmarks/transfer/suite.py --jobs 16 --device auto     # the full suite
@@ -151,15 +152,48 @@ def _torch_version() -> str:
     return torch.__version__
 
 
-def cell_signature(mode: Mode, hashes: dict[str, str], target: str, cands: list[str]) -> str:
-    relevant = {k: v for k, v in hashes.items() if k.startswith("ckpt/") or f"/{target}-" in k}
+def cell_files(hashes: dict[str, str], target: str) -> dict[str, str]:
+    """The sha256 of what one cell reads: every checkpoint and the target's splits."""
+    return {k: v for k, v in hashes.items() if k.startswith("ckpt/") or f"/{target}-" in k}
+
+
+def build_digest(spec: zoos.ZooSpec, settings: dict, only: list[str] | None) -> str:
+    """What a zoo's files are made from: the build settings and each model's spec."""
+    models = {m.id: build_zoo.checkpoint_spec(m) for m in spec.models if not only or m.id in only}
+    doc = {"settings": settings, "models": models}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cell_plan(mode: Mode, digest: str, target: str, cands: list[str]) -> str:
+    """What a cell measures, whatever machine measures it: the protocol, the zoo's build
+    digest, the target, the candidates and the metrics' code. A cell whose plan is in the
+    results is done.
+
+    Why not the checkpoints' bytes: a seeded build is byte-identical on one machine but not
+    across CPUs (the base zoo, built with ATen pinned to AVX2 on two sessions' machines,
+    matched in 1 of 21 checkpoints), and the suite needs several sessions, each on a fresh
+    machine. Each cell is measured whole on one build (its truth and its scores read the
+    same checkpoints, whose sha256 the cell keeps as ``files``); cells of one zoo may come
+    from builds of different machines, alike but for floating-point order."""
     doc = {
         "mode": asdict(mode),
-        "files": relevant,
+        "build": digest,
+        "target": target,
         "candidates": cands,
         "metric_code": metric_code_digest(),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cells_done(res: dict, zoo: str, plans: dict[str, str]) -> list[str]:
+    """The targets of ``plans`` (target: plan) whose cell of ``zoo`` is done to that plan."""
+    cells = res["cells"]
+    return [
+        t
+        for t, plan in plans.items()
+        if cells.get(f"{zoo}/{t}", {}).get("status") == "done"
+        and cells[f"{zoo}/{t}"].get("plan") == plan
+    ]
 
 
 def score_cell(root: Path, target: str, field_truth: dict, service_truth: dict, threads: int):
@@ -288,6 +322,12 @@ def main(argv: list[str] | None = None) -> None:
         root = zoo_folder(mode, zname)
         only = list(spec.quick) if mode.quick_models else None
         t0 = time.perf_counter()
+        digest = build_digest(spec, build_zoo.build_settings(spec, scale=mode.scale), only)
+        plans = {t: cell_plan(mode, digest, t, cands) for t in targets}
+        done = cells_done(res, zname, plans)
+        if len(done) == len(plans):  # nothing to build for (a new machine would pretrain)
+            print(f"{zname}: every cell done, zoo not built", flush=True)
+            continue
         kept_runs = out / f"{mode.results}_runs" / zname
         merged = merge_run_logs(kept_runs, root)
         if merged:
@@ -313,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
                 for m in models
             ],
             "build_settings": build["settings"],
+            "build_digest": digest,
             "build_seconds_sum": sum(v.get("seconds", 0) for v in build["models"].values()),
             "build_wall_this_call": time.perf_counter() - t0,
             "hashes": hashes,
@@ -325,8 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         for target in targets:
             key = f"{zname}/{target}"
-            sig = cell_signature(mode, hashes, target, cands)
-            if res["cells"].get(key, {}).get("signature") == sig:
+            if target in done:
                 print(f"{key}: done before, skipped", flush=True)
                 continue
             print(f"== {key}", flush=True)
@@ -362,7 +402,8 @@ def main(argv: list[str] | None = None) -> None:
                 "zoo": zname,
                 "target": target,
                 "status": "done",
-                "signature": sig,
+                "plan": plans[target],
+                "files": cell_files(hashes, target),
                 "truth": {"field": field_truth[target], "service": service_truth[target]},
                 "ceiling": run.seed_agreement(field_truth[target]),
                 **scored,
