@@ -59,3 +59,68 @@ def test_a_zoo_whose_truth_is_incomplete_is_refused(zoo):
         SystemExit, match="1 of the suite.s fine-tuning runs .* t/b seed 2 at its best lr"
     ):
         truth.field_truth(zoo, ["t"])
+
+
+def _race_doc(targets: dict[str, float], **changes) -> dict:
+    """A race result as run.py writes it: per target the metric's rel@1 and one race."""
+    doc = {
+        "zoo": "fonts",
+        "role": "held out",
+        "truth": "t",
+        "protocol": {"select_by": "fsms", "shortlists": [3]},
+        "service": "accuracy+cosine",
+        "metric_code": "m",
+        "models": 2,
+        "seconds": 10.0,
+        "targets": {
+            t: {
+                "metric_only": {"rel@1": rel},
+                "ceiling_wtau": 0.8,
+                "races": [
+                    {
+                        "variant": "service",
+                        "k": 3,
+                        "budget": 0.2,
+                        "every_model": False,
+                        "rel@1": 1.0,
+                        "shortlist_best_rel": 1.0,
+                        "compute": 0.2,
+                        "race_wtau": 0.4,
+                    },
+                ],  # fmt: skip
+            }
+            for t, rel in targets.items()
+        },
+    }
+    return {**doc, **changes}
+
+
+def test_merged_races_keep_every_target_and_summarise_them_all():
+    from benchmarks.race.run import merged
+
+    old, new = _race_doc({"a": 0.9, "b": 0.5}), _race_doc({"b": 0.7, "c": 1.0})
+    doc = merged(old, new)
+    assert sorted(doc["targets"]) == ["a", "b", "c"]
+    assert doc["targets"]["b"]["metric_only"]["rel@1"] == 0.7  # the newer run of b
+    assert doc["seconds"] == 20.0
+    metric = doc["summary"][0]
+    assert metric["targets"] == 3
+    assert metric["mean_rel@1"] == pytest.approx((0.9 + 0.7 + 1.0) / 3)
+    assert metric["at_0.99"] == 1
+    race = doc["summary"][1]
+    assert race["targets"] == 3 and race["better_than_metric"] == 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"protocol": {"select_by": "logme", "shortlists": [3]}},
+        {"metric_code": "other"},
+        {"zoo": "synth"},
+    ],
+)
+def test_races_of_another_protocol_zoo_or_metric_code_are_not_merged(change):
+    from benchmarks.race.run import merged
+
+    with pytest.raises(SystemExit, match="differs in"):
+        merged(_race_doc({"a": 0.9}), _race_doc({"b": 0.7}, **change))

@@ -25,7 +25,9 @@ seeded, one thread a process.
         --ground-truth benchmarks/results/transfer_ground_truth.json   # development (base)
     python benchmarks/race/run.py --zoo benchmarks/transfer/zoos/fonts   # held out (suite truth)
 
-Writes ``benchmarks/results/race_<zoo>.{json,md}`` (``--out`` to change).
+Writes ``benchmarks/results/race_<zoo>.{json,md}`` (``--out`` to change); ``--merge`` adds
+``--targets`` to what is there (the suite's ``--race`` races each held-out cell this way, on
+the build its truth was measured on: builds differ between machines).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from benchmarks.race.paired import SIGNIFICANCE  # noqa: E402
 from benchmarks.race.pool import Pool, Recipe, run_race, split_target  # noqa: E402
 from benchmarks.race.variants import SERVICE, resolve  # noqa: E402
 from benchmarks.transfer.finetune_gt import load_target, read_manifest, setup_torch  # noqa: E402
+from benchmarks.transfer.suite import cell_files, zoo_hashes  # noqa: E402
 from zoopick.training import race  # noqa: E402
 
 
@@ -215,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", default="benchmarks/transfer/cache")
     ap.add_argument("--name", help="the zoo's name in the results (default: from --zoo)")
     ap.add_argument("--out", help="default: benchmarks/results/race_<zoo>")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the targets already in --out (raced with the same zoo, protocol and metric "
+        "code, else refused) and add these: a zoo's targets raced one session at a time",
+    )
     args = ap.parse_args(argv)
     if args.select_by is None:
         from zoopick.service.jobs import DEFAULT_SELECT_BY
@@ -246,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         results = {t: run_target(t, truth[t], args) for t in targets}
 
+    hashes = zoo_hashes(root)
+    for t, r in results.items():  # what each target was raced on (builds differ by machine)
+        r["files"] = cell_files(hashes, t)
     doc = {
         "zoo": name,
         "role": truths.role(name),
@@ -274,11 +286,35 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summarise(results),
         "targets": results,
     }
+    if args.merge and out.with_suffix(".json").exists():
+        doc = merged(json.loads(out.with_suffix(".json").read_text()), doc)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=2))
     out.with_suffix(".md").write_text(report(doc))
     print(out.with_suffix(".md").read_text())
     return 0
+
+
+MERGE_KEYS = ("zoo", "role", "truth", "protocol", "service", "metric_code", "models")
+"""What two runs must share for their targets to make one result (``--merge``)."""
+
+
+def merged(old: dict, new: dict) -> dict:
+    """``new``'s targets added to ``old``'s (a target in both: ``new``'s), the summary over
+    all of them. Each target is raced whole in one run, on the build its truth was measured
+    on, and a target's race does not depend on which other targets ran with it (one seeded
+    process each), so the merge is the result one run over every target would give on
+    those builds. Refused when the runs differ in anything else (``MERGE_KEYS``)."""
+    differ = [k for k in MERGE_KEYS if old.get(k) != new.get(k)]
+    if differ:
+        raise SystemExit(f"--merge: the earlier result differs in {', '.join(differ)}")
+    targets = {**old["targets"], **new["targets"]}
+    return {
+        **new,
+        "seconds": round(old["seconds"] + new["seconds"], 1),
+        "summary": summarise(targets),
+        "targets": targets,
+    }
 
 
 def _mean(values: list[float]) -> float | None:

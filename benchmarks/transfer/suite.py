@@ -264,6 +264,19 @@ def save(res: dict, json_path: Path, md_path: Path, expected: list[str]) -> None
     write_markdown(md_path, res)
 
 
+def race_cell(root: Path, zoo: str, target: str, device: str) -> None:
+    """Issue 18's held-out judgement of one cell: its target raced now, while the zoo's
+    folder holds the build the cell's truth was measured on (the next machine's build may
+    differ), merged into ``race_<zoo>`` (``benchmarks/race/PREREGISTRATION.md``)."""
+    from benchmarks.race import run as race_run
+    from benchmarks.race import truth as race_truth
+
+    if race_truth.role(zoo) != "held out":
+        return
+    print(f"   racing {zoo}/{target}", flush=True)
+    race_run.main(["--zoo", str(root), "--targets", target, "--truth-device", device, "--merge"])
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the minutes-long subset (not a result)")
@@ -281,6 +294,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="build and fine-tune (both ground truths) without scoring: no metric result is "
         "seen while a metric may still change (PREREGISTRATION.md)",
+    )
+    ap.add_argument(
+        "--race",
+        action="store_true",
+        help="after each cell of a held-out zoo, race its target (benchmarks/race/run.py "
+        "--merge) on the build its truth was measured on",
     )
     args = ap.parse_args(argv)
 
@@ -422,6 +441,8 @@ def main(argv: list[str] | None = None) -> None:
             save(res, json_path, md_path, expected)
             best = max(cands, key=lambda c: scored["candidates"][c]["field"]["weighted_tau"])
             print(f"   done in {time.perf_counter() - t1:.0f}s; best w-tau {best}", flush=True)
+            if args.race and mode.name == "full":
+                race_cell(root, zname, target, device)
     if incomplete:  # rerun: the logged runs are kept, only the failed ones run again
         raise SystemExit("cells left incomplete by failed runs:\n" + "\n".join(incomplete))
     if args.truth_only:
