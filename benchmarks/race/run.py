@@ -246,19 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         truth = truths.field_truth(root, targets, args.truth_device)
         truth_source = f"{root}/gt_runs.jsonl (the suite's field truth, suite.FULL)"
 
-    started = time.perf_counter()
-    results: dict[str, dict] = {}
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-            futures = {t: pool.submit(run_target, t, truth[t], args) for t in targets}
-            results = {t: f.result() for t, f in futures.items()}
-    else:
-        results = {t: run_target(t, truth[t], args) for t in targets}
-
-    hashes = zoo_hashes(root)
-    for t, r in results.items():  # what each target was raced on (builds differ by machine)
-        r["files"] = cell_files(hashes, t)
-    doc = {
+    head = {
         "zoo": name,
         "role": truths.role(name),
         "folder": str(root),
@@ -282,12 +270,32 @@ def main(argv: list[str] | None = None) -> int:
         "service": SERVICE.name,
         "metric_code": metric_code_digest(),
         "models": len(read_manifest(root)),
+    }
+    earlier = None
+    if args.merge and out.with_suffix(".json").exists():
+        earlier = json.loads(out.with_suffix(".json").read_text())
+        mergeable(earlier, head)  # before any training: a refused merge costs nothing
+
+    started = time.perf_counter()
+    results: dict[str, dict] = {}
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+            futures = {t: pool.submit(run_target, t, truth[t], args) for t in targets}
+            results = {t: f.result() for t, f in futures.items()}
+    else:
+        results = {t: run_target(t, truth[t], args) for t in targets}
+
+    hashes = zoo_hashes(root)
+    for t, r in results.items():  # what each target was raced on (builds differ by machine)
+        r["files"] = cell_files(hashes, t)
+    doc = {
+        **head,
         "seconds": round(time.perf_counter() - started, 1),
         "summary": summarise(results),
         "targets": results,
     }
-    if args.merge and out.with_suffix(".json").exists():
-        doc = merged(json.loads(out.with_suffix(".json").read_text()), doc)
+    if earlier is not None:
+        doc = merged(earlier, doc)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=2))
     out.with_suffix(".md").write_text(report(doc))
@@ -299,15 +307,20 @@ MERGE_KEYS = ("zoo", "role", "truth", "protocol", "service", "metric_code", "mod
 """What two runs must share for their targets to make one result (``--merge``)."""
 
 
+def mergeable(old: dict, new: dict) -> None:
+    """Refuses (exits) unless two runs share everything but their targets (``MERGE_KEYS``)."""
+    differ = [k for k in MERGE_KEYS if old.get(k) != new.get(k)]
+    if differ:
+        raise SystemExit(f"--merge: the earlier result differs in {', '.join(differ)}")
+
+
 def merged(old: dict, new: dict) -> dict:
     """``new``'s targets added to ``old``'s (a target in both: ``new``'s), the summary over
     all of them. Each target is raced whole in one run, on the build its truth was measured
     on, and a target's race does not depend on which other targets ran with it (one seeded
     process each), so the merge is the result one run over every target would give on
-    those builds. Refused when the runs differ in anything else (``MERGE_KEYS``)."""
-    differ = [k for k in MERGE_KEYS if old.get(k) != new.get(k)]
-    if differ:
-        raise SystemExit(f"--merge: the earlier result differs in {', '.join(differ)}")
+    those builds. Refused when the runs differ in anything else (``mergeable``)."""
+    mergeable(old, new)
     targets = {**old["targets"], **new["targets"]}
     return {
         **new,
