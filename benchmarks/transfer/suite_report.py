@@ -172,8 +172,9 @@ def _zoo_table(res: dict) -> list[str]:
     md = [
         "## Zoos",
         "",
-        "| zoo | models | architectures | input px | heads | features | near targets | sources |",
-        "|---|---|---|---|---|---|---|---|",
+        "| zoo | models | architectures | input px | heads | features | near targets | builds "
+        "| sources |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, z in res["zoos"].items():
         models = z["models"]
@@ -191,9 +192,26 @@ def _zoo_table(res: dict) -> list[str]:
         md.append(
             f"| {name} | {len(models)} | {len(archs)} ({', '.join(archs)}) | "
             f"{', '.join(map(str, sizes))} | {min(heads)}-{max(heads)} | {feat} | {near} | "
-            f"{z['description']} |"
+            f"{_builds(res, name)} | {z['description']} |"
         )
-    return md + [""]
+    return md + [
+        "",
+        "*builds*: the distinct sets of checkpoints (sha256) the zoo's finished cells were "
+        "measured on. A seeded build is byte-identical on one machine, not across machines, "
+        "and each session of this suite runs on a fresh one; every cell is measured whole on "
+        "one build (`suite.cell_plan`).",
+        "",
+    ]
+
+
+def _builds(res: dict, zoo: str) -> int:
+    """How many different checkpoint sets the zoo's finished cells read."""
+    sets = {
+        tuple(sorted((k, v) for k, v in c.get("files", {}).items() if k.startswith("ckpt/")))
+        for c in _done(res)
+        if c["zoo"] == zoo
+    }
+    return len(sets)
 
 
 def _target_table(res: dict) -> list[str]:
