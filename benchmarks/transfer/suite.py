@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -264,17 +265,47 @@ def save(res: dict, json_path: Path, md_path: Path, expected: list[str]) -> None
     write_markdown(md_path, res)
 
 
-def race_cell(root: Path, zoo: str, target: str, device: str) -> None:
-    """Issue 18's held-out judgement of one cell: its target raced now, while the zoo's
-    folder holds the build the cell's truth was measured on (the next machine's build may
-    differ), merged into ``race_<zoo>`` (``benchmarks/race/PREREGISTRATION.md``)."""
-    from benchmarks.race import run as race_run
-    from benchmarks.race import truth as race_truth
+class Races:
+    """Issue 18's held-out judgement, cell by cell (``--race``): a held-out cell's target is
+    raced right after the cell is scored, while the zoo's folder holds the build the cell's
+    truth was measured on (the next machine's build may differ), and merged into
+    ``race_<zoo>`` (``benchmarks/race/PREREGISTRATION.md``). A race trains on one thread, so
+    it runs in a process of its own beside the next cell's fine-tunes; races run one at a
+    time (each merges into the same file), and the suite waits for the last one."""
 
-    if race_truth.role(zoo) != "held out":
-        return
-    print(f"   racing {zoo}/{target}", flush=True)
-    race_run.main(["--zoo", str(root), "--targets", target, "--truth-device", device, "--merge"])
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.running: tuple[str, subprocess.Popen] | None = None
+        self.failed: list[str] = []
+
+    def start(self, root: Path, zoo: str, target: str) -> None:
+        from benchmarks.race import truth as race_truth
+
+        if race_truth.role(zoo) != "held out":
+            return
+        self.wait()
+        log = root / f"race_{target}.log"
+        cmd = [sys.executable, str(REPO / "benchmarks" / "race" / "run.py"), "--zoo", str(root)]
+        cmd += ["--targets", target, "--truth-device", self.device, "--merge"]
+        print(f"   racing {zoo}/{target} in the background (log: {log})", flush=True)
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+        self.running = (f"{zoo}/{target} (log: {log})", proc)
+
+    @staticmethod
+    def raced(zoo: str, target: str) -> bool:
+        """Whether ``race_<zoo>.json`` has the target."""
+        path = REPO / "benchmarks" / "results" / f"race_{zoo}.json"
+        return path.exists() and target in json.loads(path.read_text()).get("targets", {})
+
+    def wait(self) -> None:
+        if self.running is None:
+            return
+        cell, proc = self.running
+        self.running = None
+        if proc.wait() != 0:
+            self.failed.append(cell)
+            print(f"   the race of {cell} failed (exit {proc.returncode})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -336,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     expected = [f"{z}/{t}" for z in zoos.ZOOS for t in (mode.targets or tasks.TARGETS)]
     started = time.perf_counter()
     incomplete: list[str] = []
+    races = Races(device)
+    race_on = args.race and mode.name == "full"  # the quick subset is not a result
     for zname in zoo_names:
         spec = zoos.ZOOS[zname]
         root = zoo_folder(mode, zname)
@@ -387,6 +420,9 @@ def main(argv: list[str] | None = None) -> None:
             key = f"{zname}/{target}"
             if target in done:
                 print(f"{key}: done before, skipped", flush=True)
+                measured_here = res["cells"][key].get("files") == cell_files(hashes, target)
+                if race_on and measured_here and not races.raced(zname, target):
+                    races.start(root, zname, target)  # its race failed or never ran
                 continue
             print(f"== {key}", flush=True)
             t1 = time.perf_counter()
@@ -441,10 +477,13 @@ def main(argv: list[str] | None = None) -> None:
             save(res, json_path, md_path, expected)
             best = max(cands, key=lambda c: scored["candidates"][c]["field"]["weighted_tau"])
             print(f"   done in {time.perf_counter() - t1:.0f}s; best w-tau {best}", flush=True)
-            if args.race and mode.name == "full":
-                race_cell(root, zname, target, device)
+            if race_on:
+                races.start(root, zname, target)
+    races.wait()
+    if races.failed:
+        incomplete += [f"the race of {cell} failed" for cell in races.failed]
     if incomplete:  # rerun: the logged runs are kept, only the failed ones run again
-        raise SystemExit("cells left incomplete by failed runs:\n" + "\n".join(incomplete))
+        raise SystemExit("cells or races left incomplete:\n" + "\n".join(incomplete))
     if args.truth_only:
         print(f"truth-only: fine-tuning runs kept in {out / f'{mode.results}_runs'}")
         return
