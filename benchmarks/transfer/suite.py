@@ -273,8 +273,8 @@ class Races:
     it runs in a process of its own beside the next cell's fine-tunes; races run one at a
     time (each merges into the same file), and the suite waits for the last one."""
 
-    def __init__(self, device: str) -> None:
-        self.device = device
+    def __init__(self, device: str, out: Path) -> None:
+        self.device, self.out = device, out  # race_<zoo>.json beside the suite's results
         self.running: tuple[str, subprocess.Popen] | None = None
         self.failed: list[str] = []
 
@@ -287,15 +287,15 @@ class Races:
         log = root / f"race_{target}.log"
         cmd = [sys.executable, str(REPO / "benchmarks" / "race" / "run.py"), "--zoo", str(root)]
         cmd += ["--targets", target, "--truth-device", self.device, "--merge"]
+        cmd += ["--out", str((self.out / f"race_{zoo}").resolve())]
         print(f"   racing {zoo}/{target} in the background (log: {log})", flush=True)
         with open(log, "w") as f:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
         self.running = (f"{zoo}/{target} (log: {log})", proc)
 
-    @staticmethod
-    def raced(zoo: str, target: str) -> bool:
+    def raced(self, zoo: str, target: str) -> bool:
         """Whether ``race_<zoo>.json`` has the target."""
-        path = REPO / "benchmarks" / "results" / f"race_{zoo}.json"
+        path = self.out / f"race_{zoo}.json"
         return path.exists() and target in json.loads(path.read_text()).get("targets", {})
 
     def wait(self) -> None:
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     expected = [f"{z}/{t}" for z in zoos.ZOOS for t in (mode.targets or tasks.TARGETS)]
     started = time.perf_counter()
     incomplete: list[str] = []
-    races = Races(device)
+    races = Races(device, out)
     race_on = args.race and mode.name == "full"  # the quick subset is not a result
     for zname in zoo_names:
         spec = zoos.ZOOS[zname]
