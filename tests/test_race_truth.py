@@ -61,6 +61,18 @@ def test_a_zoo_whose_truth_is_incomplete_is_refused(zoo):
         truth.field_truth(zoo, ["t"])
 
 
+def test_a_run_being_appended_to_the_log_is_not_read_yet(zoo):
+    """A race reads the log while the suite appends the next cell's runs to it."""
+    log = zoo / "gt_runs.jsonl"
+    whole = log.read_text()
+    log.write_text(whole + '{"key": "x", "target": "t2", "acc"')  # a line half written
+    assert truth.field_truth(zoo, ["t"])["t"]["a"]["acc"] == pytest.approx(0.8)
+    lines = whole.splitlines()
+    log.write_text("\n".join([lines[0], '{"key": "x", "acc"', *lines[1:]]) + "\n")
+    with pytest.raises(json.JSONDecodeError):  # a broken line inside the log is not skipped
+        truth.field_truth(zoo, ["t"])
+
+
 def _race_doc(targets: dict[str, float], **changes) -> dict:
     """A race result as run.py writes it: per target the metric's rel@1 and one race."""
     doc = {

@@ -107,10 +107,17 @@ class Runner:
         self.log_path = root / "gt_runs.jsonl"
         self.done: dict[str, dict] = {}
         if self.log_path.exists():
-            for line in self.log_path.read_text().splitlines():
-                if line.strip():
+            lines = self.log_path.read_text().splitlines()
+            for i, line in enumerate(lines):
+                if not line.strip():
+                    continue
+                try:
                     rec = json.loads(line)
-                    self.done[rec["key"]] = rec
+                except json.JSONDecodeError:
+                    if i == len(lines) - 1:  # being appended by another process, or cut
+                        break  # by a kill mid-write: that run is simply not done yet
+                    raise
+                self.done[rec["key"]] = rec
         self.ran = 0
 
     def key(self, entry: dict, target: str, lr: float, seed: int) -> str:

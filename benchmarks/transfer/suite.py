@@ -405,7 +405,6 @@ def main(argv: list[str] | None = None) -> None:
                 for m in models
             ],
             "build_settings": build["settings"],
-            "build_digest": digest,
             "build_seconds_sum": sum(v.get("seconds", 0) for v in build["models"].values()),
             "build_wall_this_call": time.perf_counter() - t0,
             "hashes": hashes,
