@@ -191,6 +191,20 @@ def settle(session: Session, entry_id: int, status: str, *, record: EpochRecord 
     session.execute(update(RaceEntry).where(RaceEntry.id == entry_id).values(**values))
 
 
+def record_reached(session: Session, entry_id: int, owner: str, steps: int) -> None:
+    """The candidate's trainer reached ``steps`` steps in all; written only while ``owner``
+    (the task training it) holds its lease, so a task that lost it writes nothing."""
+    session.execute(
+        update(RaceEntry)
+        .where(
+            RaceEntry.id == entry_id,
+            RaceEntry.lease_owner == owner,
+            RaceEntry.status == "running",
+        )
+        .values(reached_steps=steps)
+    )
+
+
 def entries(session: Session, job_id: uuid.UUID, rung: int | None = None) -> list[RaceEntry]:
     stmt = select(RaceEntry).where(RaceEntry.job_id == job_id)
     if rung is not None:
@@ -199,10 +213,18 @@ def entries(session: Session, job_id: uuid.UUID, rung: int | None = None) -> lis
 
 
 def set_race_progress(session: Session, job: Job) -> None:
-    """Rungs' candidates done over all the race's candidate-rungs, inside the race's share."""
+    """Rungs' candidates done over all the race's candidate-rungs, inside the race's share; a
+    running candidate counts for the share of its rung's steps its trainer has reached."""
     plan = job.race or {}
-    total = sum(r["candidates"] for r in plan.get("rungs", [])) or 1
-    done = sum(1 for e in entries(session, job.id) if e.status in SETTLED)
+    rungs = plan.get("rungs", [])
+    total = sum(r["candidates"] for r in rungs) or 1
+    done = 0.0
+    for e in entries(session, job.id):
+        if e.status in SETTLED:
+            done += 1
+        elif e.status == "running" and e.reached_steps is not None and e.rung < len(rungs):
+            each = max(1, int(rungs[e.rung]["steps_each"]))
+            done += min(max(e.reached_steps - (e.target_steps - each), 0), each) / each
     base = pipeline.SCORING_SHARE_WITH_TRAINING
     share = RACE_SHARE if job.finetune else 1.0 - base
     pipeline.set_progress(session, job.id, base + share * min(done, total) / total * 0.99)
@@ -295,6 +317,7 @@ def view(session: Session, job: Job) -> dict[str, Any] | None:
                 "model": e.model_id,
                 "status": e.status,
                 "steps": e.steps,
+                "reached_steps": e.reached_steps,
                 "target_steps": e.target_steps,
                 "val_accuracy": e.val_accuracy,
                 "loss": e.loss,

@@ -653,6 +653,24 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
     started = time.monotonic()
     lease_lost: list[bool] = []
 
+    def reached(steps: int) -> None:
+        """How far the rung has got, for the API, the dashboard and the job's progress."""
+        with session_scope(factory()) as session:
+            races.record_reached(session, entry_id, owner, steps)
+            job = session.get(Job, jid)
+            if job is not None:
+                races.set_race_progress(session, job)
+
+    def on_record(record: EpochRecord) -> None:
+        last.append(record)
+        if record.steps is not None:
+            reached(record.steps)
+
+    def on_event(event: RunEvent) -> None:
+        # progress lines say the step reached within an epoch: epochs before it were whole
+        if event.event == "progress" and event.epoch and event.steps and event.step is not None:
+            reached((event.epoch - 1) * event.steps + event.step)
+
     def keep_going() -> bool:
         with session_scope(factory()) as session:
             if not races.renew(session, entry_id, owner, cfg.lease_seconds):
@@ -665,7 +683,8 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
     try:
         result = training_runner.run(
             lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
-            on_record=last.append,
+            on_record=on_record,
+            on_event=on_event,
             keep_going=keep_going,
             poll=min(5.0, cfg.lease_seconds / 4),  # renewed well before it runs out
         )

@@ -181,6 +181,9 @@ class RaceEntryOut(BaseModel):
     model: str
     status: str = Field(description="queued, running, done, failed or cancelled.")
     steps: int | None = Field(description="Optimizer steps its checkpoint holds after the rung.")
+    reached_steps: int | None = Field(
+        description="Steps its trainer has reached so far, live while the rung runs."
+    )
     target_steps: int
     val_accuracy: float | None
     loss: float | None

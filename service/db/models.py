@@ -233,6 +233,10 @@ class RaceEntry(Base):
     """Optimizer steps the model has in all once this rung is done (its budget so far)."""
     steps: Mapped[int | None]
     """Steps its checkpoint really holds after the rung (counted by the trainer)."""
+    reached_steps: Mapped[int | None]
+    """Steps its trainer has reached so far, live from the trainer's progress lines while the
+    rung runs (a killed worker's successor resumes from the last checkpoint, so this may
+    step back)."""
     val_accuracy: Mapped[float | None] = mapped_column(Float)
     loss: Mapped[float | None] = mapped_column(Float)
     seconds: Mapped[float | None] = mapped_column(Float)

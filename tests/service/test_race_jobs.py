@@ -28,6 +28,7 @@ from tests.service.procs import poll, start_api, start_worker, wait_worker_ready
 from tests.service.test_e2e import trainer_processes
 from zoopick.service.db.models import RaceEntry, TrainingRun
 from zoopick.service.db.session import make_engine, make_sessionmaker
+from zoopick.service.pipeline import SCORING_SHARE_WITH_TRAINING
 from zoopick.service.security import create_api_key
 from zoopick.training.config import CHECKPOINT, METRICS
 
@@ -278,6 +279,23 @@ def test_a_race_is_cancelled_during_a_rung_and_leaves_no_trainer(stack):
         timeout=60,
         what="the first epoch of a rung",
     )
+    # the rung shows how far it has got while it runs, and the job's progress moves with it
+    live = _wait(
+        stack,
+        jid,
+        lambda j: any(
+            e["status"] == "running" and (e["reached_steps"] or 0) >= j["race"]["steps_per_epoch"]
+            for r in j["race"]["rungs"]
+            for e in r["entries"]
+        ),
+        timeout=60,
+        what="a running candidate past its first epoch",
+    )
+    # scoring ends at its share and no candidate of this rung settles while the test waits:
+    # any progress past it comes from the running candidates' steps
+    assert live["progress"] > SCORING_SHARE_WITH_TRAINING, live["progress"]
+    running = [e for r in live["race"]["rungs"] for e in r["entries"] if e["reached_steps"]]
+    assert all(e["steps"] is None and e["reached_steps"] < e["target_steps"] for e in running)
     resp = stack["client"].post(f"/jobs/{jid}/cancel")
     assert resp.status_code in (200, 202), resp.text
     job = _wait(stack, jid, lambda j: j["status"] in FINISHED, timeout=60, what="the cancel")
