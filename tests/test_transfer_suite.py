@@ -139,3 +139,49 @@ def test_a_cell_is_done_by_its_plan_whatever_bytes_the_build_gave():
         "ckpt/a.safetensors": "1",
         "targets/t1-train.npz": "2",
     }
+
+
+def test_cost_goal_as_registered_and_at_a_users_size(tmp_path):
+    """G4 judges the registered metrics at their defaults on the suite's cells; the variants,
+    ensembles and the pick are reported beside it, and the same goal at metrics_speed's size
+    covers every candidate (a candidate it did not time fails that check)."""
+    from benchmarks.transfer.suite_report import goals, metrics_speed_summary
+
+    cands = ["a", "b", "b@opt", "ens:a+b"]
+    summary = {
+        "field": {
+            "pick": {"pick": "ens:a+b"},
+            "rows": {"ens:a+b": {"rel@1_per_zoo": {"z1": 1.0}, "suite": {"mean": 0.5}}},
+            "leave_one_zoo_out": {},
+        },
+        "cost": {"a": 0.02, "b": 0.04, "b@opt": 0.3, "ens:a+b": 0.06},
+    }
+    speed_doc = {
+        "config": {"n": 10_000, "classes": 100, "source_classes": 1000, "dim": 2048},
+        "forward": {"model": "resnet50", "images_per_s": 7.0, "torch_threads": 2},
+        "metrics": {
+            "a": {"ratio_to_forward": 0.001},
+            "b": {"ratio_to_forward": 0.002},
+            "b@opt": {"ratio_to_forward": 0.01},
+            "ens:a+b": {"ratio_to_forward": 0.003},
+            "broken": {"error": "ValueError"},
+        },
+    }
+    path = tmp_path / "metrics_speed.json"
+    path.write_text(json.dumps(speed_doc))
+    speed = metrics_speed_summary(path)
+    assert speed is not None and set(speed["ratios"]) == {"a", "b", "b@opt", "ens:a+b"}
+    assert metrics_speed_summary(tmp_path / "absent.json") is None
+
+    g = goals({"candidates": cands, "status": "partial", "metrics_speed": speed}, summary)
+    assert g["cost_met"] and g["cost_max"] == ("b", 0.04)
+    assert g["cost_max_other"] == ("b@opt", 0.3) and g["cost_default"] == 0.06
+    assert g["cost_at_scale"]["met"] and g["cost_at_scale"]["worst"] == ("b@opt", 0.01)
+    assert g["cost_at_scale"]["default"] == 0.003
+
+    summary["cost"]["a"] = 0.051  # one registered metric over 5 % on the suite's cells
+    del speed["ratios"]["ens:a+b"]  # and the pick not timed at scale
+    g = goals({"candidates": cands, "status": "partial", "metrics_speed": speed}, summary)
+    assert not g["cost_met"] and g["cost_max"] == ("a", 0.051)
+    assert not g["cost_at_scale"]["met"] and g["cost_at_scale"]["missing"] == ["ens:a+b"]
+    assert "cost_at_scale" not in goals({"candidates": cands, "status": "partial"}, summary)

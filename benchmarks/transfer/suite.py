@@ -43,7 +43,11 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from benchmarks.transfer import build_zoo, ground_truth, run, service_gt, tasks, zoos  # noqa: E402
 from benchmarks.transfer.run_logs import merge_run_logs  # noqa: E402
-from benchmarks.transfer.suite_report import summarise, write_markdown  # noqa: E402
+from benchmarks.transfer.suite_report import (  # noqa: E402
+    metrics_speed_summary,
+    summarise,
+    write_markdown,
+)
 from benchmarks.transfer.suite_stats import rank_ensemble  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -258,6 +262,9 @@ def save(res: dict, json_path: Path, md_path: Path, expected: list[str]) -> None
     done = sum(res["cells"].get(k, {}).get("status") == "done" for k in expected)
     res["status"] = "complete" if done == len(expected) else "partial"
     res["cells_done"], res["cells_expected"] = done, len(expected)
+    speed = metrics_speed_summary(json_path.parent / "metrics_speed.json")
+    if speed:
+        res["metrics_speed"] = speed
     res["summary"] = summarise(res)
     tmp = json_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")
@@ -332,9 +339,23 @@ def main(argv: list[str] | None = None) -> None:
         help="after each cell of a held-out zoo, race its target (benchmarks/race/run.py "
         "--merge) on the build its truth was measured on",
     )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the summary and report from the results file; build and run nothing",
+    )
     args = ap.parse_args(argv)
 
     mode = QUICK if args.quick else FULL
+    if args.report_only:
+        out = Path(args.out)
+        json_path, md_path = out / f"{mode.results}.json", out / f"{mode.results}.md"
+        if not json_path.is_file():
+            raise SystemExit(f"no results to report at {json_path}")
+        expected = [f"{z}/{t}" for z in zoos.ZOOS for t in (mode.targets or tasks.TARGETS)]
+        save(load_results(json_path, mode), json_path, md_path, expected)
+        print(f"rewrote {md_path}")
+        return
     if not Path(args.fmnist).is_file():
         raise SystemExit(
             f"Fashion-MNIST not found at {args.fmnist}: pass --fmnist PATH (Keras npz layout; "

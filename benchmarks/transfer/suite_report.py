@@ -106,10 +106,53 @@ def goals(res: dict, summary: dict) -> dict:
         out["ceiling_share"] = share
         out["ceiling_met"] = share is not None and share >= CEILING_SHARE
     costs = {c: v for c, v in summary["cost"].items() if v is not None and c in res["candidates"]}
-    metrics_only = {c: v for c, v in costs.items() if not c.startswith("ens:")}
-    out["cost_max"] = max(metrics_only.items(), key=lambda kv: kv[1]) if metrics_only else None
-    out["cost_met"] = bool(metrics_only) and all(v < COST_GOAL for v in metrics_only.values())
+    # G4 as pre-registered: the registered metrics at their defaults, on the suite's own cells
+    registered = {c: v for c, v in costs.items() if _registered(c)}
+    others = {c: v for c, v in costs.items() if not _registered(c)}
+    out["cost_max"] = max(registered.items(), key=lambda kv: kv[1]) if registered else None
+    out["cost_met"] = bool(registered) and all(v < COST_GOAL for v in registered.values())
+    out["cost_max_other"] = max(others.items(), key=lambda kv: kv[1]) if others else None
+    out["cost_default"] = costs.get(default)
+    speed = res.get("metrics_speed")
+    if speed:  # the same goal at the size benchmarks/metrics_speed measures (a user's size)
+        ratios = {c: speed["ratios"].get(c) for c in res["candidates"]}
+        known = {c: v for c, v in ratios.items() if v is not None}
+        out["cost_at_scale"] = {
+            "worst": max(known.items(), key=lambda kv: kv[1]) if known else None,
+            "missing": sorted(c for c, v in ratios.items() if v is None),
+            "met": bool(known)
+            and len(known) == len(ratios)
+            and all(v < COST_GOAL for v in known.values()),
+            "default": ratios.get(default),
+            "size": speed["size"],
+        }
     return out
+
+
+def _registered(candidate: str) -> bool:
+    """A registered metric at its defaults (not an option variant ``m@opt``, not an ensemble)."""
+    return "@" not in candidate and not candidate.startswith("ens:")
+
+
+def metrics_speed_summary(path: Path) -> dict | None:
+    """What ``benchmarks/metrics_speed`` measured (its JSON at ``path``): each metric's and
+    suite candidate's seconds as a share of a realistic forward pass, and that size."""
+    import json
+
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    cfg, fwd = doc["config"], doc["forward"]
+    return {
+        "ratios": {
+            name: m["ratio_to_forward"]
+            for name, m in doc["metrics"].items()
+            if "ratio_to_forward" in m
+        },
+        "size": f"n={cfg['n']:,}, {cfg['classes']} classes, {cfg['source_classes']:,} outputs, "
+        f"{cfg['dim']:,} features; forward pass of {fwd['model']} at 224 px "
+        f"({fwd['images_per_s']:.1f} images/s on {fwd['torch_threads']} CPU threads)",
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,15 +321,48 @@ def _pick_section(res: dict, s: dict) -> list[str]:
             if "ceiling_share" in g
             else "n/a (no extra seeds: no ceiling)"
         ),
-        f"- every metric's cost < {COST_GOAL:.0%} of the forward pass: "
+        f"- every registered metric's cost < {COST_GOAL:.0%} of the forward passes it reads "
+        "(G4 as pre-registered: this suite's cells): "
         + (
-            f"{_yes(g['cost_met'])} (highest: `{g['cost_max'][0]}` {g['cost_max'][1]:.1%})"
+            f"{_yes(g['cost_met'])} (highest: `{g['cost_max'][0]}` {g['cost_max'][1]:.1%}"
+            + (
+                f"; of the variants and ensembles: `{g['cost_max_other'][0]}` "
+                f"{g['cost_max_other'][1]:.1%}"
+                if g.get("cost_max_other")
+                else ""
+            )
+            + (
+                f"; the pick `{g['default']}` {g['cost_default']:.1%}"
+                if g.get("cost_default") is not None
+                else ""
+            )
+            + ")"
             if g["cost_max"]
             else "n/a (forward passes were cached)"
         ),
-        "",
     ]
-    return md
+    at_scale = g.get("cost_at_scale")
+    if at_scale:
+        worst = at_scale["worst"]
+        md += [
+            f"  - the same at a user's size (`benchmarks/results/metrics_speed.md`: "
+            f"{at_scale['size']}), every candidate: {_yes(at_scale['met'])}"
+            + (f" (highest: `{worst[0]}` {worst[1]:.2%}" if worst else " (")
+            + (
+                f"; the pick {at_scale['default']:.2%}"
+                if at_scale.get("default") is not None
+                else ""
+            )
+            + (
+                f"; not timed there: {', '.join(at_scale['missing'])}"
+                if at_scale["missing"]
+                else ""
+            )
+            + "). The suite's models are small (32-64 px, 64-1,280 features), so their forward "
+            "passes are cheap and a metric's fixed cost (splits, eigendecompositions) is a large "
+            "share of them.",
+        ]
+    return md + [""]
 
 
 def _suite_table(s: dict) -> list[str]:
