@@ -491,6 +491,13 @@ def model_download(
             "on first request.",
         ),
     ] = ModelFormat.safetensors,
+    retry_export: Annotated[
+        bool,
+        typer.Option(
+            "--retry-export",
+            help="Make a failed timm or onnx export again (once its cause is fixed).",
+        ),
+    ] = False,
     url: Url = None,
     api_key: Key = None,
 ) -> None:
@@ -505,6 +512,7 @@ def model_download(
             output,
             format=format.value,
             progress=lambda d, t: bar.update(task, completed=d, total=t or None),
+            retry_export=retry_export,
         )
     err.print(f"model written to {path}", highlight=False)
 

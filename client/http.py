@@ -285,17 +285,21 @@ class Client:
         format: str = "safetensors",  # noqa: A002 - the server's query parameter
         timeout: float = 600,
         progress: Progress | None = None,
+        retry_export: bool = False,
     ) -> Path:
         """Save the fine-tuned model of a succeeded job to ``dest`` (a file, or a folder to
         put it in under the server's file name), checked against the server's SHA-256.
         ``format``: ``safetensors``, ``timm`` (a tar of the folder timm loads) or ``onnx``; the
-        server makes the last two on first request, waited for up to ``timeout`` seconds."""
+        server makes the last two on first request, waited for up to ``timeout`` seconds.
+        ``retry_export``: make a failed export again (asked once: a second failure raises)."""
         dest = Path(dest)
         deadline = time.monotonic() + timeout
+        params: dict[str, str] = {"format": format}
+        if retry_export:
+            params["retry"] = "true"
         while True:
-            response = self._send(
-                "GET", f"/jobs/{job_id}/model", params={"format": format}, stream=True
-            )
+            response = self._send("GET", f"/jobs/{job_id}/model", params=params, stream=True)
+            params.pop("retry", None)  # the polls that follow wait for that export
             if response.status_code != 202:  # 202: the export is being made
                 break
             response.close()

@@ -4,7 +4,9 @@
 the Hugging Face Hub folder timm loads) and ``onnx`` are made from it on first request by a
 worker (``zoopick.export_model``, which calls ``zoopick.training.export``), stored beside it in
 ``export/`` and recorded as the artefacts ``model-timm`` and ``model-onnx``; an export that
-fails leaves ``export/<format>.error`` saying why, which the API reports instead of waiting.
+fails leaves ``export/<format>.error`` saying why, which the API reports instead of waiting,
+until a request asks for it again (``retry``: the cause, say ``onnx`` missing on the workers,
+may have been fixed since).
 """
 
 from __future__ import annotations
@@ -59,3 +61,13 @@ def state(session: Session, job: Job, model: Artefact, fmt: str) -> ExportState:
     if failed.is_file():
         return ExportState(error=failed.read_text(errors="replace")[:2000])
     return ExportState()
+
+
+def forget_failure(model: Artefact, fmt: str) -> bool:
+    """Drop the record of a failed ``fmt`` export of ``model`` so that the next request makes
+    it again; whether there was one."""
+    failed = error_file(model.path, fmt)
+    if not failed.is_file():
+        return False
+    failed.unlink(missing_ok=True)
+    return True

@@ -275,6 +275,14 @@ def download_model(
             "batch size dynamic. timm and onnx are made on first request (202 until ready)."
         ),
     ] = "safetensors",
+    retry: Annotated[
+        bool,
+        Query(
+            description="make a failed timm or onnx export again (once its cause is fixed, "
+            "e.g. onnx installed on the workers): 202 and a new export instead of the 422 "
+            "that reports the failure; no effect on an export that has not failed"
+        ),
+    ] = False,
 ) -> Response:
     if not job.finetune:
         raise Problem(404, "this job does not fine-tune a model", kind="no-model")
@@ -287,8 +295,15 @@ def download_model(
         raise Problem(404, "the model file of this job is missing", kind="no-model")
     if format != "safetensors":
         export = exports.state(session, job, art, format)
+        if export.error and retry and exports.forget_failure(art, format):
+            export = exports.ExportState()
         if export.error:
-            raise Problem(422, f"the {format} export failed: {export.error}", kind="export-failed")
+            raise Problem(
+                422,
+                f"the {format} export failed: {export.error} (once the cause is fixed, "
+                "ask again with retry=true)",
+                kind="export-failed",
+            )
         if export.ready is None:
             state = request.app.state
             state.dispatcher.export_model(str(job.id), format)

@@ -156,9 +156,24 @@ def test_model_downloads_as_timm_folder_and_onnx(live_server, tmp_path):
             np.testing.assert_allclose(other(x).numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_an_export_that_cannot_be_made_says_why(live_server):
+def _poll_export(api, job_id, fmt: str, **params) -> object:
+    """The first answer to ``GET /jobs/{id}/model`` that is not 202 (``params`` on the first
+    request only)."""
+    deadline = time.monotonic() + 60
+    while True:
+        resp = api.get(f"/jobs/{job_id}/model", params={"format": fmt, **params})
+        params = {}
+        if resp.status_code != 202:
+            return resp
+        assert time.monotonic() < deadline, "the export neither finished nor failed"
+        time.sleep(0.3)
+
+
+def test_an_export_that_cannot_be_made_says_why(live_server, tmp_path):
     """A job whose dataset was deleted has no class names to export with: the worker records
-    why, and the API answers 422 with it instead of 202 for ever."""
+    why, and the API answers 422 with it instead of 202 for ever. The failure is remembered
+    until a request asks for the export again (``retry``): made again while the cause
+    remains, it fails again; once the cause is fixed, the CLI's ``--retry-export`` gets it."""
     from zoopick.service import pipeline
     from zoopick.service.security import authenticate
     from zoopick.training.config import FinetuneOptions
@@ -193,14 +208,43 @@ def test_an_export_that_cannot_be_made_says_why(live_server):
     finally:
         engine.dispose()
     with stack.api() as api:
+        resp = _poll_export(api, job_id, "onnx")
+        assert resp.status_code == 422, resp.text
+        assert resp.json()["type"].endswith("export-failed")
+        assert "the onnx export failed" in resp.json()["detail"]
+        assert "dataset was deleted" in resp.json()["detail"]
+        assert "retry=true" in resp.json()["detail"]
+        # asked again while the cause remains: a new export, which fails the same way
+        again = api.get(f"/jobs/{job_id}/model", params={"format": "onnx", "retry": "true"})
+        assert again.status_code == 202, again.text
+        resp = _poll_export(api, job_id, "onnx")
+        assert resp.status_code == 422 and "dataset was deleted" in resp.json()["detail"]
+
+        # the cause fixed: the job's dataset and a real model file are back
+        upload = api.post("/datasets", files={"file": ("d.npz", npz_bytes(seed=4))})
+        ds = upload.json()["id"]
         deadline = time.monotonic() + 60
-        while True:
-            resp = api.get(f"/jobs/{job_id}/model", params={"format": "onnx"})
-            if resp.status_code != 202:
-                break
-            assert time.monotonic() < deadline, "the export neither finished nor failed"
-            time.sleep(0.3)
-    assert resp.status_code == 422, resp.text
-    assert resp.json()["type"].endswith("export-failed")
-    assert "the onnx export failed" in resp.json()["detail"]
-    assert "dataset was deleted" in resp.json()["detail"]
+        while api.get(f"/datasets/{ds}").json()["status"] != "ready":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        from zoopick.selection.zoo import save_checkpoint
+
+        save_checkpoint(timm.create_model(ARCH, num_classes=3).eval(), path)
+        engine = make_engine(stack.settings.database_url)
+        try:
+            with make_sessionmaker(engine).begin() as session:
+                session.get(Job, job_id).dataset_id = uuid.UUID(ds)
+        finally:
+            engine.dispose()
+        # without retry the failure stands (nothing is made behind the user's back)
+        still = api.get(f"/jobs/{job_id}/model", params={"format": "onnx"})
+        assert still.status_code == 422
+    done = cli(
+        stack, "model", "download", str(job_id), "-o", str(tmp_path / "m.onnx"),
+        "--format", "onnx", "--retry-export",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    session = ort.InferenceSession(
+        (tmp_path / "m.onnx").read_bytes(), providers=["CPUExecutionProvider"]
+    )
+    assert session.get_outputs()[0].name == "logits"
