@@ -185,3 +185,53 @@ def test_cost_goal_as_registered_and_at_a_users_size(tmp_path):
     assert not g["cost_met"] and g["cost_max"] == ("a", 0.051)
     assert not g["cost_at_scale"]["met"] and g["cost_at_scale"]["missing"] == ["ens:a+b"]
     assert "cost_at_scale" not in goals({"candidates": cands, "status": "partial"}, summary)
+
+
+def test_barely_trained_is_a_tenth_of_the_way_from_chance():
+    from benchmarks.transfer.suite_report import _source_accuracy, barely_trained
+
+    # 52 classes: chance 0.0192, the line at 0.0192 + 0.1 * 0.9808 = 0.1173
+    assert barely_trained(0.023, 52) and barely_trained(0.117, 52)
+    assert not barely_trained(0.118, 52) and not barely_trained(0.64, 52)
+    # 1,000 classes: 3.6x chance is still barely trained; 2 classes: 0.55 is the line
+    assert barely_trained(0.0036, 1000) and not barely_trained(0.25, 1000)
+    assert barely_trained(0.549, 2) and not barely_trained(0.551, 2)
+    models = [
+        {"id": "a", "source": "letters, 8 epoch(s)", "source_acc": 0.9, "source_classes": 52},
+        {"id": "b", "source": "letters, 6 epoch(s)", "source_acc": 0.02, "source_classes": 52},
+        {"id": "r", "source": "random initialisation (seeded), no pretraining"},
+    ]
+    [line] = [x for x in _source_accuracy({"zoos": {"z": {"models": models}}}) if "**z**" in x]
+    assert "1 of 2 pretrained models barely trained, 1 random by design" in line
+    assert line.index("`a` 0.90") < line.index("`b` 0.02 (barely trained)")
+
+
+def test_trained_only_judges_scores_on_the_models_that_learned_their_source():
+    from benchmarks.transfer.suite_report import trained_only_wtau, trained_subset
+
+    def model(mid, acc, classes=10):
+        src = "random initialisation (seeded)" if acc is None else "digits, 4 epoch(s)"
+        return {"id": mid, "source": src, "source_acc": acc, "source_classes": classes}
+
+    models = [model(f"t{i}", 0.9) for i in range(1, 5)] + [model("b", 0.12), model("r", None)]
+    zoo = {"models": models}
+    assert trained_subset(zoo) == {"t1", "t2", "t3", "t4"}
+    assert trained_subset({"models": [{"id": "x", "source": "s"}]}) is None  # not recorded
+    acc = {"t1": 0.9, "t2": 0.8, "t3": 0.7, "t4": 0.6, "b": 0.3, "r": 0.2}
+    cell = {
+        "zoo": "z",
+        "target": "t",
+        "status": "done",
+        "truth": {"field": {m: {"acc": a} for m, a in acc.items()}},
+        "candidates": {
+            # the untrained two on top, the trained four in the right order
+            "sub": {"scores": {"t1": 4, "t2": 3, "t3": 2, "t4": 1, "b": 10, "r": 9}},
+            "rev": {"scores": {"t1": 1, "t2": 2, "t3": 3, "t4": 4, "b": 0, "r": -1}},
+        },
+    }
+    res = {"zoos": {"z": zoo}, "cells": {"z/t": cell}}
+    out = trained_only_wtau(res, ["sub", "rev"])
+    assert out["z"]["sub"] == pytest.approx(1.0) and out["z"]["rev"] == pytest.approx(-1.0)
+    # fewer than four trained models: not judged
+    zoo["models"] = models[:3] + models[4:]
+    assert trained_only_wtau(res, ["sub"]) == {}

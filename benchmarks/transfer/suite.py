@@ -248,6 +248,35 @@ def score_cell(root: Path, target: str, field_truth: dict, service_truth: dict, 
     }
 
 
+def zoo_models(manifest: list[dict], build: dict) -> list[dict]:
+    """The zoo's models as the report lists them: from the manifest, with what pretraining
+    achieved on the model's source (build.json's ``source_train_acc``; None for a random
+    model or a build that did not record it)."""
+    built = build.get("models", {})
+    return [
+        {
+            "id": m["id"],
+            "arch": m["arch"],
+            "head": m["num_classes"],
+            "size": m["input_size"][1],
+            "source": m["source"],
+            "source_acc": built.get(m["id"], {}).get("source_train_acc"),
+            "source_classes": built.get(m["id"], {}).get("num_classes"),
+        }
+        for m in manifest
+    ]
+
+
+def refresh_zoo_models(res: dict) -> None:
+    """Fill each zoo's model list from its folder's manifest and build.json where they are
+    on this machine (``--report-only`` after a build the running suite recorded less of)."""
+    for z in res.get("zoos", {}).values():
+        root = Path(z.get("folder", ""))
+        if (root / "build.json").is_file() and (root / "zoo.json").is_file():
+            build = json.loads((root / "build.json").read_text())
+            z["models"] = zoo_models(ground_truth.read_manifest(root), build)
+
+
 def load_results(path: Path, mode: Mode) -> dict:
     if path.exists():
         res = json.loads(path.read_text())
@@ -353,7 +382,9 @@ def main(argv: list[str] | None = None) -> None:
         if not json_path.is_file():
             raise SystemExit(f"no results to report at {json_path}")
         expected = [f"{z}/{t}" for z in zoos.ZOOS for t in (mode.targets or tasks.TARGETS)]
-        save(load_results(json_path, mode), json_path, md_path, expected)
+        res = load_results(json_path, mode)
+        refresh_zoo_models(res)
+        save(res, json_path, md_path, expected)
         print(f"rewrote {md_path}")
         return
     if not Path(args.fmnist).is_file():
@@ -415,16 +446,7 @@ def main(argv: list[str] | None = None) -> None:
         res["zoos"][zname] = {
             "description": spec.description,
             "folder": str(root),
-            "models": [
-                {
-                    "id": m["id"],
-                    "arch": m["arch"],
-                    "head": m["num_classes"],
-                    "size": m["input_size"][1],
-                    "source": m["source"],
-                }
-                for m in models
-            ],
+            "models": zoo_models(models, build),
             "build_settings": build["settings"],
             "build_seconds_sum": sum(v.get("seconds", 0) for v in build["models"].values()),
             "build_wall_this_call": time.perf_counter() - t0,

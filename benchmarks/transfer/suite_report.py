@@ -206,7 +206,7 @@ def write_markdown(path: Path, res: dict) -> None:
     if not s.get("cells"):
         path.write_text("\n".join(md + ["No cell is finished yet.", ""]))
         return
-    md += _pick_section(res, s) + _suite_table(s) + _per_target(res, s)
+    md += _pick_section(res, s) + _suite_table(s) + _per_target(res, s) + _trained_only(res, s)
     md += _truth_table(res) + _compute(res)
     path.write_text("\n".join(md))
 
@@ -237,12 +237,52 @@ def _zoo_table(res: dict) -> list[str]:
             f"{', '.join(map(str, sizes))} | {min(heads)}-{max(heads)} | {feat} | {near} | "
             f"{_builds(res, name)} | {z['description']} |"
         )
-    return md + [
+    md += [
         "",
         "*builds*: the distinct sets of checkpoints (sha256) the zoo's finished cells were "
         "measured on. A seeded build is byte-identical on one machine, not across machines, "
         "and each session of this suite runs on a fresh one; every cell is measured whole on "
         "one build (`suite.cell_plan`).",
+        "",
+    ]
+    return md + _source_accuracy(res)
+
+
+def barely_trained(acc: float, classes: int) -> bool:
+    """A pretrained checkpoint whose accuracy on its own source data closes under a tenth of
+    the gap from chance to perfect: in effect a random or failed model, whatever its spec
+    says (a zoo made mostly of such models would be a degenerate benchmark)."""
+    chance = 1.0 / max(1, classes)
+    return acc < chance + 0.1 * (1.0 - chance)
+
+
+def _source_accuracy(res: dict) -> list[str]:
+    """What pretraining achieved: each model's accuracy on its own source's training images
+    (after training, eval mode), beside chance; the degenerate-input check of the zoo."""
+    rows = []
+    for name, z in res["zoos"].items():
+        trained = [m for m in z["models"] if m.get("source_acc") is not None]
+        if not trained:
+            continue
+        weak = [m for m in trained if barely_trained(m["source_acc"], m["source_classes"])]
+        cells = ", ".join(
+            f"`{m['id']}` {m['source_acc']:.2f}" + (" (barely trained)" if m in weak else "")
+            for m in sorted(trained, key=lambda m: -m["source_acc"])
+        )
+        random = sum(1 for m in z["models"] if str(m.get("source")).startswith("random"))
+        rows.append(
+            f"- **{name}**: {len(weak)} of {len(trained)} pretrained models barely trained, "
+            f"{random} random by design; {cells}"
+        )
+    if not rows:
+        return []
+    return [
+        "Pretraining as built (accuracy on the model's own source training images after "
+        "training, in eval mode, so BatchNorm's running statistics count; *barely trained*: "
+        "under a tenth of the way from chance to 1, in effect a random or failed model as a "
+        "source classifier, though its features may still transfer):",
+        "",
+        *rows,
         "",
     ]
 
@@ -427,6 +467,71 @@ def _per_target(res: dict, s: dict) -> list[str]:
             )
         md.append("")
     return md
+
+
+def trained_subset(zoo: dict) -> set[str] | None:
+    """The zoo's models that learned their source (neither random nor barely trained), or
+    None when the build did not record source accuracies."""
+    models = zoo.get("models", [])
+    if not any(m.get("source_acc") is not None for m in models):
+        return None
+    return {
+        m["id"]
+        for m in models
+        if m.get("source_acc") is not None
+        and not barely_trained(m["source_acc"], m["source_classes"])
+    }
+
+
+def trained_only_wtau(res: dict, candidates: list[str]) -> dict[str, dict[str, float]]:
+    """Per zoo, each candidate's mean weighted tau (field truth) over its cells with the
+    zoo's random and barely trained models left out: the scores as given over the whole zoo,
+    judged on the rest. Whether a metric only tells trained models from untrained ones."""
+    from zoopick.selection.rank import evaluate
+
+    out: dict[str, dict[str, float]] = {}
+    for name, zoo in res.get("zoos", {}).items():
+        keep = trained_subset(zoo)
+        cells = [c for c in _done(res) if c["zoo"] == name]
+        if keep is None or len(keep) < 4 or not cells:
+            continue
+        out[name] = {}
+        for cand in candidates:
+            vals = []
+            for cell in cells:
+                scores = {m: v for m, v in cell["candidates"][cand]["scores"].items() if m in keep}
+                truth = {m: t["acc"] for m, t in cell["truth"]["field"].items() if m in keep}
+                wtau = evaluate(scores, truth)["weighted_tau"]
+                vals.append(0.0 if math.isnan(wtau) else wtau)  # undefined counts as 0
+            out[name][cand] = float(np.mean(vals))
+    return out
+
+
+def _trained_only(res: dict, s: dict) -> list[str]:
+    rows = s["field"]["rows"]
+    order = sorted(rows, key=lambda c: -rows[c]["suite"]["mean"])
+    sub = trained_only_wtau(res, order)
+    if not sub:
+        return []
+    zoos = list(sub)
+    md = [
+        "## Among the trained models only (reported, not judged)",
+        "",
+        "Mean weighted tau per zoo against the field truth, with the zoo's random and barely "
+        "trained models left out (the scores as given over the whole zoo, judged on the rest): "
+        "does a candidate only tell trained models from untrained ones? Zoos whose build "
+        "recorded no source accuracies are not shown.",
+        "",
+        "| candidate | " + " | ".join(f"{z} (all) | {z} (trained)" for z in zoos) + " |",
+        "|---|" + "---|---|" * len(zoos),
+    ]
+    for cand in order:
+        md.append(
+            f"| `{cand}` | "
+            + " | ".join(f"{_f(rows[cand]['per_zoo'].get(z))} | {_f(sub[z][cand])}" for z in zoos)
+            + " |"
+        )
+    return md + [""]
 
 
 def _truth_table(res: dict) -> list[str]:
