@@ -66,7 +66,9 @@ def test_stopping_serve_stops_its_worker_and_the_pool(tmp_path, signum):
     serve = Proc("serve", cmd + ["--concurrency", "2"], env, tmp_path)
     started: set[int] = set()
     try:
-        wait_http(serve, f"http://127.0.0.1:{port}/readyz", timeout=90)
+        # ready once the local worker beats: it runs niced (below), so on a loaded machine
+        # its start (torch and timm imports) takes a while; a readiness wait, not a timing
+        wait_http(serve, f"http://127.0.0.1:{port}/readyz", timeout=240)
         # the worker's main process and its two pool processes
         started = poll(
             lambda: descendants(serve.proc.pid),
