@@ -66,8 +66,8 @@ def state(session: Session, job: Job, model: Artefact, fmt: str) -> ExportState:
 def forget_failure(model: Artefact, fmt: str) -> bool:
     """Drop the record of a failed ``fmt`` export of ``model`` so that the next request makes
     it again; whether there was one."""
-    failed = error_file(model.path, fmt)
-    if not failed.is_file():
+    try:
+        error_file(model.path, fmt).unlink()
+    except FileNotFoundError:
         return False
-    failed.unlink(missing_ok=True)
     return True

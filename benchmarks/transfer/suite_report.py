@@ -8,6 +8,7 @@ service-default truth is reported beside it, never used to pick).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from pathlib import Path
 
@@ -137,8 +138,6 @@ def _registered(candidate: str) -> bool:
 def metrics_speed_summary(path: Path) -> dict | None:
     """What ``benchmarks/metrics_speed`` measured (its JSON at ``path``): each metric's and
     suite candidate's seconds as a share of a realistic forward pass, and that size."""
-    import json
-
     if not path.is_file():
         return None
     doc = json.loads(path.read_text())
@@ -261,10 +260,11 @@ def _source_accuracy(res: dict) -> list[str]:
     (after training, eval mode), beside chance; the degenerate-input check of the zoo."""
     rows = []
     for name, z in res["zoos"].items():
-        trained = [m for m in z["models"] if m.get("source_acc") is not None]
-        if not trained:
+        keep = trained_subset(z)
+        if keep is None:
             continue
-        weak = [m for m in trained if barely_trained(m["source_acc"], m["source_classes"])]
+        trained = [m for m in z["models"] if m.get("source_acc") is not None]
+        weak = [m for m in trained if m["id"] not in keep]
         cells = ", ".join(
             f"`{m['id']}` {m['source_acc']:.2f}" + (" (barely trained)" if m in weak else "")
             for m in sorted(trained, key=lambda m: -m["source_acc"])
@@ -486,25 +486,25 @@ def trained_subset(zoo: dict) -> set[str] | None:
 def trained_only_wtau(res: dict, candidates: list[str]) -> dict[str, dict[str, float]]:
     """Per zoo, each candidate's mean weighted tau (field truth) over its cells with the
     zoo's random and barely trained models left out: the scores as given over the whole zoo,
-    judged on the rest. Whether a metric only tells trained models from untrained ones."""
+    judged on the rest. Whether a metric only tells trained models from untrained ones.
+    Averaged as the suite's own per-zoo means are (``zoo_means``: undefined counts as 0)."""
     from zoopick.selection.rank import evaluate
 
-    out: dict[str, dict[str, float]] = {}
+    table: dict[str, dict[tuple[str, str], float]] = {c: {} for c in candidates}
+    judged = []
     for name, zoo in res.get("zoos", {}).items():
         keep = trained_subset(zoo)
         cells = [c for c in _done(res) if c["zoo"] == name]
         if keep is None or len(keep) < 4 or not cells:
             continue
-        out[name] = {}
-        for cand in candidates:
-            vals = []
-            for cell in cells:
+        judged.append(name)
+        for cell in cells:
+            truth = {m: t["acc"] for m, t in cell["truth"]["field"].items() if m in keep}
+            for cand in candidates:
                 scores = {m: v for m, v in cell["candidates"][cand]["scores"].items() if m in keep}
-                truth = {m: t["acc"] for m, t in cell["truth"]["field"].items() if m in keep}
-                wtau = evaluate(scores, truth)["weighted_tau"]
-                vals.append(0.0 if math.isnan(wtau) else wtau)  # undefined counts as 0
-            out[name][cand] = float(np.mean(vals))
-    return out
+                table[cand][(name, cell["target"])] = evaluate(scores, truth)["weighted_tau"]
+    means = {c: zoo_means(table, c, judged) for c in candidates}
+    return {z: {c: means[c][z] for c in candidates} for z in judged}
 
 
 def _trained_only(res: dict, s: dict) -> list[str]:
