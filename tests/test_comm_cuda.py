@@ -1,5 +1,5 @@
 """The hooks on CUDA tensors (issue 9): skipped where no GPU is present (CI has none; the
-results of a run on a lent GPU are in ``benchmarks/results/comm_gpu.md``).
+results of a run on a lent GPU are in ``benchmarks/results/gpu_logs/cuda_tests.log``).
 
 One process, an NCCL group of one (a single GPU): every hook still selects, packs and keeps
 residuals. Checked, for every configuration of the CPU no-sync test, both plain and with

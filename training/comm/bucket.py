@@ -49,8 +49,9 @@ class SimpleBucket:
         return list(self._params)
 
     def gradients(self) -> list[torch.Tensor]:
-        out, off = [], 0
-        for p in self._params:
-            out.append(self._buffer[off : off + p.numel()].view(p.shape))
-            off += p.numel()
-        return out
+        """A new view of the buffer per parameter on every call, as DDP's C++ makes them (one
+        split, then a view each: benchmarks/comm/host_overhead.py times hooks on these)."""
+        sizes = [p.numel() for p in self._params]
+        return [
+            g.view(p.shape) for g, p in zip(self._buffer.split(sizes), self._params, strict=True)
+        ]

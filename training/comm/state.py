@@ -97,6 +97,7 @@ class HookState:
         self._comm_thread: ThreadPoolExecutor | None = None
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._scratch: dict[torch.device, torch.Tensor] = {}
+        self._layouts: dict[tuple[int, ...], BucketLayout] = {}  # see BucketLayout.of
         if self.async_comm and process_group is None and dist.is_initialized():
             # a group of our own: DDP's collectives on the default group (e.g. the unused-
             # parameter map) are issued from the main thread and must not interleave with
@@ -263,7 +264,7 @@ def run_hook(
     buckets run beside this bucket's work (the pattern of torch's PowerSGD hook, whose work
     is chained on the collective's stream)."""
     buf = bucket.buffer()
-    layout = BucketLayout.of(bucket)
+    layout = BucketLayout.of(bucket, state._layouts)
     unused = _unused_slots(layout)
     is_last = bucket.is_last()
     if state.async_comm and buf.is_cuda:

@@ -16,22 +16,32 @@ import torch
 
 @dataclass(frozen=True)
 class BucketLayout:
-    """Where each parameter's gradient lies in a bucket's flat buffer."""
+    """Where each parameter's gradient lies in a bucket's flat buffer. ``key`` names the
+    bucket's content (parameter ids + numel): stable across iterations, changed by a rebuild."""
 
     params: tuple[torch.Tensor, ...]
     offsets: tuple[int, ...]
     lengths: tuple[int, ...]
     numel: int
-
-    @property
-    def key(self) -> tuple[int, ...]:
-        """Identity of the bucket's content (stable across iterations, changes on rebuild)."""
-        return tuple(id(p) for p in self.params) + (self.numel,)
+    key: tuple[int, ...]
 
     @classmethod
-    def of(cls, bucket) -> BucketLayout:
+    def of(cls, bucket, cache: dict[tuple[int, ...], BucketLayout] | None = None) -> BucketLayout:
+        """The layout of ``bucket``. With ``cache`` (a dict its caller keeps), a bucket seen
+        before (same parameters, same buffer address and size) gets the layout found then:
+        finding it reads ``bucket.gradients()``, a new view per parameter, and a Python loop
+        over them, which on a GPU host cost more than the hook's kernels (issue 19:
+        ``benchmarks/results/comm_gpu_host.md``). A rebuilt bucket has a new buffer or other
+        parameters, so it misses; were a new buffer to reuse a freed one's address with the
+        same parameters in the same order, its layout (consecutive, in parameter order) is
+        the same one."""
         buf = bucket.buffer()
         params = tuple(bucket.parameters())
+        ident = (*map(id, params), buf.data_ptr(), buf.numel())
+        if cache is not None:
+            hit = cache.get(ident)
+            if hit is not None:
+                return hit
         grads = list(bucket.gradients())
         if len(grads) != len(params):
             raise ValueError(f"bucket has {len(params)} parameters but {len(grads)} gradients")
@@ -50,7 +60,13 @@ class BucketLayout:
         for off, length in zip(offsets, lengths, strict=True):
             if off < 0 or off + length > buf.numel():
                 raise ValueError("gradient view lies outside the bucket buffer")
-        return cls(params, tuple(offsets), tuple(lengths), int(buf.numel()))
+        numel = int(buf.numel())
+        layout = cls(params, tuple(offsets), tuple(lengths), numel, (*map(id, params), numel))
+        if cache is not None:
+            if len(cache) >= 1024:  # rebuilds only add entries: keep it bounded
+                cache.clear()
+            cache[ident] = layout
+        return layout
 
 
 class ParamStore:
@@ -58,8 +74,11 @@ class ParamStore:
 
     def __init__(self) -> None:
         self._data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        # bucket key -> the flat tensor whose views were stored by the last ``scatter``
+        # bucket key -> the flat tensor whose views the last ``scatter`` of that layout stored,
+        # while every one of them is still what is stored (``_owner`` keeps that true)
         self._flat: dict[tuple[int, ...], torch.Tensor] = {}
+        # id(param) -> the bucket key whose flat tensor its stored value is a view of
+        self._owner: dict[int, tuple[int, ...]] = {}
 
     def __len__(self) -> int:
         return len(self._data)
@@ -71,6 +90,7 @@ class ParamStore:
     def clear(self) -> None:
         self._data.clear()
         self._flat.clear()
+        self._owner.clear()
 
     def named(self, names: dict[int, str]) -> dict[str, torch.Tensor]:
         """Stored values keyed by parameter name (``names`` maps ``id(param)`` to its name),
@@ -87,16 +107,17 @@ class ParamStore:
             for n, v in values.items()
         }
         self._flat.clear()
+        self._owner.clear()
 
     def gather(self, layout: BucketLayout, device: torch.device) -> torch.Tensor:
         """The bucket-shaped flat vector of stored values (zeros where nothing is stored).
 
         When every parameter's stored values are still the views the last ``scatter`` of this
-        same bucket layout made, that flat tensor itself is returned (no allocation, no copy:
-        a persistent flat residual per bucket); the caller may update it in place and must
-        ``scatter`` the result. Otherwise a fresh vector is assembled."""
+        same bucket layout made, that flat tensor itself is returned (no allocation, no copy,
+        no per-parameter work: a persistent flat residual per bucket); the caller may update
+        it in place and must ``scatter`` the result. Otherwise a fresh vector is assembled."""
         flat = self._flat.get(layout.key)
-        if flat is not None and flat.device == device and self._still_views(layout, flat):
+        if flat is not None and flat.device == device:
             return flat
         out = torch.zeros(layout.numel, dtype=torch.float32, device=device)
         for p, off, length in zip(layout.params, layout.offsets, layout.lengths, strict=True):
@@ -107,22 +128,20 @@ class ParamStore:
 
     def scatter(self, layout: BucketLayout, flat: torch.Tensor) -> None:
         """Store each parameter's slice of ``flat`` (views: the caller must not reuse ``flat``
-        for anything else; the next ``gather`` of this layout hands it back)."""
+        for anything else; the next ``gather`` of this layout hands it back). Scattering the
+        flat tensor that ``gather`` handed back costs nothing: its views are already stored."""
+        if self._flat.get(layout.key) is flat:
+            return
         for p, off, length in zip(layout.params, layout.offsets, layout.lengths, strict=True):
+            owner = self._owner.get(id(p))
+            if owner is not None and owner != layout.key:  # a rebuilt bucket took it over
+                self._flat.pop(owner, None)
+            self._owner[id(p)] = layout.key
             self._data[id(p)] = (p, flat[off : off + length])
         if flat.numel() == layout.numel and flat.is_contiguous():
             self._flat[layout.key] = flat
-
-    def _still_views(self, layout: BucketLayout, flat: torch.Tensor) -> bool:
-        base = flat.data_ptr()
-        size = flat.element_size()
-        for p, off, length in zip(layout.params, layout.offsets, layout.lengths, strict=True):
-            entry = self._data.get(id(p))
-            if entry is None or entry[1].numel() != length:
-                return False
-            if entry[1].data_ptr() != base + off * size:
-                return False
-        return True
+        else:
+            self._flat.pop(layout.key, None)
 
     def total(self) -> torch.Tensor | None:
         """All stored values concatenated in insertion order (for inspection and tests)."""

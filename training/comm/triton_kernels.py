@@ -2,8 +2,12 @@
 
 Why: on an H100 the plain device path (``torch.topk`` over a whole bucket, GaussianK's chain
 of ``count_nonzero`` passes and ``where`` steps, packing by separate ops) made spardl and
-gaussiank add about 14 ms to a 26 ms ResNet-50 iteration (``benchmarks/results/
-comm_gpu.md``), against well under a millisecond of memory traffic for what they must read.
+gaussiank add about 14 ms to a 26 ms ResNet-50 iteration (``benchmarks/results/gpu_logs/
+comm_gpu_session9.md``), against well under a millisecond of memory traffic for what they
+must read. Measured since (``benchmarks/comm/README.md``, issue 19): these kernels cut the
+launches but are slower than ``torch.topk`` for spardl, and the iteration is host-bound, so
+they stay off by default.
+
 These kernels do the same selections in a few passes over the bucket and a handful of
 launches, with nothing read on the host (fixed-capacity outputs and device-side counts, as
 ``select.capped_indices``).
