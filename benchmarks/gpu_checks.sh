@@ -5,8 +5,9 @@
 #
 #   OUT=/tmp/gpu bash benchmarks/gpu_checks.sh setup cuda-tests hooks train transfer iteration
 #
-# Extra options for the transfer, iteration and hooks scripts go in TRANSFER_ARGS /
-# ITERATION_ARGS / HOOKS_ARGS.
+# Extra options for the transfer, iteration, hooks and host scripts go in TRANSFER_ARGS /
+# ITERATION_ARGS / HOOKS_ARGS / HOST_ARGS. zoopick.training imports pydantic, which the image
+# lacks: carry its wheels in .whl/ (benchmarks/comm/README.md, issue 19).
 #
 # Made here, carried to the device (both git-ignored): .whl/ = `pip download --no-deps
 # --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl` of
@@ -23,8 +24,10 @@
 # cuda-tests  tests/test_comm_cuda.py (hooks on CUDA tensors, no synchronising call) and
 #             tests/test_comm_triton.py (the fused Triton selection, compiled, against torch)
 # hooks       benchmarks/comm/gpu_hooks.py (issue 19: ResNet-50 and ViT-B/16 at 25 and 100 MB
-#             buckets, plain and +triton, with and without async_comm; profiler table, goals;
-#             extra options in HOOKS_ARGS)
+#             buckets, plain and +triton, with and without async_comm, interleaved rounds;
+#             profiler table, goals; extra options in HOOKS_ARGS)
+# host        benchmarks/comm/gpu_host.py (issue 19: where each hook's host time goes, by
+#             operator and CUDA runtime call; extra options in HOST_ARGS)
 # train       `zoopick train` on the GPU (bf16 autocast, channels_last, NCCL at world size 1)
 #             with dense, spardl and spardl on the side stream
 # transfer    benchmarks/transfer/gpu_check.py (needs benchmarks/transfer/zoo)
@@ -68,6 +71,11 @@ hooks() {
     python3 benchmarks/comm/gpu_hooks.py --out "$OUT" ${HOOKS_ARGS:-} 2>&1 | tee "$OUT/gpu_hooks.log"
 }
 
+host() {
+    # shellcheck disable=SC2086
+    python3 benchmarks/comm/gpu_host.py --out "$OUT" ${HOST_ARGS:-} 2>&1 | tee "$OUT/gpu_host.log"
+}
+
 train() {
     local zoo=/tmp/zoo_r50.json data=benchmarks/transfer/zoo/targets
     printf '{"models": [{"id": "r50", "arch": "resnet50", "weights": "none", "num_classes": 1000, "input_size": [3, 224, 224]}]}\n' >$zoo
@@ -109,6 +117,7 @@ for section in "$@"; do
         setup) setup && env_paths ;;
         cuda-tests) cuda_tests ;;
         hooks) hooks ;;
+        host) host ;;
         train) train ;;
         transfer) transfer ;;
         iteration) iteration ;;
