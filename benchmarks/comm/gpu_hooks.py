@@ -185,6 +185,9 @@ class Run:
     i: int = 0
 
     def step(self) -> None:
+        """One training iteration. ``select.CUDA_TRITON`` is process-wide and the hooks read it
+        when DDP calls them, inside ``backward()``: every step sets its own run's value."""
+        select.CUDA_TRITON = self.triton
         xs, ys = self.data
         x, y = xs[self.i % len(xs)], ys[self.i % len(ys)]
         self.i += 1
@@ -215,36 +218,32 @@ def chunk(run: Run, args, cuda: bool, timed: bool) -> None:
     """``--chunk`` iterations of one run, after a sync so that every chunk starts from an
     empty queue; the first is not timed (the host getting ahead of the device again), the
     rest are timed by CUDA events (wall time on the CPU) with synchronising calls counted."""
-    select.CUDA_TRITON = run.triton
     if cuda:
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     events: list[Any] = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if cuda and timed:
-                torch.cuda.set_sync_debug_mode("warn")
-            try:
-                run.step()
-                for _ in range(args.chunk - 1):
-                    if cuda:
-                        start = torch.cuda.Event(enable_timing=True)
-                        end = torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        run.step()
-                        end.record()
-                        events.append((start, end))
-                    else:
-                        t0 = time.perf_counter()
-                        run.step()
-                        events.append(1000 * (time.perf_counter() - t0))
-            finally:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cuda and timed:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run.step()
+            for _ in range(args.chunk - 1):
                 if cuda:
-                    torch.cuda.set_sync_debug_mode("default")
-    finally:
-        select.CUDA_TRITON = False
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    run.step()
+                    end.record()
+                    events.append((start, end))
+                else:
+                    t0 = time.perf_counter()
+                    run.step()
+                    events.append(1000 * (time.perf_counter() - t0))
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
     if not timed:
         return
     for w in caught:
@@ -303,11 +302,7 @@ def row_of(run: Run, args, device: torch.device, bucket_mb: float) -> dict[str, 
         row["nnz_per_iter"] = (after["nnz"] - run.before["nnz"]) / n
         row["numel_per_iter"] = (after["numel"] - run.before["numel"]) / n
         row["buckets_per_iter"] = (after["buckets"] - run.before["buckets"]) / n
-    select.CUDA_TRITON = run.triton
-    try:
-        row["profile"] = profile_step(lambda _i: run.step(), 0, device)
-    finally:
-        select.CUDA_TRITON = False
+    row["profile"] = profile_step(lambda _i: run.step(), 0, device)
     return row
 
 
@@ -328,10 +323,9 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * 10 * x.numel() / (start.elapsed_time(end) / 1000) / 1e9
 
 
-def run_recipe(name: str, args, device: torch.device, done) -> list[dict[str, Any]]:
-    """Every bucket size and hook of one recipe; ``done(rows)`` after each bucket size (the
-    results so far are written then, so a run cut short keeps what it measured)."""
-    recipe = (DRY_RECIPES if args.dry_run else RECIPES)[name]
+def inputs(recipe: dict[str, Any], args, device: torch.device, batches: int):
+    """The recipe's initial weights (seed 0; every replica starts from them) and ``batches``
+    random batches of images and labels (seed 1) on ``device``."""
     torch.manual_seed(0)
     init = create_model(recipe, args.classes, args.dry_run).state_dict()
     gen = torch.Generator(device=device).manual_seed(1)
@@ -339,12 +333,39 @@ def run_recipe(name: str, args, device: torch.device, done) -> list[dict[str, An
     fmt = torch.channels_last if recipe["channels_last"] else torch.contiguous_format
     xs = [
         torch.randn(shape, device=device, generator=gen).contiguous(memory_format=fmt)
-        for _ in range(3)
+        for _ in range(batches)
     ]
     ys = [
         torch.randint(0, args.classes, (recipe["batch"],), device=device, generator=gen)
-        for _ in range(3)
+        for _ in range(batches)
     ]
+    return init, xs, ys
+
+
+def start(dry_run: bool) -> tuple[torch.device, str]:
+    """The device and backend, and the process group of one. ``dry_run``: the CPU over gloo,
+    the device selection path (``select.CPU_SHORTCUTS`` off) and large Triton tiles for the
+    interpreter; else the first GPU over NCCL (or an exit when there is none)."""
+    if dry_run:
+        select.CPU_SHORTCUTS = False  # the device path, on the CPU
+        triton_kernels.TILE, triton_kernels.TILES, triton_kernels.COUNT_TILE = 1 << 16, 1, 8192
+        device, backend = torch.device("cpu"), "gloo"
+    elif not torch.cuda.is_available():
+        raise SystemExit(f"{Path(sys.argv[0]).name} needs a CUDA device (or --dry-run)")
+    else:
+        device, backend = torch.device("cuda", 0), "nccl"
+        torch.cuda.set_device(device)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    dist.init_process_group(backend, rank=0, world_size=1)
+    return device, backend
+
+
+def run_recipe(name: str, args, device: torch.device, done) -> list[dict[str, Any]]:
+    """Every bucket size and hook of one recipe; ``done(rows)`` after each bucket size (the
+    results so far are written then, so a run cut short keeps what it measured)."""
+    recipe = (DRY_RECIPES if args.dry_run else RECIPES)[name]
+    init, xs, ys = inputs(recipe, args, device, batches=3)
     rows: list[dict[str, Any]] = []
     for mb in args.bucket_mb:
         runs = [
@@ -452,22 +473,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         args.rounds, args.warmup, args.classes = min(args.rounds, 2), min(args.warmup, 1), 10
         args.bucket_mb = "2"
-        select.CPU_SHORTCUTS = False  # the device path, on the CPU
-        triton_kernels.TILE, triton_kernels.TILES, triton_kernels.COUNT_TILE = 1 << 16, 1, 8192
-        device = torch.device("cpu")
-        backend = "gloo"
-    elif not torch.cuda.is_available():
-        raise SystemExit("gpu_hooks.py needs a CUDA device (or --dry-run)")
-    else:
-        device = torch.device("cuda", 0)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    args.backend = backend
+    device, args.backend = start(args.dry_run)
     args.out = args.out or Path("/tmp/gpu_dry" if args.dry_run else "benchmarks/results")
     args.bucket_mb = [float(x) for x in str(args.bucket_mb).split(",")]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    dist.init_process_group(backend, rank=0, world_size=1)
     args.bandwidth_gbs = copy_bandwidth(device)
     t0 = time.time()
     import triton

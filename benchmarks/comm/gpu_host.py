@@ -6,9 +6,9 @@ follows how much longer ``backward()`` keeps the host, not its kernel time), so 
 the host does: every aten operator and CUDA runtime call (``cudaLaunchKernel``,
 ``cudaMalloc``, ``cudaFree``, ``cudaStreamSynchronize``, ``cudaMemcpyAsync``...) that
 ``torch.profiler`` records on any thread (the DDP hook runs on autograd's device thread), with
-its calls and self CPU time per iteration. *unattributed* is the host wall time of an iteration
-minus the recorded self CPU time of the main and autograd threads' operators: Python, the
-dispatcher and waits that no operator records.
+its calls and self CPU time per iteration, and the host wall time of an iteration. The
+recorded self CPU time is summed over all threads; Python run inside an operator's span (the
+hook's own code inside ``AccumulateGrad``) counts as that span's self time.
 
 Same recipe and replica as ``gpu_hooks.py`` (``build``): DDP over NCCL at world size 1, bf16
 autocast, density 1 %. Per hook: ``--warmup`` untimed iterations, then ``--iters`` under the
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections import defaultdict
@@ -36,8 +35,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from zoopick.training.comm import select  # noqa: E402
-
 HOOKS = "noop,dense,topk,gaussiank,gaussiank+triton,spardl,spardl+triton"
 TOP = 14
 
@@ -46,22 +43,18 @@ def host_profile(run: gpu_hooks.Run, args, device: torch.device) -> dict[str, An
     """``--iters`` iterations of ``run`` under the profiler: per operator name, calls and self
     CPU ms per iteration; the host wall time of an iteration."""
     cuda = device.type == "cuda"
-    select.CUDA_TRITON = run.triton
-    try:
-        for _ in range(args.warmup):
+    for _ in range(args.warmup):
+        run.step()
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
             run.step()
+        wall = time.perf_counter() - t0
         if cuda:
             torch.cuda.synchronize()
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with profile(activities=activities) as prof:
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                run.step()
-            wall = time.perf_counter() - t0
-            if cuda:
-                torch.cuda.synchronize()
-    finally:
-        select.CUDA_TRITON = False
     ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for e in prof.key_averages():
         if e.self_cpu_time_total <= 0:
@@ -132,24 +125,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--hooks must include noop: every figure is given beyond it")
     if args.dry_run:
         args.iters, args.warmup, args.classes, args.bucket_mb = 2, 1, 10, 2.0
-        select.CPU_SHORTCUTS = False
-        device, backend = torch.device("cpu"), "gloo"
-    elif not torch.cuda.is_available():
-        raise SystemExit("gpu_host.py needs a CUDA device (or --dry-run)")
-    else:
-        device, backend = torch.device("cuda", 0), "nccl"
-        torch.cuda.set_device(device)
+    device, _ = gpu_hooks.start(args.dry_run)
     recipe = (gpu_hooks.DRY_RECIPES if args.dry_run else gpu_hooks.RECIPES)[args.recipe]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(gpu_hooks._free_port()))
-    dist.init_process_group(backend, rank=0, world_size=1)
-    torch.manual_seed(0)
-    init = gpu_hooks.create_model(recipe, args.classes, args.dry_run).state_dict()
-    gen = torch.Generator(device=device).manual_seed(1)
-    fmt = torch.channels_last if recipe["channels_last"] else torch.contiguous_format
-    shape = (recipe["batch"], 3, recipe["px"], recipe["px"])
-    xs = [torch.randn(shape, device=device, generator=gen).contiguous(memory_format=fmt)]
-    ys = [torch.randint(0, args.classes, (recipe["batch"],), device=device, generator=gen)]
+    init, xs, ys = gpu_hooks.inputs(recipe, args, device, batches=1)
     rows = []
     for label in args.hooks.split(","):
         run = gpu_hooks.build(label, args, recipe, args.bucket_mb, init, (xs, ys), device)

@@ -8,7 +8,7 @@ iteration. That part does not need a GPU to measure: here every hook is called d
 ResNet-50's 161 parameters over 4 buckets of 25 MB is about 40 per bucket), small enough
 that the kernels themselves cost little, on the device selection path
 (``select.CPU_SHORTCUTS`` off: the code a CUDA tensor takes, minus Triton). Baseline in the
-same run: a hook that returns its bucket (``noop``). Wall time per call, median of
+same run: torch's ``noop_hook``, which returns its bucket. Wall time per call, median of
 ``--calls`` after ``--warmup``, with ``--repeats`` interleaved repeats (min of the medians).
 
 This is an estimate of host work on this machine's CPU, labelled as such: the GPU host's
@@ -26,10 +26,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -38,16 +38,10 @@ from zoopick.training.comm import SimpleBucket, make_hook, select  # noqa: E402
 HOOKS = "noop,topk,gaussiank,spardl,dfs,exdyna"
 
 
-def _noop(_state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
-
-
 def time_hook(label: str, args, params: list[torch.Tensor], grads: list[torch.Tensor]) -> float:
     """Median wall microseconds per hook call over ``--calls`` calls on a fresh state."""
     if label == "noop":
-        state, hook = None, _noop
+        state, hook = None, noop_hook
     else:
         state, hook = make_hook(label, density=args.density)
     bucket = SimpleBucket(params)
