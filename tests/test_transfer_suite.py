@@ -103,6 +103,23 @@ def test_run_logs_merge_by_key_and_keep_what_is_there(tmp_path):
     assert merge_run_logs(zoo, kept) == 0
 
 
+def test_report_only_keeps_the_runs_of_a_stopped_cell(tmp_path):
+    """A suite stopped in the middle of a cell leaves that cell's finished runs in the zoo
+    folder only; ``--report-only`` (``keep_run_logs``) copies them beside the results for
+    the next session, and only the zoo folders that are on this machine."""
+    from benchmarks.transfer import suite
+
+    zoo, kept = tmp_path / "zoos" / "fonts", tmp_path / "results" / "transfer_suite_runs"
+    zoo.mkdir(parents=True)
+    (zoo / "gt_runs.jsonl").write_text('{"key": "a", "acc": 0.1}\n{"key": "b", "acc": 0.2}\n')
+    res = {"zoos": {"fonts": {"folder": str(zoo)}, "synth": {"folder": str(tmp_path / "gone")}}}
+    assert suite.keep_run_logs(res, kept) == {"fonts": 2}
+    lines = (kept / "fonts" / "gt_runs.jsonl").read_text().splitlines()
+    assert [json.loads(x)["key"] for x in lines] == ["a", "b"]
+    assert not (kept / "synth").exists()  # a zoo folder not on this machine: nothing to keep
+    assert suite.keep_run_logs(res, kept) == {"fonts": 0}  # again: nothing repeated
+
+
 def test_a_cell_is_done_by_its_plan_whatever_bytes_the_build_gave():
     import dataclasses
 

@@ -277,6 +277,23 @@ def refresh_zoo_models(res: dict) -> None:
             z["models"] = zoo_models(ground_truth.read_manifest(root), build)
 
 
+def keep_run_logs(res: dict, runs_dir: Path) -> dict[str, int]:
+    """Copy the fine-tuning runs of each zoo folder that is on this machine into
+    ``runs_dir/<zoo>`` (``merge_run_logs``); returns how many were new, by zoo.
+
+    The suite keeps a cell's runs beside the results only once its truth is complete, so a
+    suite stopped in the middle of a cell (a session's end) would leave that cell's finished
+    runs in the git-ignored zoo folder, lost with the machine; ``--report-only`` after the
+    stop keeps them for the next session (keyed by checkpoint and data hashes, they are
+    reused only by a build that gives the same bytes)."""
+    kept: dict[str, int] = {}
+    for zname, z in res.get("zoos", {}).items():
+        root = Path(z.get("folder", ""))
+        if z.get("folder") and root.is_dir():
+            kept[zname] = merge_run_logs(root, runs_dir / zname)
+    return kept
+
+
 def load_results(path: Path, mode: Mode) -> dict:
     if path.exists():
         res = json.loads(path.read_text())
@@ -371,7 +388,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--report-only",
         action="store_true",
-        help="rewrite the summary and report from the results file; build and run nothing",
+        help="rewrite the summary and report from the results file, and keep the finished "
+        "fine-tuning runs of zoo folders on this machine (a stopped cell's too); build and run "
+        "nothing",
     )
     args = ap.parse_args(argv)
 
@@ -384,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
         expected = [f"{z}/{t}" for z in zoos.ZOOS for t in (mode.targets or tasks.TARGETS)]
         res = load_results(json_path, mode)
         refresh_zoo_models(res)
+        for zname, n in keep_run_logs(res, out / f"{mode.results}_runs").items():
+            print(f"{zname}: {n} fine-tuning runs kept from its folder", flush=True)
         save(res, json_path, md_path, expected)
         print(f"rewrote {md_path}")
         return
