@@ -48,12 +48,14 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.race import goals  # noqa: E402
 from benchmarks.race import truth as truths  # noqa: E402
 from benchmarks.race.paired import SIGNIFICANCE  # noqa: E402
 from benchmarks.race.pool import Pool, Recipe, run_race, split_target  # noqa: E402
 from benchmarks.race.variants import SERVICE, resolve  # noqa: E402
 from benchmarks.transfer.finetune_gt import load_target, read_manifest, setup_torch  # noqa: E402
 from benchmarks.transfer.suite import cell_files, zoo_hashes  # noqa: E402
+from benchmarks.transfer.tasks import TARGETS  # noqa: E402
 from zoopick.training import race  # noqa: E402
 
 
@@ -443,6 +445,7 @@ def report(doc: dict) -> str:
             f"{f(r.get('shortlist_best'))} | {f(r['compute'])} | {f(r.get('mean_wtau'))} | "
             f"{f(r.get('wtau_vs_ceiling'))} |"
         )
+    lines += goals.report_lines(doc, list(TARGETS))
     lines += ["", "## Per target", ""]
     lines.append(
         "| target | classes | train / validation | truth range | ceiling wtau | "
