@@ -57,40 +57,38 @@ def judge(doc: dict, expected_targets: Sequence[str]) -> list[Verdict]:
     metric = next(r for r in doc["summary"] if r["config"] == "metric only")
 
     allowed = [r for r in rows if r["budget"] <= R1_MAX_BUDGET + EPS]
-    r1 = sorted(
-        (r for r in allowed if r["targets"] == n and r["min_rel@1"] >= R1_MIN_REL),
-        key=lambda r: (r["budget"], r["k"]),
-    )
-    if r1:
-        best = r1[0]
-        detail = f"k={best['k']} at budget {best['budget']:g}: worst rel@1 {best['min_rel@1']:.3f}"
-        v1 = Verdict("R1", True, complete, detail)
-    elif allowed:
-        # final only when every configuration R1 allows was raced (on the targets so far)
-        budgets = [b for b in doc["protocol"]["budgets"] if b <= R1_MAX_BUDGET + EPS]
-        wanted = {(k, b) for k in SHORTLISTS for b in budgets}
-        raced = {(r["k"], r["budget"]) for r in allowed if r["targets"] == n}
-        best = max(allowed, key=lambda r: (r["min_rel@1"], -r["budget"]))
+    sure = [r for r in allowed if r["targets"] == n and r["min_rel@1"] >= R1_MIN_REL]
+    cheapest = min(sure, key=lambda r: (r["budget"], r["k"]), default=None)
+    if cheapest is not None:
         detail = (
-            f"no k in {SHORTLISTS} at a budget <= {R1_MAX_BUDGET:g} has every target >= "
-            f"{R1_MIN_REL}; the closest, k={best['k']} at {best['budget']:g}, has a worst "
-            f"rel@1 of {best['min_rel@1']:.3f}"
+            f"k={cheapest['k']} at budget {cheapest['budget']:g}: worst rel@1 "
+            f"{cheapest['min_rel@1']:.3f}"
         )
-        v1 = Verdict("R1", False, complete or wanted <= raced, detail)
-    else:
-        detail = f"no race of the service's variant at a budget <= {R1_MAX_BUDGET:g}"
-        v1 = Verdict("R1", False, complete, detail)
-
-    if r1:
-        ratio = r1[0].get("wtau_vs_ceiling")
-        met = ratio is not None and ratio >= R2_MIN_RATIO
+        v1 = Verdict("R1", True, complete, detail)
+        ratio = cheapest.get("wtau_vs_ceiling")
         shown = "undefined" if ratio is None else f"{ratio:.3f}"
         detail = (
-            f"at k={r1[0]['k']}, budget {r1[0]['budget']:g}: race order wtau / ceiling "
+            f"at k={cheapest['k']}, budget {cheapest['budget']:g}: race order wtau / ceiling "
             f"{shown} (goal {R2_MIN_RATIO})"
         )
+        met = ratio is not None and ratio >= R2_MIN_RATIO
         v2 = Verdict("R2", met, complete, detail)
     else:
+        if allowed:
+            # final only when every configuration R1 allows was raced (on the targets so far)
+            r1_budgets = [b for b in doc["protocol"]["budgets"] if b <= R1_MAX_BUDGET + EPS]
+            wanted = {(k, b) for k in SHORTLISTS for b in r1_budgets}
+            raced = {(r["k"], r["budget"]) for r in allowed if r["targets"] == n}
+            best = max(allowed, key=lambda r: (r["min_rel@1"], -r["budget"]))
+            detail = (
+                f"no k in {SHORTLISTS} at a budget <= {R1_MAX_BUDGET:g} has every target >= "
+                f"{R1_MIN_REL}; the closest, k={best['k']} at {best['budget']:g}, has a worst "
+                f"rel@1 of {best['min_rel@1']:.3f}"
+            )
+            v1 = Verdict("R1", False, complete or wanted <= raced, detail)
+        else:
+            detail = f"no race of the service's variant at a budget <= {R1_MAX_BUDGET:g}"
+            v1 = Verdict("R1", False, complete, detail)
         v2 = Verdict("R2", False, v1.final, "no configuration meets R1")
 
     budgets = doc["protocol"]["budgets"]

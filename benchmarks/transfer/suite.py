@@ -288,9 +288,9 @@ def keep_run_logs(res: dict, runs_dir: Path) -> dict[str, int]:
     reused only by a build that gives the same bytes)."""
     kept: dict[str, int] = {}
     for zname, z in res.get("zoos", {}).items():
-        root = Path(z.get("folder", ""))
-        if z.get("folder") and root.is_dir():
-            kept[zname] = merge_run_logs(root, runs_dir / zname)
+        folder = z.get("folder")
+        if folder and Path(folder).is_dir():
+            kept[zname] = merge_run_logs(Path(folder), runs_dir / zname)
     return kept
 
 
