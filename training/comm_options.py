@@ -38,6 +38,13 @@ class SparseOptions(_Options):
     warmup_mode: Literal["exp", "dense"] = "exp"
     momentum: float = Field(0.0, ge=0, lt=1)
     async_comm: bool = False
+    cuda_graphs: bool = False
+    """Replay each bucket's steady-state step as a CUDA graph (``training/comm/graphs.py``);
+    CUDA only (ignored on a CPU), and only for schemes without host-side control."""
+
+    def _no_graphs(self, why: str) -> None:
+        if self.cuda_graphs:
+            raise ValueError(f"cuda_graphs needs a steady state without host control: {why}")
 
 
 class TopkOptions(SparseOptions):
@@ -57,6 +64,8 @@ class SparDLOptions(SparseOptions):
     def _bf16_pairs_not_fp16(self) -> SparDLOptions:
         if self.pairs16 == "bf16" and self.fp16:
             raise ValueError("pairs16='bf16' sends bfloat16 values; drop fp16=True")
+        if self.teams > 1:
+            self._no_graphs("teams > 1 adapts its cross-team share on the host")
         return self
 
 
@@ -64,6 +73,11 @@ class ExDynaOptions(SparseOptions):
     blocks: int = Field(256, ge=1, le=1 << 20)
     max_shift: int = Field(1, ge=0, le=1 << 20)
     controller: Literal["paper", "probes"] = "probes"
+
+    @model_validator(mode="after")
+    def _graphs(self) -> ExDynaOptions:
+        self._no_graphs("exdyna steers its threshold and partitions on the host")
+        return self
 
 
 class DFSOptions(SparseOptions):
@@ -78,6 +92,7 @@ class DFSOptions(SparseOptions):
             raise ValueError(f"block_size must be in [1, max_block], got {self.block_size}")
         if not self.shrink_at < self.grow_at:
             raise ValueError(f"need shrink_at < grow_at, got {self.shrink_at}, {self.grow_at}")
+        self._no_graphs("dfs resizes its blocks on the host")
         return self
 
 

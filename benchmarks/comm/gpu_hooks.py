@@ -9,9 +9,12 @@ and bookkeeping), plain SGD, density ``--density`` (1 %). Every recipe runs at e
 bucket size of ``--bucket-mb`` (25 is DDP's default; users raise it to cut the number of
 hook calls), every hook label of ``--hooks`` on a fresh DDP over the same initial weights.
 
-A label is ``name[+async][+triton]``: ``+async`` sets ``async_comm=True`` (the side stream),
-``+triton`` turns ``select.CUDA_TRITON`` on for that run (the fused kernels of
-``training/comm/triton_kernels.py``; spardl and gaussiank use them, other hooks ignore it).
+A label is ``name[+async][+triton][+graph]``: ``+async`` sets ``async_comm=True`` (the side
+stream), ``+triton`` turns ``select.CUDA_TRITON`` on for that run (the fused kernels of
+``training/comm/triton_kernels.py``; spardl and gaussiank use them, other hooks ignore it),
+``+graph`` sets ``cuda_graphs=True`` (each bucket's steady state replayed as a CUDA graph,
+``training/comm/graphs.py``; its *select* is then the whole replay's time, and the row counts
+the graphs captured and replayed, and the buckets whose capture failed and ran eagerly).
 
 Per recipe and bucket size every label gets its own DDP replica, all alive at once; each is
 warmed (``--warmup`` chunks; Triton compiles in the first), then the replicas run in
@@ -74,7 +77,9 @@ from zoopick.training.comm import make_hook, select, triton_kernels  # noqa: E40
 
 HOOKS = (
     "noop,dense,topk,exdyna,dfs,gaussiank,gaussiank+triton,gaussiank+async,"
-    "gaussiank+async+triton,spardl,spardl+triton,spardl+async,spardl+async+triton"
+    "gaussiank+async+triton,spardl,spardl+triton,spardl+async,spardl+async+triton,"
+    "gaussiank+graph,gaussiank+triton+graph,gaussiank+async+graph,spardl+graph,"
+    "spardl+async+graph"
 )
 RECIPES = {
     "resnet50": {"model": "resnet50", "px": 224, "batch": 64, "channels_last": True},
@@ -113,10 +118,12 @@ def attach(ddp: DDP, label: str, density: float):
         ddp.register_comm_hook(None, noop_hook)
         return None
     name, *variants = label.split("+")
-    unknown = set(variants) - {"async", "triton"}
+    unknown = set(variants) - {"async", "triton", "graph"}
     if unknown:
         raise SystemExit(f"unknown hook variant(s) {sorted(unknown)} in {label!r}")
-    options = {"async_comm": True} if "async" in variants else {}
+    options: dict[str, Any] = {"async_comm": True} if "async" in variants else {}
+    if "graph" in variants:
+        options["cuda_graphs"] = True
     state, hook = make_hook(name, density=density, **options)
     ddp.register_comm_hook(state, hook)
     return state
@@ -302,6 +309,13 @@ def row_of(run: Run, args, device: torch.device, bucket_mb: float) -> dict[str, 
         row["nnz_per_iter"] = (after["nnz"] - run.before["nnz"]) / n
         row["numel_per_iter"] = (after["numel"] - run.before["numel"]) / n
         row["buckets_per_iter"] = (after["buckets"] - run.before["buckets"]) / n
+        graphs = getattr(run.state, "graphs", None)
+        if graphs is not None:
+            row["graphs"] = {
+                "captured": graphs.captures,
+                "replays": graphs.replays,
+                "failed": len(graphs.failed),
+            }
     row["profile"] = profile_step(lambda _i: run.step(), 0, device)
     return row
 
@@ -581,6 +595,14 @@ def _table(name: str, mb: float, block: list[dict[str, Any]]) -> list[str]:
             f"{e['passes']:.1f} | {_ms(e['idle_ms'])} | {e['launches']} | "
             f"{x['peak_mem_mb']:.0f} |"
         )
+    graphed = [x for x in block if "graphs" in x]
+    if graphed:
+        counts = "; ".join(
+            f"{x['hook']} {g['captured']} captured, {g['replays']} replays, {g['failed']} failed"
+            for x in graphed
+            for g in [x["graphs"]]
+        )
+        lines += ["", f"CUDA graphs (`+graph`, buckets over the whole run): {counts}."]
     return lines
 
 

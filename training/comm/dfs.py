@@ -44,6 +44,10 @@ SAMPLE = 4096
 class DFSState(HookState):
     name = "dfs"
 
+    def graphable(self) -> bool:
+        """No: its block size is steered on the host."""
+        return False
+
     def __init__(
         self,
         process_group: dist.ProcessGroup | None = None,

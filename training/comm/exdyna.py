@@ -104,6 +104,10 @@ class _Partitioning:
 class ExDynaState(HookState):
     name = "exdyna"
 
+    def graphable(self) -> bool:
+        """No: its threshold and partitions are steered on the host."""
+        return False
+
     def __init__(
         self,
         process_group: dist.ProcessGroup | None = None,

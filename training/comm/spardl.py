@@ -278,6 +278,10 @@ class SparDLState(HookState):
         # per bucket: (union size of the last iteration, its h, kbq, d), read when it returns
         self.unions: dict[tuple[int, ...], tuple[Deferred, int, int, int]] = {}
 
+    def graphable(self) -> bool:
+        """One team only: with teams the cross-team share adapts on the host."""
+        return self.teams == 1
+
     def scan_spans(self, numel: int, density: float) -> list[tuple[int, int]] | None:
         """Every team block long enough for the CPU's sampled selection (``take``)."""
         t = self.size // self.teams

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from zoopick.training.comm import select, triton_kernels
 from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import PairSum, allreduce_sum, to_wire
+from zoopick.training.comm.graphs import BucketGraphs
 from zoopick.training.comm.prescan import Prescan, accumulate
 from zoopick.training.comm.stats import CommStats
 from zoopick.training.comm.store import BucketLayout, ParamStore
@@ -76,6 +77,7 @@ class HookState:
         fp16: bool = False,
         sync_cuda_timing: bool = False,
         async_comm: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         if not isinstance(density, int | float) or not 0.0 < float(density) <= 1.0:
             raise CommError(f"{self.name}: density must be in (0, 1], got {density!r}")
@@ -94,6 +96,8 @@ class HookState:
         self.momentum = float(momentum)
         self.fp16 = bool(fp16)
         self.async_comm = bool(async_comm)
+        # CUDA graphs of the buckets' steady-state steps (graphs.py); None: always eager
+        self.graphs = BucketGraphs() if cuda_graphs else None
         self._comm_thread: ThreadPoolExecutor | None = None
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._scratch: dict[torch.device, torch.Tensor] = {}
@@ -154,6 +158,13 @@ class HookState:
             stream = self._side_streams[device] = torch.cuda.Stream(device)
         return stream
 
+    def graphable(self) -> bool:
+        """Whether the steady-state step is the same device work every call, with no
+        host-side control between iterations, so it can be replayed as a CUDA graph
+        (``graphs.py``). Schemes that steer on the host (thresholds, partitions, block sizes
+        read back one iteration later) say False."""
+        return True
+
     # -- schedule ------------------------------------------------------------------------------
     def density_at(self, iteration: int) -> float | None:
         """Density used at ``iteration``; ``None`` means a dense all-reduce (dense warm-up)."""
@@ -198,6 +209,8 @@ class HookState:
         """Drop residuals, momenta and scheme state (stats are kept)."""
         self.residuals.clear()
         self.momenta.clear()
+        if self.graphs is not None:
+            self.graphs.clear()
 
 
 def named_key(key: tuple[int, ...], names: dict[int, str]) -> tuple[Any, ...]:
@@ -339,10 +352,37 @@ def _run(
     is_last: bool,
     exchange: Exchange,
 ) -> torch.Tensor:
+    """One bucket: the iteration's stats record around :func:`_step`, replayed from a CUDA
+    graph where ``state.graphs`` has (or can capture) one for this bucket."""
     state.device = buf.device
     stats = state.stats
     stats.begin(state.iteration, buf.device)
     density = state.density_at(state.iteration)
+
+    def step(st: HookState, b: torch.Tensor, lay: BucketLayout, d: float, static: bool) -> None:
+        _step(st, b, lay, [], exchange, d, static)
+
+    if state.graphs is None or not state.graphs.run(state, buf, layout, unused, density, step):
+        _step(state, buf, layout, unused, exchange, density)
+    if is_last:
+        stats.finish()
+        state.iteration += 1
+    return buf
+
+
+def _step(
+    state: HookState,
+    buf: torch.Tensor,
+    layout: BucketLayout,
+    unused: list[tuple[int, int]],
+    exchange: Exchange,
+    density: float | None,
+    static: bool = False,
+) -> None:
+    """Error feedback, the scheme's exchange and the average written into ``buf``.
+    ``static`` (a CUDA graph's capture, ``graphs.py``): the residual is written back into
+    the stored flat tensor, so the next replay finds it at the same address."""
+    stats = state.stats
     zeroed = False  # whether buf holds zeros now (its gradient is in acc)
     with stats.timer("select_s"):
         grad = buf.detach().float()
@@ -377,6 +417,8 @@ def _run(
         state.prescan = None
     for off, values in held:
         residual[off : off + values.numel()].add_(values)
+    if static and residual is not acc:
+        residual = acc.copy_(residual)
     state.residuals.scatter(layout, residual)
     if state.momentum > 0.0:
         if sent is None:  # everything was sent
@@ -391,7 +433,3 @@ def _run(
         total.write(buf, state.size, zeroed=zeroed)
     else:
         buf.copy_(total.div_(state.size))
-    if is_last:
-        stats.finish()
-        state.iteration += 1
-    return buf

@@ -126,6 +126,11 @@ class ParamStore:
                 out[off : off + length] = entry[1]
         return out
 
+    def flat(self, layout: BucketLayout) -> torch.Tensor | None:
+        """The persistent flat tensor that ``gather`` would hand back for ``layout``, or None
+        when it would assemble a fresh one (CUDA graphs check it before a replay)."""
+        return self._flat.get(layout.key)
+
     def scatter(self, layout: BucketLayout, flat: torch.Tensor) -> None:
         """Store each parameter's slice of ``flat`` (views: the caller must not reuse ``flat``
         for anything else; the next ``gather`` of this layout hands it back). Scattering the

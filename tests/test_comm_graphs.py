@@ -1,0 +1,243 @@
+"""CUDA graphs of the hooks' steady state (issue 19, ``cuda_graphs=True``; ``graphs.py``).
+
+On the CPU (CI): which hooks may ask for graphs (options naming the problem otherwise), the
+captured step's one difference (the residual written back into the stored flat tensor) gives
+the eager results, the graph path declines CPU buffers, and the stats recorder replays what
+a capture added. On CUDA (skipped without a GPU; a lent one ran them, see
+``benchmarks/results/gpu_logs/``): replayed graphs give the eager run's updates and residuals,
+with no synchronising call once captured, through a checkpoint reload (the graphs are
+dropped and captured again) and in a real DDP model.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import zoopick.training.comm as comm
+from tests.comm_harness import free_port
+from zoopick.training.comm import graphs
+from zoopick.training.comm import state as state_mod
+from zoopick.training.comm.store import BucketLayout
+
+SHAPES = [(40, 25), (300,), (63,), (500,)]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    """A process group of one: NCCL on a GPU, gloo otherwise."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+# -- options (no torch.distributed needed) ------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "options", "why"),
+    [
+        ("exdyna", {}, "exdyna steers"),
+        ("dfs", {}, "dfs resizes"),
+        ("spardl", {"teams": 2}, "teams > 1"),
+    ],
+)
+def test_graphs_refused_where_the_host_steers(name, options, why):
+    with pytest.raises(comm.CommError, match=f"cuda_graphs.*{why}"):
+        comm.check_options(name, cuda_graphs=True, **options)
+
+
+@pytest.mark.parametrize("name", ["topk", "gaussiank", "spardl"])
+def test_graphs_accepted_and_off_by_default(name):
+    comm.check_options(name, cuda_graphs=True)
+    assert comm.get(name).options["cuda_graphs"] is False
+
+
+def test_recorder_sums_numbers_and_keeps_tensors():
+    rec = graphs.StatsRecorder()
+    count = torch.tensor(3)
+    with rec.timer("select_s"):
+        rec.add(bytes_sent=10, nnz=count)
+        rec.add(bytes_sent=5, numel=7)
+    assert rec.numbers == {"bytes_sent": 15, "numel": 7}
+    assert rec.tensors == [("nnz", count)]
+
+
+# -- the captured step on the CPU ---------------------------------------------------------------
+def _drive(name: str, options: dict, static: bool, iters: int = 5):
+    """Call the driver's step directly on one persistent bucket, as a capture would
+    (``static``) or eagerly: (outputs, final residual, the stored flat tensor's id per
+    iteration)."""
+    gen = torch.Generator().manual_seed(11)
+    params = [torch.zeros(s) for s in SHAPES]
+    st, _ = comm.make_hook(name, density=0.05, **options)
+    bucket = comm.SimpleBucket(params)
+    layout = BucketLayout.of(bucket)
+    exchange = {
+        "topk": comm.topk._exchange,
+        "gaussiank": comm.gaussiank._exchange,
+        "spardl": comm.spardl._exchange,
+    }[name]
+    outs, flats = [], []
+    for it in range(iters):
+        bucket.set_gradients([torch.randn(s, generator=gen) for s in SHAPES])
+        st.stats.begin(it, torch.device("cpu"))
+        state_mod._step(st, bucket.buffer(), layout, [], exchange, st.density_at(it), static=static)
+        st.stats.finish()
+        st.iteration += 1
+        outs.append(bucket.buffer().clone())
+        flats.append(id(st.residuals.flat(layout)))
+    return outs, st.residuals.gather(layout, torch.device("cpu")).clone(), flats
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("topk", {}),
+        ("gaussiank", {}),
+        ("spardl", {"momentum": 0.9}),
+        ("spardl", {"warmup": 2, "warmup_mode": "dense"}),  # dense_exchange: a new residual
+    ],
+)
+def test_static_step_equals_the_eager_step(world_of_one, name, options):
+    eager_outs, eager_res, eager_flats = _drive(name, options, static=False)
+    outs, res, flats = _drive(name, options, static=True)
+    for a, b in zip(eager_outs, outs, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(eager_res, res)
+    # the captured step keeps the residual where it was: one flat tensor from the start
+    assert len(set(flats)) == 1
+    if options.get("warmup_mode") == "dense":  # where eagerly the store is rebound
+        assert len(set(eager_flats)) > 1
+
+
+def test_graphs_decline_cpu_buffers(world_of_one):
+    st, hook = comm.make_hook("spardl", density=0.05, cuda_graphs=True)
+    params = [torch.zeros(s) for s in SHAPES]
+    bucket = comm.SimpleBucket(params)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(graphs.WARM_CALLS + 3):
+        bucket.set_gradients([torch.randn(s, generator=gen) for s in SHAPES])
+        hook(st, bucket).wait()
+    assert st.graphs.captures == 0 and st.graphs.replays == 0 and not st.graphs.calls
+
+
+# -- CUDA ---------------------------------------------------------------------------------------
+CUDA_CONFIGS = {
+    "topk": ("topk", {}, False),
+    "gaussiank": ("gaussiank", {}, False),
+    "gaussiank_triton": ("gaussiank", {}, True),
+    "spardl_momentum": ("spardl", {"momentum": 0.9}, False),
+    "spardl_triton": ("spardl", {}, True),
+    "spardl_async": ("spardl", {"async_comm": True}, False),
+    "gaussiank_async_fp16": ("gaussiank", {"async_comm": True, "fp16": True}, False),
+}
+ITERS, RELOAD_AT = 12, 7
+
+
+def _run_buckets(name: str, options: dict, graphed: bool):
+    """Two persistent buckets on the GPU, new gradients every iteration, a checkpoint
+    round trip at ``RELOAD_AT``: (outputs per iteration, residuals, the state). Guarded
+    against synchronising calls from the first replay on, except the reload's."""
+    gen = torch.Generator().manual_seed(5)
+    params = [torch.zeros(s, device="cuda") for s in SHAPES]
+    model = torch.nn.Module()
+    for i, p in enumerate(params):
+        model.register_parameter(f"p{i}", torch.nn.Parameter(p))
+    params = list(model.parameters())
+    st, hook = comm.make_hook(name, density=0.05, cuda_graphs=graphed, **options)
+    buckets = [
+        comm.SimpleBucket(params[:2], index=0, is_last=False),
+        comm.SimpleBucket(params[2:], index=1, is_last=True),
+    ]
+    outs = []
+    for it in range(ITERS):
+        grads = [torch.randn(s, generator=gen).cuda() for s in SHAPES]
+        buckets[0].set_gradients(grads[:2])
+        buckets[1].set_gradients(grads[2:])
+        if it == RELOAD_AT:
+            st.load_state_dict(model, st.state_dict(model))
+        torch.cuda.synchronize()
+        guard = graphed and it > graphs.WARM_CALLS and it not in range(RELOAD_AT, RELOAD_AT + 3)
+        if guard:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            outs.append([hook(st, b).wait().clone() for b in buckets])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    residuals = [st.residuals.get(p).clone() for p in params]
+    return outs, residuals, st
+
+
+@cuda
+@pytest.mark.parametrize("key", list(CUDA_CONFIGS))
+def test_graphs_replay_the_eager_steps(world_of_one, monkeypatch, key):
+    from zoopick.training.comm import select
+
+    name, options, triton = CUDA_CONFIGS[key]
+    monkeypatch.setattr(select, "CUDA_TRITON", triton)
+    eager_outs, eager_res, _ = _run_buckets(name, options, graphed=False)
+    outs, res, st = _run_buckets(name, options, graphed=True)
+    for it, (a, b) in enumerate(zip(eager_outs, outs, strict=True)):
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x, y), f"iteration {it}"
+    for x, y in zip(eager_res, res, strict=True):
+        assert torch.equal(x, y)
+    assert not st.graphs.failed
+    # captured twice per bucket: before the reload and after it (the flats were replaced)
+    assert st.graphs.captures == 4
+    assert st.graphs.replays >= 2 * (ITERS - 2 * (graphs.WARM_CALLS + 1))
+    st.stats.resolve()  # a graphed run's stats count every bucket of every iteration
+    assert st.stats.cumulative["buckets"] == 2 * ITERS
+    assert st.stats.cumulative["numel"] == ITERS * sum(torch.Size(s).numel() for s in SHAPES)
+
+
+@cuda
+def test_graphs_in_a_ddp_model(world_of_one):
+    """A real DDP model (several buckets, rebuilt after the first iteration) trains to the
+    same weights with graphed and eager spardl."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+    def train(graphed: bool):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32 * 8 * 8, 64),
+            torch.nn.ReLU(),
+            torch.nn.Linear(64, 10),
+        ).cuda()
+        ddp = DDP(net, device_ids=[0], bucket_cap_mb=0.05)
+        st, hook = comm.make_hook("spardl", density=0.05, cuda_graphs=graphed)
+        ddp.register_comm_hook(st, hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        for _ in range(10):
+            x = torch.randn(8, 3, 12, 12, device="cuda", generator=gen)
+            y = torch.randint(0, 10, (8,), device="cuda", generator=gen)
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        return [p.detach().clone() for p in net.parameters()], st
+
+    eager, _ = train(False)
+    graphed, st = train(True)
+    assert st.graphs.captures >= 2 and st.graphs.replays > 0 and not st.graphs.failed
+    for a, b in zip(eager, graphed, strict=True):
+        assert torch.equal(a, b)
