@@ -376,6 +376,38 @@ def test_hooks_on_the_fused_path(device, world_of_one, monkeypatch, key):
             torch.testing.assert_close(a + r, g, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["spardl", "gaussiank"])
+def test_a_held_out_parameter_on_the_fused_path(device, world_of_one, monkeypatch, name):
+    """A parameter this rank did not use (``grad`` None) is held out of the exchange after
+    the fused error-feedback pass: the pass's first look is dropped (``Scan.changed``; it
+    was missing, an AttributeError on CUDA), the update and the residuals are the plain
+    path's, and the unused parameter keeps its residual."""
+    monkeypatch.setattr(select, "CPU_SHORTCUTS", False)
+    monkeypatch.setattr(spardl, "SAMPLED_MIN_NUMEL", 0)
+
+    def once(fused: bool):
+        monkeypatch.setattr(select, "CUDA_TRITON", fused)
+        gen = torch.Generator().manual_seed(4)
+        params = [torch.zeros(s, device=device, requires_grad=True) for s in SHAPES]
+        state, hook = comm.make_hook(name, density=0.05)
+        outs = []
+        for _ in range(3):
+            grads = [torch.randn(s, generator=gen).to(device) for s in SHAPES]
+            for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+                p.grad = None if i == 1 else g
+            bucket = comm.SimpleBucket(params, grads)
+            outs.append(hook(state, bucket).wait().cpu())
+        return outs, [state.residuals.get(p).cpu() for p in params]
+
+    plain_outs, plain_res = once(False)
+    outs, res = once(True)
+    assert torch.count_nonzero(res[1]) > 0  # the unused parameter's residual is kept
+    for a, b in zip(plain_outs, outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0 if name == "spardl" else 1e-6)
+    for a, b in zip(plain_res, res, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0 if name == "spardl" else 1e-6)
+
+
 COMPILE = "from zoopick.training.comm import triton_kernels as t; print(len(t.compile_variants()))"
 
 

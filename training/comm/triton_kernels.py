@@ -178,6 +178,10 @@ class Scan:
         self.hists.clear()
         self.moments = None
 
+    def changed(self, lo: int, hi: int) -> None:
+        """``acc[lo:hi]`` changed after the pass (a held-out parameter): drop what it saw."""
+        self.touch()
+
     def peaks(self, lo: int, hi: int) -> None:
         """No column maxima (those serve the CPU's grouped scan): a hook that is not wired
         to these kernels (``topk``) selects on its plain device path."""
