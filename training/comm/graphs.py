@@ -143,6 +143,8 @@ class BucketGraphs:
                 return False
             seen = self.calls.get(key, 0)
             if seen < WARM_CALLS:
+                if len(self.calls) >= 4 * MAX_GRAPHS:  # keys of buckets rebuilt long ago
+                    self.calls.clear()
                 self.calls[key] = seen + 1
                 return False
             entry = self._capture(state, buf, layout, density, step, key)
@@ -180,7 +182,7 @@ class BucketGraphs:
         if residual is None or (state.momentum > 0.0 and momentum is None):
             return None  # not persistent yet: the next eager call makes them so
         if len(self.graphs) >= MAX_GRAPHS:
-            self.graphs.clear()
+            self.clear()
         recorder = StatsRecorder()
         stats, state.stats = state.stats, recorder  # type: ignore[assignment]
         graph = torch.cuda.CUDAGraph()
