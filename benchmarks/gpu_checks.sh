@@ -21,11 +21,12 @@
 # setup       the package (editable, no deps); wheels in .whl/ (pydantic, celery... for the
 #             `zoopick` CLI) and Debian's iproute2 in .ipr/ (for the network namespaces of the
 #             comm benchmark) when those folders are there
-# cuda-tests  tests/test_comm_cuda.py (hooks on CUDA tensors, no synchronising call) and
+# cuda-tests  tests/test_comm_cuda.py (hooks on CUDA tensors, no synchronising call),
 #             tests/test_comm_triton.py (the fused Triton selection, compiled, against torch)
+#             and tests/test_comm_graphs.py (CUDA graphs replay the eager steps bit for bit)
 # hooks       benchmarks/comm/gpu_hooks.py (issue 19: ResNet-50 and ViT-B/16 at 25 and 100 MB
-#             buckets, plain and +triton, with and without async_comm, interleaved rounds;
-#             profiler table, goals; extra options in HOOKS_ARGS)
+#             buckets, plain, +triton and +graph (CUDA graphs), with and without async_comm,
+#             interleaved rounds; profiler table, goals; extra options in HOOKS_ARGS)
 # host        benchmarks/comm/gpu_host.py (issue 19: where each hook's host time goes, by
 #             operator and CUDA runtime call; extra options in HOST_ARGS)
 # train       `zoopick train` on the GPU (bf16 autocast, channels_last, NCCL at world size 1)
@@ -62,7 +63,8 @@ env_paths() {
 }
 
 cuda_tests() {
-    python3 -m pytest -q -p no:cacheprovider tests/test_comm_cuda.py tests/test_comm_triton.py 2>&1 |
+    python3 -m pytest -q -p no:cacheprovider tests/test_comm_cuda.py tests/test_comm_triton.py \
+        tests/test_comm_graphs.py 2>&1 |
         tee "$OUT/cuda_tests.log" | tail -15
 }
 
