@@ -75,6 +75,11 @@ class Mode:
     quick_models: bool = False  # each zoo spec's quick subset only
     results: str = "transfer_suite"
 
+    def runs_dir(self, out: Path) -> Path:
+        """Where the finished fine-tuning runs of every zoo are kept (committed), so that a
+        cell stopped with a session resumes in the next one."""
+        return out / f"{self.results}_runs"
+
 
 FULL = Mode("full", 1.0, (1e-3, 3e-3, 1e-2), 10, 1, 2)
 QUICK = Mode(
@@ -403,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
         expected = [f"{z}/{t}" for z in zoos.ZOOS for t in (mode.targets or tasks.TARGETS)]
         res = load_results(json_path, mode)
         refresh_zoo_models(res)
-        for zname, n in keep_run_logs(res, out / f"{mode.results}_runs").items():
+        for zname, n in keep_run_logs(res, mode.runs_dir(out)).items():
             print(f"{zname}: {n} fine-tuning runs kept from its folder", flush=True)
         save(res, json_path, md_path, expected)
         print(f"rewrote {md_path}")
@@ -453,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
         if len(done) == len(plans):  # nothing to build for (a new machine would pretrain)
             print(f"{zname}: every cell done, zoo not built", flush=True)
             continue
-        kept_runs = out / f"{mode.results}_runs" / zname
+        kept_runs = mode.runs_dir(out) / zname
         merged = merge_run_logs(kept_runs, root)
         if merged:
             print(f"{zname}: {merged} fine-tuning runs merged from {kept_runs}", flush=True)
