@@ -66,7 +66,14 @@ def run_one(root: Path, model_id: str, target: str, options, scratch: Path) -> d
         errors = [r for r in errors if isinstance(r, TrainerError)]
         if proc.returncode != 0 or not epochs or epochs[-1].test_accuracy is None:
             why = errors[0].error if errors else stderr.strip().splitlines()[-3:]
-            raise RuntimeError(f"{model_id} on {target}: trainer exit {proc.returncode}: {why}")
+            # the whole stderr, kept: torchrun's summary (the lines above) rarely says why a
+            # rank died (a SIGABRT of a synth/fmnist4 run, 2026-11-27, did not reproduce)
+            log = root / "failed" / f"{target}-{model_id}-{int(time.time())}.log"
+            log.parent.mkdir(exist_ok=True)
+            log.write_text(f"exit {proc.returncode}\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
+            raise RuntimeError(
+                f"{model_id} on {target}: trainer exit {proc.returncode}: {why} (log: {log})"
+            )
         return {
             "acc": epochs[-1].test_accuracy,
             "curve": [r.test_accuracy for r in epochs],
