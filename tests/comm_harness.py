@@ -20,7 +20,7 @@ import multiprocessing
 import os
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,28 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def world_of_one(cuda: bool) -> Iterator[None]:
+    """A process group of one in this process (NCCL on GPU 0 with ``cuda``, else gloo), for
+    a module's fixture: skips when one is already initialised (another module's, in the same
+    xdist worker), destroyed when the fixture ends."""
+    import pytest
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    if cuda:
+        torch.cuda.set_device(0)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def _entry(

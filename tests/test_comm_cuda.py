@@ -14,14 +14,11 @@ residuals. Checked, for every configuration of the CPU no-sync test, both plain 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-import torch.distributed as dist
 
 import zoopick.training.comm as comm
-from tests.comm_harness import free_port
+from tests.comm_harness import world_of_one
 from tests.test_comm_nosync import CONFIGS, SHAPES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -32,14 +29,7 @@ EXACT = {"dense", "topk", "spardl"}  # the CPU and CUDA selections must agree ex
 
 @pytest.fixture(scope="module")
 def nccl_world_of_one():
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    yield from world_of_one(cuda=True)
 
 
 def _run(device: str, name: str, options: dict, guard: bool) -> tuple[list, torch.Tensor, list]:

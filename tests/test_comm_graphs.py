@@ -11,14 +11,11 @@ dropped and captured again) and in a real DDP model.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-import torch.distributed as dist
 
 import zoopick.training.comm as comm
-from tests.comm_harness import free_port
+from tests import comm_harness
 from zoopick.training.comm import graphs
 from zoopick.training.comm import state as state_mod
 from zoopick.training.comm.store import BucketLayout
@@ -30,15 +27,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 @pytest.fixture(scope="module")
 def world_of_one():
     """A process group of one: NCCL on a GPU, gloo otherwise."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
-    if torch.cuda.is_available():
-        torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    yield from comm_harness.world_of_one(torch.cuda.is_available())
 
 
 # -- options (no torch.distributed needed) ------------------------------------------------------

@@ -29,10 +29,9 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import zoopick.training.comm as comm
-from tests.comm_harness import free_port
+from tests import comm_harness
 from tests.host_sync_guard import no_host_reads
 from zoopick.training.comm import select, spardl, triton_kernels
 from zoopick.training.comm.exchange import round_to
@@ -279,17 +278,7 @@ HOOKS = {  # (name, options, whether the driver's fused pass runs: not with mome
 @pytest.fixture
 def world_of_one(device):
     """A process group of one (gloo on the CPU, NCCL on CUDA) in this process."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if device.type == "cuda":
-        torch.cuda.set_device(0)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
+    yield from comm_harness.world_of_one(device.type == "cuda")
 
 
 def run_hook(name, options, device, iters=3, guarded=1):
