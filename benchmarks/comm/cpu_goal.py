@@ -39,6 +39,30 @@ DENSE_WIRE_MS_ISSUE = 359.0  # the issue's dense wire time at 1 Gbit/s for this 
 GOAL_RATIO = 10.0
 
 
+def machine() -> dict[str, Any]:
+    """What ran the launches: the goal's figures differ by machine (the same code added
+    28-31 ms on one 2-core machine and 19-20 on another), so a report names its CPU."""
+    import platform
+
+    import numba
+    import torch
+
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "numba": numba.__version__,
+    }
+
+
 def floor_ms(numel: int, core: int | None) -> dict[str, float]:
     """Best-of-15 one-pass times over ``numel`` float32 elements on one thread (pinned to
     ``core`` when given), in a child process so this one stays unpinned."""
@@ -101,7 +125,9 @@ def _spread(vals: list[float]) -> str:
     return f"{statistics.median(vals):.1f} [{min(vals):.1f}-{max(vals):.1f}]"
 
 
-def render(args: argparse.Namespace, launches: list[dict[str, Any]], floor: dict) -> str:
+def render(
+    args: argparse.Namespace, launches: list[dict[str, Any]], floor: dict, host: dict[str, Any]
+) -> str:
     hooks: list[str] = []
     for res in launches:
         for rec in res["records"]:
@@ -157,6 +183,9 @@ def render(args: argparse.Namespace, launches: list[dict[str, Any]], floor: dict
         "19's torch paths (grouped scan, sparse average; `select.CPU_KERNEL` off), `spardl` "
         "the defaults (the compiled single pass, training/comm/cpu_kernels.py); all send "
         "the same pairs and apply bit-identical updates (tests/test_comm_hooks.py).",
+        "",
+        f"Machine: {host['cpu']}, {host['cores']} cores; torch {host['torch']}, "
+        f"numba {host['numba']}.",
         "",
         "Load average before / after each launch: "
         + "; ".join(f"{r['loadavg_before']} / {r['loadavg_after']}" for r in runs)
@@ -278,12 +307,12 @@ def main(argv: list[str] | None = None) -> int:
             launches.append(_launch(args, order, out))
             print(f"launch {r + 1}/{args.repeats}: {time.time() - t0:.0f} s", flush=True)
     floor = floor_ms(args.numel, args.pin_from if args.pin_from >= 0 else None)
-    text = render(args, launches, floor)
+    host = machine()
+    text = render(args, launches, floor, host)
     if args.out:
         args.out.write_text(text)
-        args.out.with_suffix(".json").write_text(
-            json.dumps({"argv": sys.argv[1:], "launches": launches, "floor_ms": floor}, indent=1)
-        )
+        record = {"argv": sys.argv[1:], "machine": host, "launches": launches, "floor_ms": floor}
+        args.out.with_suffix(".json").write_text(json.dumps(record, indent=1))
         print(f"wrote {args.out}")
     print(text)
     return 0
