@@ -119,6 +119,23 @@ def test_graphs_decline_cpu_buffers(world_of_one):
     assert st.graphs.captures == 0 and st.graphs.replays == 0 and not st.graphs.calls
 
 
+def test_a_graph_keeps_every_buffer_the_step_uses(world_of_one):
+    """What a captured graph holds alive (``HookState.device_buffers``): the scratch
+    buffers and, for spardl, its block tables, the ones the step has built."""
+    for name in ("topk", "spardl"):
+        st, hook = comm.make_hook(name, density=0.05)
+        bucket = comm.SimpleBucket([torch.zeros(s) for s in SHAPES])
+        gen = torch.Generator().manual_seed(3)
+        for _ in range(3):
+            bucket.set_gradients([torch.randn(s, generator=gen) for s in SHAPES])
+            hook(st, bucket).wait()
+        kept = {id(b) for b in st.device_buffers()}
+        built = list(st._scratch.values()) + list(getattr(st, "blocks", {}).values())
+        assert built, f"{name}: the step built no buffer to check"
+        assert {id(b) for b in built} <= kept
+        assert len(kept) == len(built)
+
+
 # -- CUDA ---------------------------------------------------------------------------------------
 CUDA_CONFIGS = {
     "topk": ("topk", {}, False),

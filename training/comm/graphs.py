@@ -203,8 +203,7 @@ class BucketGraphs:
         if state.residuals.flat(layout) is not residual:  # the step rebound the store
             self.failed.add(key)
             return None
-        kept = (dict(state._scratch), dict(getattr(state, "blocks", {})))
-        entry = _Graph(graph, residual, momentum, recorder, kept)
+        entry = _Graph(graph, residual, momentum, recorder, tuple(state.device_buffers()))
         self.graphs[key] = entry
         self.captures += 1
         return entry

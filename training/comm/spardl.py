@@ -282,6 +282,10 @@ class SparDLState(HookState):
         """One team only: with teams the cross-team share adapts on the host."""
         return self.teams == 1
 
+    def device_buffers(self) -> list[Any]:
+        """The scratch buffers and the batched selection's block tables."""
+        return super().device_buffers() + list(self.blocks.values())
+
     def scan_spans(self, numel: int, density: float) -> list[tuple[int, int]] | None:
         """Every team block long enough for the CPU's sampled selection (``take``)."""
         t = self.size // self.teams

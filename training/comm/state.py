@@ -165,6 +165,13 @@ class HookState:
         read back one iteration later) say False."""
         return True
 
+    def device_buffers(self) -> list[Any]:
+        """The work buffers a step reads or writes besides the bucket and the stores: a
+        captured CUDA graph replays into their memory, so it keeps them alive (a buffer
+        replaced later is never freed while a graph might replay into it). A scheme with
+        tables of its own adds them."""
+        return list(self._scratch.values())
+
     # -- schedule ------------------------------------------------------------------------------
     def density_at(self, iteration: int) -> float | None:
         """Density used at ``iteration``; ``None`` means a dense all-reduce (dense warm-up)."""
