@@ -65,3 +65,20 @@ def test_write_config_writes_the_checked_run_document(tiny_zoo, tiny_npz, tmp_pa
     assert isinstance(cfg, FinetuneConfig)
     assert (cfg.workers, cfg.compressor, cfg.hook_options) == (4, "spardl", {"teams": 2})
     assert not (out / "checkpoint.pt").exists()  # nothing ran
+
+
+def test_a_finished_worker_exits_with_its_code_and_its_output_flushed():
+    """``launch.exit_now`` skips the interpreter's finalisation (see its docstring): what the
+    worker printed into its pipes, still in Python's buffers, must arrive, and atexit work
+    must not run (the finalisation is what it skips)."""
+    code = (
+        "import atexit, sys\n"
+        "from zoopick.training.launch import exit_now\n"
+        "atexit.register(lambda: print('finalised'))\n"
+        "print('{\"epoch\": 1}'); sys.stderr.write('last words')\n"
+        "exit_now(3)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3
+    assert r.stdout == '{"epoch": 1}\n'
+    assert r.stderr == "last words"

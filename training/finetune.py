@@ -9,6 +9,7 @@ checkpoint every epoch, and finally the model as safetensors beside its data con
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -397,4 +398,8 @@ def main_worker(cfg: FinetuneConfig) -> int:
         raise
     finally:
         dist.destroy_process_group()
+        # DDP, its reducer and the hook's futures form reference cycles that hold the process
+        # group and gloo's work objects: freed here, while the interpreter is whole, not by
+        # its finalisation (see ``launch.exit_now``)
+        gc.collect()
     return 0
