@@ -82,3 +82,22 @@ def test_a_finished_worker_exits_with_its_code_and_its_output_flushed():
     assert r.returncode == 3
     assert r.stdout == '{"epoch": 1}\n'
     assert r.stderr == "last words"
+
+
+def test_a_worker_killed_by_sigabrt_leaves_its_python_stack():
+    """A rank that aborts (``launch.main`` enables ``faulthandler``) says where it was: the
+    worker's config parsing and its run are stand-ins here, the abort is real."""
+    code = (
+        "import os, signal, sys\n"
+        "from zoopick.training import launch\n"
+        "launch.parse_args = lambda argv: None\n"
+        "import zoopick.training.finetune as ft\n"
+        "def main_worker(cfg):\n"
+        "    os.kill(os.getpid(), signal.SIGABRT)\n"
+        "ft.main_worker = main_worker\n"
+        "launch.main(['--config', 'unused.json'])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -6
+    assert "Fatal Python error: Aborted" in r.stderr
+    assert "in main_worker" in r.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import os
 import subprocess
 import sys
@@ -164,6 +165,9 @@ def epoch_records(proc: subprocess.Popen[str]) -> Iterator[EpochRecord]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    # a worker killed by a fatal signal (SIGABRT, SIGSEGV) writes every thread's Python stack
+    # to stderr, which the run's log keeps: torchrun's own summary says only the signal
+    faulthandler.enable(all_threads=True)
     from zoopick.training.finetune import main_worker  # torch, only in a worker process
 
     return main_worker(cfg)
