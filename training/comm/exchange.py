@@ -157,7 +157,8 @@ def p2p_exchange(
 def add_pairs(out: torch.Tensor, pieces: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """``out[idx] += val`` for each (idx, val) piece, one piece after another.
 
-    Adding piece by piece (indices are unique within a piece) keeps the summation order the
+    Adding piece by piece (indices are unique within a piece, but for padding pairs, which
+    add 0 at their slot's number: ``sparse.slot_numbers``) keeps the summation order the
     same on every rank and device, so all ranks apply bit-identical updates."""
     for idx, val in pieces:
         if idx.numel():
