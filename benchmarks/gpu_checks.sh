@@ -5,9 +5,10 @@
 #
 #   OUT=/tmp/gpu bash benchmarks/gpu_checks.sh setup cuda-tests hooks train transfer iteration
 #
-# Extra options for the transfer, iteration, hooks and host scripts go in TRANSFER_ARGS /
-# ITERATION_ARGS / HOOKS_ARGS / HOST_ARGS. zoopick.training imports pydantic, which the image
-# lacks: carry its wheels in .whl/ (benchmarks/comm/README.md, issue 19).
+# Extra options for the transfer, iteration, hooks, host and select scripts go in
+# TRANSFER_ARGS / ITERATION_ARGS / HOOKS_ARGS / HOST_ARGS / SELECT_ARGS. zoopick.training
+# imports pydantic, which the image lacks: carry its wheels in .whl/ (benchmarks/comm/README.md,
+# issue 19).
 #
 # Made here, carried to the device (both git-ignored): .whl/ = `pip download --no-deps
 # --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl` of
@@ -29,6 +30,9 @@
 #             interleaved rounds; profiler table, goals; extra options in HOOKS_ARGS)
 # host        benchmarks/comm/gpu_host.py (issue 19: where each hook's host time goes, by
 #             operator and CUDA runtime call; extra options in HOST_ARGS)
+# select      benchmarks/comm/gpu_select.py (issue 19: the selection kernels alone on a real
+#             ResNet-50 gradient, torch.topk against the fused Triton select at several
+#             program sizes; extra options in SELECT_ARGS)
 # train       `zoopick train` on the GPU (bf16 autocast, channels_last, NCCL at world size 1)
 #             with dense, spardl and spardl on the side stream
 # transfer    benchmarks/transfer/gpu_check.py (needs benchmarks/transfer/zoo)
@@ -78,6 +82,11 @@ host() {
     python3 benchmarks/comm/gpu_host.py --out "$OUT" ${HOST_ARGS:-} 2>&1 | tee "$OUT/gpu_host.log"
 }
 
+select_kernels() {
+    # shellcheck disable=SC2086
+    python3 benchmarks/comm/gpu_select.py --out "$OUT" ${SELECT_ARGS:-} 2>&1 | tee "$OUT/gpu_select.log"
+}
+
 train() {
     local zoo=/tmp/zoo_r50.json data=benchmarks/transfer/zoo/targets
     printf '{"models": [{"id": "r50", "arch": "resnet50", "weights": "none", "num_classes": 1000, "input_size": [3, 224, 224]}]}\n' >$zoo
@@ -120,6 +129,7 @@ for section in "$@"; do
         cuda-tests) cuda_tests ;;
         hooks) hooks ;;
         host) host ;;
+        select) select_kernels ;;
         train) train ;;
         transfer) transfer ;;
         iteration) iteration ;;
