@@ -66,6 +66,7 @@ from zoopick.training.comm.exchange import INDEX_DTYPE, allgather_parts, allredu
 from zoopick.training.comm.hostread import Deferred
 from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import capped_indices, even_bounds, k_for, topk_indices
+from zoopick.training.comm.sparse import slot_numbers
 from zoopick.training.comm.state import HookState, id_key, named_key, run_hook
 from zoopick.training.comm.store import BucketLayout
 
@@ -332,8 +333,9 @@ def _exchange(state: ExDynaState, layout: BucketLayout, acc: torch.Tensor, densi
     )
     union = torch.cat(gathered).long()
     inside = union >= 0
-    pos = union.clamp(min=0)
-    payload, seen = to_wire(acc[pos] * inside, state.fp16)
+    # padding at distinct positions (adding 0 there), not all at 0: see sparse.slot_numbers
+    pos = torch.where(inside, union, slot_numbers(union) % max(n, 1))
+    payload, seen = to_wire(torch.where(inside, acc[pos], 0.0), state.fp16)
     summed = allreduce_sum(state, payload.clone()).float()
     total = torch.zeros_like(acc).index_add_(0, pos, summed)
     residual = acc.index_add_(0, pos, -seen)
