@@ -207,6 +207,12 @@ def test_graphs_replay_the_eager_steps(world_of_one, monkeypatch, key):
     st.stats.resolve()  # a graphed run's stats count every bucket of every iteration
     assert st.stats.cumulative["buckets"] == 2 * ITERS
     assert st.stats.cumulative["numel"] == ITERS * sum(torch.Size(s).numel() for s in SHAPES)
+    if triton:  # the kernels' cached tables that a graph reads are kept by the graph
+        from zoopick.training.comm import triton_kernels as tk
+
+        wanted = (tk.Spans, tk.BracketPlan) if name == "spardl" and tk.BRACKET else (tk.Spans,)
+        for entry in st.graphs.graphs.values():
+            assert all(any(isinstance(t, cls) for t in entry.kept) for cls in wanted)
 
 
 @cuda

@@ -89,7 +89,15 @@ def expected_residual(x: torch.Tensor, pos: torch.Tensor, dtype=torch.float32) -
     return out.index_add_(0, flat, -seen)
 
 
-def test_topk_takes_exactly_the_k_largest_of_every_block(device):
+@pytest.fixture(params=[True, False], ids=["bracket", "radix"])
+def bracket(request, monkeypatch) -> bool:
+    """Both ways to find the k-th largest key: the sample's bracket (the default, with the
+    radix levels where it misses) and the radix levels alone."""
+    monkeypatch.setattr(triton_kernels, "BRACKET", request.param)
+    return request.param
+
+
+def test_topk_takes_exactly_the_k_largest_of_every_block(device, bracket):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3600, generator=g)
     starts, lengths, k = (5, 1600, 2700), (1537, 1000, 777), 23  # odd, unequal, with gaps
@@ -103,7 +111,7 @@ def test_topk_takes_exactly_the_k_largest_of_every_block(device):
     assert torch.equal(res, expected_residual(x, pos))
 
 
-def test_ties_nan_inf_and_zeros(device):
+def test_ties_nan_inf_and_zeros(device, bracket):
     g = torch.Generator().manual_seed(2)
     zeros = torch.zeros(300)
     tied = torch.randint(-3, 4, (401,), generator=g).float()  # ties cut at the k-th
@@ -145,11 +153,14 @@ def test_wire_values_round_as_the_plain_path(device, dtype):
     torch.testing.assert_close(res, want_res, rtol=0, atol=0, equal_nan=True)
 
 
-def test_running_counts_across_tiles_and_programs(device, monkeypatch):
+@pytest.mark.parametrize("sample", [32768, 48], ids=["whole", "sampled"])
+def test_running_counts_across_tiles_and_programs(device, monkeypatch, bracket, sample):
     """Several programs of several tiles per block, ties spread over all of them: the
-    cumulative counts that place each program's pairs and cut the ties."""
+    cumulative counts that place each program's pairs and cut the ties (and, bracketed,
+    the band's slots taken across programs; sampled, these ties overflow the band)."""
     monkeypatch.setattr(triton_kernels, "TILE", 128)
     monkeypatch.setattr(triton_kernels, "TILES", 3)
+    monkeypatch.setattr(triton_kernels, "SAMPLE", sample)
     g = torch.Generator().manual_seed(5)
     x = torch.randint(-4, 5, (1900,), generator=g).float()
     starts, lengths = (0, 1000), (1000, 900)  # 3 programs of 3 tiles each
@@ -159,16 +170,21 @@ def test_running_counts_across_tiles_and_programs(device, monkeypatch):
         assert torch.equal(res, expected_residual(x, pos))
 
 
-def test_error_feedback_pass_and_its_first_look(device):
+def test_error_feedback_pass_and_its_first_look(device, monkeypatch):
     """``acc += grad`` exactly, the gradient zeroed, and on the way the first radix level of
-    every span (top-k blocks) or, without spans, the moments (GaussianK)."""
+    every span (top-k blocks, radix levels only: the bracket needs none) or, without spans,
+    the moments (GaussianK)."""
     g = torch.Generator().manual_seed(6)
     acc0, grad0 = torch.randn(3000, generator=g), torch.randn(3000, generator=g)
     acc, grad = acc0.to(device, copy=True), grad0.to(device, copy=True)
-    scan = triton_kernels.accumulate(acc, grad, [(1500, 2900), (100, 1300)])
+    plain = triton_kernels.accumulate(acc, grad, [(1500, 2900), (100, 1300)])
     total = acc0 + grad0
+    assert torch.equal(acc.cpu(), total) and torch.equal(grad.cpu(), torch.zeros(3000))
+    assert plain.hists == {} and plain.moments is None  # the bracketed top-k's pass
+    monkeypatch.setattr(triton_kernels, "BRACKET", False)
+    acc, grad = acc0.to(device, copy=True), grad0.to(device, copy=True)
+    scan = triton_kernels.accumulate(acc, grad, [(1500, 2900), (100, 1300)])
     assert torch.equal(acc.cpu(), total)
-    assert torch.equal(grad.cpu(), torch.zeros(3000))
     keys = (total.view(torch.int32) & 0x7FFFFFFF) >> 20
     assert set(scan.hists) == {(100, 1300), (1500, 2900)}  # nothing for the gaps
     for lo, hi in scan.hists:
@@ -190,6 +206,126 @@ def test_error_feedback_pass_and_its_first_look(device):
     torch.testing.assert_close((m2 / (n - 1)).sqrt(), total.double().std(), rtol=1e-6, atol=0)
     held = triton_kernels.accumulate(acc, grad, [(0, 3000)], keep=False)
     assert held.hists == {} and held.moments is None
+
+
+def layered(n_layers: int, size: int, seed: int) -> torch.Tensor:
+    """A gradient-like vector: layers of different scales (1e-4 to 1, log-spaced, shuffled)
+    and tails (Student-t, 3 degrees of freedom), concatenated as a bucket holds them."""
+    g = torch.Generator().manual_seed(seed)
+    scales = torch.logspace(-4, 0, n_layers)[torch.randperm(n_layers, generator=g)]
+    t = torch.distributions.StudentT(3.0)
+    torch.manual_seed(seed)
+    return torch.cat([t.sample((size,)) * sc for sc in scales])
+
+
+def bracketed(device, x: torch.Tensor, starts, lengths, k: int) -> torch.Tensor:
+    """``_bracket``'s state rows for ``x`` (on the CPU): (prefix, ties, done, T, taken)."""
+    dev_x = x.to(device, copy=True)
+    where = triton_kernels.blocks(starts, lengths, device)
+    state = torch.zeros(len(starts), triton_kernels.STATE, dtype=torch.int64, device=device)
+    triton_kernels._bracket(dev_x, where, k, state)
+    assert torch.equal(dev_x.cpu(), x)  # finding T changes nothing
+    return state.cpu()
+
+
+def kth_key(x: torch.Tensor, s: int, n: int, k: int) -> tuple[int, int]:
+    """Reference: the k-th largest key of ``x[s:s + n]`` and how many keys equal to it the
+    k largest hold (a plain sort of ``|x|``'s bits)."""
+    keys = (x[s : s + n].view(torch.int32) & 0x7FFFFFFF).long()
+    t = int(torch.sort(keys, descending=True).values[k - 1])
+    return t, k - int((keys > t).sum())
+
+
+@pytest.mark.parametrize(
+    ("k", "values"),
+    [(1, "layered"), (40, "layered"), (333, "layered"), (1500, "layered"), (333, "quantized")],
+)
+def test_bracket_finds_the_kth_key_from_a_sample(device, monkeypatch, k, values):
+    """Sampled (64 keys of blocks of 1,500 to 2,300), on a layered bucket: the bracket
+    holds the k-th key in every block, so no radix level is needed, and ``T`` and the ties
+    at it are the plain sort's; the whole selection is then the stable reference's.
+    ``k = 1500``: the whole of the shortest block (density 1 there). Quantized: 200
+    magnitudes, about ten keys tied at ``T``, which the band holds."""
+    monkeypatch.setattr(triton_kernels, "SAMPLE", 64)
+    x = layered(12, 500, seed=k)
+    if values == "quantized":
+        g = torch.Generator().manual_seed(13)
+        x = torch.randint(1, 201, (6000,), generator=g) / 10.0 * x.sign()
+    starts, lengths = (0, 1600, 3800), (1500, 2200, 2200)
+    state = bracketed(device, x, starts, lengths, k)
+    for row, s, n in zip(state, starts, lengths, strict=True):
+        assert row[2] == 1, row  # done by the bracket
+        assert (int(row[3]), int(row[1])) == kth_key(x, s, n, k)
+    if values == "quantized":  # the binary search for the first tie found some way in
+        assert state[:, 1].tolist() == [1, 18, 3]  # of 11, 21 and 11 tied at T
+        assert row[4] == k
+    pos, pay, res = take(device, x, starts, lengths, k)
+    assert torch.equal(pos, stable_topk(x, starts, lengths, k))
+    assert torch.equal(res, expected_residual(x, pos))
+
+
+def test_a_misleading_sample_falls_back_to_the_radix_levels(device, monkeypatch):
+    """Blocks whose sample lies: in block 0 the sampled positions hold zeros and the rest
+    is large (the band sits below ``T``); in block 1 the sampled positions hold the only
+    large values (the band sits above it); block 2 is all ties at one value (the band
+    overflows). None is done by the bracket, and the radix levels then select each
+    exactly as the reference does."""
+    monkeypatch.setattr(triton_kernels, "SAMPLE", 32)
+    n, k = 1000, 50
+    starts, lengths = (0, 1000, 2000), (n, n, n)
+    plan = triton_kernels.bracket_plan(starts, lengths, k, torch.device("cpu"))
+    present = torch.arange(plan.width) < plan.sampled[:, None]
+    sampled = plan.positions[present]
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3000, generator=g) + 10.0
+    x[sampled[sampled < 1000]] = 0.0
+    x[1000:2000] = torch.rand(1000, generator=g) * 1e-3
+    x[sampled[(sampled >= 1000) & (sampled < 2000)]] = 5.0
+    x[2000:] = -2.5
+    state = bracketed(device, x, starts, lengths, k)
+    assert not state.any()  # all left to the radix levels
+    pos, _, res = take(device, x, starts, lengths, k)
+    assert torch.equal(pos, stable_topk(x, starts, lengths, k))
+    assert torch.equal(res, expected_residual(x, pos))
+
+
+def test_the_tables_a_selection_reads_are_collected(device):
+    """``holding`` yields every cached device table the kernels inside read (what a CUDA
+    graph captured there must keep alive: the caches may evict them), and nothing
+    outside it."""
+    x = torch.randn(2000, generator=torch.Generator().manual_seed(12)).to(device)
+    grad = torch.zeros_like(x)
+    with triton_kernels.holding() as tables:
+        triton_kernels.accumulate(x, grad, [(0, 2000)])
+        where = triton_kernels.blocks((0,), (2000,), device)
+        triton_kernels.take_topk(x, where, 20)
+    plan = triton_kernels.bracket_plan((0,), (2000,), 20, device)
+    assert any(t is where for t in tables) and any(t is plan for t in tables)
+    assert all(isinstance(t, triton_kernels.Spans | triton_kernels.BracketPlan) for t in tables)
+    triton_kernels.take_topk(x, where, 20)
+    assert triton_kernels._held.tables is None
+
+
+def test_bracket_plan_is_stratified_and_bounded():
+    """The plan's sample: one position in each stratum of every block (its floor; inside the
+    block, a shorter block sampled whole), the ranks bracketing ``c = k s / n``, and the
+    band's capacity never more than the block."""
+    starts, lengths, k = (0, 100_000, 105_000), (100_000, 5000, 1_000_000), 5000
+    plan = triton_kernels.bracket_plan(starts, lengths, k, torch.device("cpu"))
+    s = triton_kernels.SAMPLE
+    assert plan.positions.shape == (3, s)
+    for row, have, st, n in zip(plan.positions, plan.sampled, starts, lengths, strict=True):
+        got = row[:have] - st
+        width = min(s, n)
+        assert got.numel() == width and bool((got >= 0).all()) and bool((got < n).all())
+        strata = torch.arange(width + 1, dtype=torch.float64) * (n / width)
+        assert bool((got >= strata[:-1].floor()).all()) and bool((got <= strata[1:]).all())
+    c = k * s / lengths[2]
+    assert 0 <= plan.upper[2] < c < plan.lower[2]  # both ends bounded
+    assert plan.lower[1] == -1  # 5000 of 5000 wanted: the band reaches key 0
+    few = triton_kernels.bracket_plan(starts, lengths, 50, torch.device("cpu"))
+    assert few.upper[2] == -1  # c = 1.6: no sampled key can be trusted to lie above T
+    assert plan.capacity <= max(lengths)
 
 
 def gaussiank(device, x: torch.Tensor, k: int, refine: int, dtype=torch.float32):
@@ -327,13 +463,15 @@ def run_hook(name, options, device, iters=3, guarded=1):
 
 
 @pytest.mark.parametrize("key", list(HOOKS))
-def test_hooks_on_the_fused_path(device, world_of_one, monkeypatch, key):
+def test_hooks_on_the_fused_path(device, world_of_one, monkeypatch, bracket, key):
     """The same applied updates and residuals as the plain device path (CPU shortcuts
     off; on CUDA GaussianK's moments differ from torch's in the last bits, so there
     nothing lost is checked instead), nothing read on the host in the steady state, and
-    the fused kernels did run (spardl's whole bucket is a scan span here, so its first
-    radix level comes from the error-feedback pass)."""
+    the fused kernels did run (spardl's whole bucket is a scan span here, so without the
+    bracket its first radix level comes from the error-feedback pass)."""
     name, options, fused_pass = HOOKS[key]
+    if name != "spardl" and not bracket:
+        pytest.skip("the bracket is spardl's (top-k) only")
     monkeypatch.setattr(select, "CPU_SHORTCUTS", False)
     monkeypatch.setattr(spardl, "SAMPLED_MIN_NUMEL", 0)
     plain = run_hook(name, options, device)
@@ -354,7 +492,8 @@ def test_hooks_on_the_fused_path(device, world_of_one, monkeypatch, key):
     assert calls.count(expected) == 6
     assert calls.count("accumulate") == (6 if fused_pass else 0)
     if name == "spardl":
-        assert calls.count("hist1") == calls.count("accumulate")
+        levels_first = 0 if triton_kernels.BRACKET else calls.count("accumulate")
+        assert calls.count("hist1") == levels_first
     assert found == []
     if device.type == "cpu" or name == "spardl":
         for a, b in zip(plain[0], outs, strict=True):

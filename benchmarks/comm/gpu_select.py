@@ -1,5 +1,6 @@
 """The selection kernels alone on a GPU (issue 19): ``torch.topk`` against the fused Triton
-radix select at several program sizes, and GaussianK's plain against its fused path.
+select (the sample's bracket, and the radix levels alone) at several program sizes, and
+GaussianK's plain against its fused path.
 
 Why: runs D and E (``benchmarks/comm/README.md``) left spardl's graphed step kernel-bound
 (its replay's GPU time, 1.0 ms an iteration at 25 MB buckets, is what it adds), with
@@ -7,7 +8,10 @@ Why: runs D and E (``benchmarks/comm/README.md``) left spardl's graphed step ker
 most of it in its histogram pass ``_scan``. Each ``_scan`` program covers ``TILE * TILES``
 elements and adds its 2,048-bin histogram to the block's with global atomics, so the
 program size sets the atomic traffic: this sweeps ``TILES`` (no result depends on it) in one
-short call, before any default changes.
+short call, before any default changes. Since session 18 the fused top-k finds the k-th key
+from a sample's bracket and one pass that copies the band (``triton_kernels._bracket``), with
+no histogram pass where the bracket holds: both ways are timed, and each bucket reports
+whether the bracket held.
 
 Input, as the hooks see it: the recipe's model (``gpu_hooks.RECIPES``, random weights, seed
 0; bf16 autocast, channels_last) runs ``--steps`` backward passes on random batches; the
@@ -120,16 +124,33 @@ def topk_paths(args) -> dict[str, Any]:
     paths: dict[str, Any] = {
         "torch.topk": lambda w: torch.topk(w.abs(), k_of(w, args), sorted=False).indices
     }
-    for tiles in args.tiles:
+    for bracket in (True, False):
+        for tiles in args.tiles:
 
-        def fused(w: torch.Tensor, tiles: int = tiles) -> torch.Tensor:
-            triton_kernels.TILES = tiles
-            where = triton_kernels.blocks([0], [w.numel()], w.device)
-            idx, _ = triton_kernels.take_topk(w, where, k_of(w, args))
-            return idx[0]
+            def fused(w: torch.Tensor, tiles: int = tiles, bracket: bool = bracket):
+                triton_kernels.TILES, triton_kernels.BRACKET = tiles, bracket
+                where = triton_kernels.blocks([0], [w.numel()], w.device)
+                idx, _ = triton_kernels.take_topk(w, where, k_of(w, args))
+                return idx[0]
 
-        paths[f"triton tiles={tiles}"] = fused
+            way = "bracket" if bracket else "radix"
+            paths[f"triton {way} tiles={tiles}"] = fused
     return paths
+
+
+def bracket_fit(acc: torch.Tensor, k: int) -> dict[str, Any]:
+    """Whether the sample's bracket held the k-th key of this bucket (else the radix levels
+    ran), and the band's fill against its capacity."""
+    where = triton_kernels.blocks([0], [acc.numel()], acc.device)
+    state = torch.zeros(1, triton_kernels.STATE, dtype=torch.int64, device=acc.device)
+    above, inside = triton_kernels._bracket(acc.clone(), where, k, state).long().tolist()
+    plan = triton_kernels.bracket_plan((0,), (acc.numel(),), k, acc.device)
+    return {
+        "bracket_hit": bool(state[0, 2]),
+        "band": inside[0],
+        "band_capacity": plan.capacity,
+        "above_band": above[0],
+    }
 
 
 def gaussiank_paths(args) -> dict[str, Any]:
@@ -154,14 +175,15 @@ def k_of(w: torch.Tensor, args) -> int:
 def run(args) -> dict[str, Any]:
     device, _ = gpu_hooks.start(args.dry_run)
     select.CUDA_TRITON = True
-    default_tiles = triton_kernels.TILES
+    default_tiles, default_bracket = triton_kernels.TILES, triton_kernels.BRACKET
     accs = gradient_buckets(args, device)
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)",
         "torch": torch.__version__,
         "options": {k: str(v) for k, v in vars(args).items()},
         "default_tiles": default_tiles,
-        "buckets": [describe(a, k_of(a, args)) for a in accs],
+        "default_bracket": triton_kernels.BRACKET,
+        "buckets": [describe(a, k_of(a, args)) | bracket_fit(a, k_of(a, args)) for a in accs],
         "paths": {},
     }
     reference: list[set[int]] = []  # torch.topk's set per bucket (its path runs first)
@@ -181,7 +203,7 @@ def run(args) -> dict[str, Any]:
                 row["same_set_as_topk"] = all(same)
             result["paths"][name] = row
             print(json.dumps({"path": name, **row}), flush=True)
-    triton_kernels.TILES = default_tiles
+    triton_kernels.TILES, triton_kernels.BRACKET = default_tiles, default_bracket
     return result
 
 
@@ -195,15 +217,18 @@ def report(result: dict[str, Any]) -> str:
         f"input: the last of {result['options']['steps']} error-feedback steps "
         "(`benchmarks/comm/gpu_select.py`, whose docstring gives the recipe). Median of "
         f"{result['options']['reps']} event-timed runs per bucket, summed over the buckets. "
-        f"The hooks' default is tiles={result['default_tiles']}.",
+        f"The hooks' default is tiles={result['default_tiles']}, "
+        f"bracket={result['default_bracket']}.",
         "",
-        "| bucket | elements | k | exact zeros | k-th / max | tied at k-th |",
-        "|---|---|---|---|---|---|",
+        "| bucket | elements | k | exact zeros | k-th / max | tied at k-th | bracket held T "
+        "| band / capacity |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for i, b in enumerate(result["buckets"]):
         lines.append(
             f"| {i} | {b['numel']:,} | {b['k']:,} | {b['zeros']:.3f} | "
-            f"{b['kth_over_max']:.3g} | {b['tied_at_kth']} |"
+            f"{b['kth_over_max']:.3g} | {b['tied_at_kth']} | "
+            f"{'yes' if b['bracket_hit'] else '**no**'} | {b['band']:,} / {b['band_capacity']:,} |"
         )
     lines += [
         "",

@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zoopick.training.comm import triton_kernels
+
 if TYPE_CHECKING:
     from zoopick.training.comm.state import HookState
     from zoopick.training.comm.store import BucketLayout
@@ -58,9 +60,9 @@ WARM_CALLS = 2
 """Eager steady calls of a bucket before it is captured."""
 
 MAX_GRAPHS = 64
-"""Graphs kept per state; a rebuild only adds keys, so past this all are dropped. Below the
-size of the Triton kernels' cache of block tables (``triton_kernels.spans``, 256), so that a
-table a live graph reads is not evicted by the tables of later buckets."""
+"""Graphs kept per state; a rebuild only adds keys, so past this all are dropped. (The
+Triton kernels' cached device tables that a graph reads are kept by the graph itself:
+``triton_kernels.holding``.)"""
 
 # (state, buf, layout, density, static) -> None: the driver's step for a bucket whose
 # parameters were all used (``state._step`` with the exchange bound)
@@ -93,8 +95,9 @@ class _Graph:
     residual: torch.Tensor
     momentum: torch.Tensor | None
     recorded: StatsRecorder
-    # the state's buffers and device constants as captured: held so that a buffer the state
-    # later replaces (a larger scratch, a rebuilt block table) is never freed under the graph
+    # the state's buffers and device constants as captured, and the Triton kernels' cached
+    # tables the capture read: held so that a buffer the state later replaces (a larger
+    # scratch, a rebuilt block table) or a cache evicts is never freed under the graph
     kept: tuple[Any, ...] = ()
 
 
@@ -187,7 +190,10 @@ class BucketGraphs:
         stats, state.stats = state.stats, recorder  # type: ignore[assignment]
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with (
+                triton_kernels.holding() as tables,
+                torch.cuda.graph(graph, capture_error_mode="thread_local"),
+            ):
                 step(state, buf, layout, density, True)
         except Exception as exc:  # noqa: BLE001 - any failure leaves the bucket eager
             self.failed.add(key)
@@ -203,7 +209,8 @@ class BucketGraphs:
         if state.residuals.flat(layout) is not residual:  # the step rebound the store
             self.failed.add(key)
             return None
-        entry = _Graph(graph, residual, momentum, recorder, tuple(state.device_buffers()))
+        kept = (*state.device_buffers(), *tables)
+        entry = _Graph(graph, residual, momentum, recorder, kept)
         self.graphs[key] = entry
         self.captures += 1
         return entry

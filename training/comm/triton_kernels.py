@@ -14,9 +14,19 @@ launches, with nothing read on the host (fixed-capacity outputs and device-side 
 
 The design is the CPU kernels' (``cpu_kernels.py``): a cheap first look at the magnitudes
 gives a threshold, one fused pass does the error feedback, and an exact trim makes the
-count exactly ``k``. On the GPU the first look is a histogram rather than a sample, because
-a histogram bounds the trim without a fallback and so needs no host decision:
+count exactly ``k``:
 
+* **The bracket** (spardl's top-k, :data:`BRACKET`; since session 18). The keys of a
+  stratified sample of each block (:func:`bracket_plan`) give a band ``[lo, hi]`` that holds
+  the k-th largest key ``T`` with six-sigma odds; one pass over the block (``_band``)
+  counts the keys above ``hi`` and copies the keys inside the band (about 1 % of the
+  block at 1 % density) into a buffer, and sorting that small buffer gives ``T`` and the
+  ties at it exactly. No histogram is taken. Where the sample misled or the band
+  overflowed (many equal keys), nothing is decided on the host: that block's state stays
+  open and the radix levels below select it (their launches return at once for the
+  others). Why: run E's profile put 2.8 ms of the fused top-k's 3.25 ms in the radix
+  levels' 2,048-bin histogram passes (``_scan``), against about 0.2 ms for the same
+  passes without a histogram (GaussianK's).
 * **Keys.** ``|x|``'s float32 bits read as an int32 (sign cleared) order like ``|x|``, with
   NaN above +inf (as ``torch.topk`` ranks it). The k-th largest key is found by a radix
   select of three levels: a histogram of bits 30..20 (2,048 bins: exponent and three
@@ -26,9 +36,9 @@ a histogram bounds the trim without a fallback and so needs no host decision:
   count still wanted. A level whose boundary bin is taken whole ends the search early and
   the later launches return at once.
 * **Error feedback fused.** ``accumulate`` forms ``acc += grad`` (and zeroes the spent
-  gradient, as ``prescan.accumulate`` does on the CPU) in the pass that takes the first
-  level's histogram of every top-k block, or GaussianK's moments: the first look costs no
-  pass of its own.
+  gradient, as ``prescan.accumulate`` does on the CPU) in the pass that takes GaussianK's
+  moments, or, with the radix levels alone, the first level's histogram of every top-k
+  block: the first look costs no pass of its own (the bracket's is a sample).
 * **Exact trim and packing.** With the k-th key ``T`` known, a counting pass gives each
   program its number of keys above ``T`` and equal to ``T``; a cumulative sum over the
   programs (one ``torch.cumsum``) gives each its output offset, and the writing pass
@@ -44,9 +54,11 @@ a histogram bounds the trim without a fallback and so needs no host decision:
   every passing element is taken and the radix levels return at once; otherwise the
   capacity's largest are taken exactly.
 
-Reads of a bucket after the error-feedback pass: spardl's block, four (two radix levels,
-count, write); GaussianK, three in the usual case (threshold counts, count, write). About
-ten launches a selection, none of them waiting on the host.
+Reads of a bucket after the error-feedback pass: spardl's block, three when the bracket
+holds (band, count, write; four with the radix levels: two levels, count, write);
+GaussianK, three in the usual case (threshold counts, count, write). A few dozen launches a
+selection (the bracket's sorts and small steps are torch ops), none of them waiting on the
+host.
 
 Ties: the selected set is the ``k`` largest ``|x|``; among elements equal to the k-th
 largest, those at the lowest positions. ``torch.topk`` (the plain path) takes an
@@ -68,7 +80,9 @@ import functools
 import importlib.util
 import math
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -91,6 +105,21 @@ LEVELS = (2048, 2048, 512)
 
 KEY_MAX = 0x7FFFFFFF
 INF_KEY = 0x7F800000  # the key of +inf; NaN keys lie above it
+
+BRACKET = True
+"""Top-k: find the k-th largest key from a sample's bracket and the few keys inside it
+(:func:`_bracket`), the radix levels over the whole block only where the bracket missed.
+False: the radix levels always (the design measured in runs D and E)."""
+
+SAMPLE = 32768
+"""Keys sampled per block for the bracket (all of a shorter block). About
+``(12 n sqrt(k / n)) ** (2 / 3)`` minimises the keys sorted (sample plus band); 32k suits
+DDP's 25 MB buckets at densities near 1 %."""
+
+MARGIN = 6.0
+"""Half-width of the bracket in binomial standard deviations of the sample's count above
+the k-th largest key: a miss (the fallback) is a six-sigma event for a sample that
+represents the block."""
 
 MAX_REFINE = 4
 """GaussianK refinements the fused path follows (the counts of its ``2^(r+1) - 1``
@@ -134,6 +163,7 @@ class Spans:
     bounds: torch.Tensor  # int32 (lowest, highest) key taken per block
     longest: int
     count: int
+    layout: tuple[tuple[int, ...], tuple[int, ...]]  # (starts, lengths) on the host
 
     def programs(self) -> int:
         """Programs per block (grid axis 0)."""
@@ -153,12 +183,38 @@ def spans(
         torch.tensor(bounds, dtype=torch.int32, device=device),
         max(lengths),
         len(starts),
+        (starts, lengths),
     )
 
 
 def blocks(starts: Sequence[int], lengths: Sequence[int], device: torch.device) -> Spans:
     """:class:`Spans` of blocks whose every element may be selected (the top-k of each)."""
-    return spans(tuple(starts), tuple(lengths), device, (True,) * len(starts))
+    return _hold(spans(tuple(starts), tuple(lengths), device, (True,) * len(starts)))
+
+
+_held = threading.local()
+
+
+@contextmanager
+def holding() -> Iterator[list[Any]]:
+    """Collect the cached device tables (:class:`Spans`, :class:`BracketPlan`) that the
+    kernels launched inside read. A CUDA graph captured inside reads them at every replay,
+    by address, while their caches are bounded (least recently used first out, and a
+    replay uses no cache): the graph's owner keeps what this yields alive."""
+    outer = getattr(_held, "tables", None)
+    tables: list[Any] = []
+    _held.tables = tables
+    try:
+        yield tables
+    finally:
+        _held.tables = outer
+
+
+def _hold(table: Any) -> Any:
+    tables = getattr(_held, "tables", None)
+    if tables is not None:
+        tables.append(table)
+    return table
 
 
 class Scan:
@@ -193,7 +249,8 @@ def accumulate(
 ) -> Scan:
     """``acc += grad`` and ``grad.zero_()`` (1-d float32 of one size) in one pass that also
     takes the first radix level of every span in ``span_list`` (disjoint ``(lo, hi)``: the
-    top-k blocks), or without spans the bucket's moments (GaussianK's threshold).
+    top-k blocks; not with :data:`BRACKET`, which needs none), or without spans the
+    bucket's moments (GaussianK's threshold).
     ``keep=False``: the caller will change ``acc`` before selecting (held-out parameters),
     so neither is kept."""
     n = acc.numel()
@@ -208,10 +265,15 @@ def accumulate(
         done = hi
     if done < n or not cuts:
         cuts.append((done, n - done, False))
-    sp = spans(
-        tuple(c[0] for c in cuts), tuple(c[1] for c in cuts), acc.device, tuple(c[2] for c in cuts)
+    sp = _hold(
+        spans(
+            tuple(c[0] for c in cuts),
+            tuple(c[1] for c in cuts),
+            acc.device,
+            tuple(c[2] for c in cuts),
+        )
     )
-    level = 1 if keep and span_list else 0
+    level = 1 if keep and span_list and not BRACKET else 0  # the bracket needs no histogram
     with_moments = keep and not span_list
     hist = torch.zeros(sp.count if level else 1, BINS, dtype=torch.int32, device=acc.device)
     parts = sp.count * sp.programs() if with_moments else 1
@@ -242,8 +304,105 @@ def take_topk(
         empty = torch.empty(where.count, 0, device=x.device)
         return empty.long(), empty.to(value_dtype)
     state = torch.zeros(where.count, STATE, dtype=torch.int64, device=x.device)
+    if BRACKET and hist1 is None:
+        _bracket(x, where, k, state)
     positions, payload = _take(x, where, where.bounds, state, k, value_dtype, hist1, None)
     return positions, payload
+
+
+@dataclass(frozen=True)
+class BracketPlan:
+    """Per block, where the bracket's sample is read and which of its ranks bound the band
+    (built on the host once per layout and ``k``; see :func:`_bracket`)."""
+
+    positions: torch.Tensor  # (blocks, S) int64, absolute; past ``sampled`` unused
+    sampled: torch.Tensor  # (blocks,) int32: keys sampled (all of a block shorter than S)
+    upper: torch.Tensor  # (blocks,) int32: rank (descending) of the band's top; -1: KEY_MAX
+    lower: torch.Tensor  # (blocks,) int32: rank of the band's bottom; -1: key 0
+    capacity: int  # band keys kept per block
+
+    @property
+    def width(self) -> int:
+        return self.positions.shape[1]
+
+
+@functools.lru_cache(maxsize=256)
+def bracket_plan(
+    starts: tuple[int, ...], lengths: tuple[int, ...], k: int, device: torch.device
+) -> BracketPlan:
+    """The :class:`BracketPlan` of blocks ``[start, start + length)`` for the ``k`` largest.
+
+    The sample is stratified (one position drawn uniformly in each of ``s`` equal strata of
+    the block, a fixed seed): every part of a bucket (every layer) is represented in
+    proportion, and no period of the layout can alias with it as a fixed stride could. The
+    count of sampled keys at or above the k-th largest ``T`` is a sum of independent
+    Bernoullis with mean about ``c = k s / n`` and a variance at most the binomial's
+    (stratification only narrows it), whatever the values, so the sample's keys at ranks
+    ``c - m`` and ``c + m`` (``m``: :data:`MARGIN` standard deviations) bracket ``T`` unless
+    ties blur the ranks; the band between them holds about ``2 m n / s`` keys, and twice
+    that (and 64) is kept."""
+    gen = torch.Generator().manual_seed(0x5A17)
+    width = min(SAMPLE, max(lengths))
+    rows, sampled, upper, lower, caps = [], [], [], [], []
+    for start, n in zip(starts, lengths, strict=True):
+        s = min(SAMPLE, n)
+        if s == n:
+            pos = torch.arange(n, dtype=torch.int64)
+        else:
+            strata = torch.arange(s, dtype=torch.float64) + torch.rand(s, generator=gen).double()
+            pos = (strata * (n / s)).long().clamp_(max=n - 1)
+        rows.append(torch.cat([pos, torch.zeros(width - s, dtype=torch.int64)]) + start)
+        sampled.append(s)
+        c = k * s / n
+        m = MARGIN * math.sqrt(c * (1.0 - k / n)) + 1.0
+        hi_rank = math.floor(c - m) - 1  # at least hi_rank + 1 sampled keys >= T: top >= T
+        lo_rank = math.ceil(c + m)  # at most lo_rank sampled keys > T: bottom <= T
+        upper.append(max(hi_rank, -1))
+        lower.append(lo_rank if lo_rank < s else -1)
+        band = (min(lo_rank, s) - max(hi_rank, 0) + 1) * n / s
+        caps.append(min(n, math.ceil(2.0 * band) + 64))
+    return BracketPlan(
+        torch.stack(rows).to(device),
+        torch.tensor(sampled, dtype=torch.int32, device=device),
+        torch.tensor(upper, dtype=torch.int32, device=device),
+        torch.tensor(lower, dtype=torch.int32, device=device),
+        max(caps),
+    )
+
+
+def _bracket(x: torch.Tensor, where: Spans, k: int, state: torch.Tensor) -> torch.Tensor:
+    """Find every block's k-th largest key ``T`` without a pass per radix level: the keys of
+    a sample (:func:`bracket_plan`, ``_sample``, one sort) give a band ``[lo, hi]``
+    (``_bounds``) that holds ``T`` unless the sample misled; one pass over the block
+    (``_band``) counts the keys above ``hi`` and copies the band's keys (about 1 % of the
+    block at 1 % density) into a buffer; sorting that buffer gives ``T`` and the ties at
+    it to take (``_settle``). A block whose band missed ``T`` (fewer than ``k`` keys at or
+    above ``lo``, or ``k`` above ``hi``) or overflowed the buffer (many keys equal, say) is
+    left ``state`` zeros, and the radix levels that follow in :func:`_take` select it as
+    before; the others they skip. Nothing is read on the host; seven launches besides the
+    two sorts'.
+
+    Writes ``state[b]`` (prefix, ties, done, T, taken) of every bracketed block; returns
+    the band's counts, ``(2, blocks)`` int32: keys above it, keys in it (benchmarks)."""
+    starts, lengths = where.layout
+    plan = _hold(bracket_plan(starts, lengths, k, x.device))
+    kern, B, cap, dev = _kernels(), where.count, plan.capacity, x.device
+    sample = torch.empty(B, plan.width, dtype=torch.int32, device=dev)
+    kern.sample[(math.ceil(plan.width / TILE), B)](
+        x, plan.positions, plan.sampled, sample, plan.width, BLOCK=TILE
+    )
+    ranked = torch.sort(sample, dim=1, descending=True).values
+    band = torch.empty(B, 2, dtype=torch.int32, device=dev)
+    counts = torch.empty(2, B, dtype=torch.int32, device=dev)  # above hi, in the band
+    kern.bounds[(B,)](ranked, plan.width, plan.upper, plan.lower, band, counts)
+    held = torch.full((B, cap), -1, dtype=torch.int32, device=dev)
+    kern.band[(where.programs(), B)](
+        x, where.starts, where.lengths, band, counts[0], counts[1], held, cap,
+        TILE=TILE, TILES=TILES,
+    )  # fmt: skip
+    ranked = torch.sort(held, dim=1, descending=True).values
+    kern.settle[(B,)](ranked, cap, counts, state, k)
+    return counts
 
 
 def take_gaussiank(
@@ -355,6 +514,10 @@ VARIANTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
          for w, v, pad in ((False, 0, False), (True, 0, False), (True, 0, True),
                            (True, 1, True), (True, 2, False), (True, 1, False))],
     ),
+    "sample": ("*fp32 *i64 *i32 *i32 i32", [dict(BLOCK=TILE)]),
+    "bounds": ("*i32 i32 *i32 *i32 *i32 *i32", [{}]),
+    "band": ("*fp32 *i64 *i64 *i32 *i32 *i32 *i32 i32", [{}]),
+    "settle": ("*i32 i32 *i32 *i64 i32", [{}]),
     "thresholds": ("*fp32 i32 *fp32 fp32", [dict(NODES=NODES, PART=1024)]),
     "count_passing": ("*fp32 i32 *fp32 *i32", [dict(NODES=NODES)]),
     "walk": (
@@ -417,7 +580,8 @@ def _kernels() -> SimpleNamespace:
     _INF, _LEAST = tl.constexpr(INF_KEY), tl.constexpr(TINY)
     jit = triton.jit
     return SimpleNamespace(
-        scan=jit(_scan), pick=jit(_pick), emit=jit(_emit), thresholds=jit(_thresholds),
+        scan=jit(_scan), pick=jit(_pick), emit=jit(_emit), sample=jit(_sample),
+        bounds=jit(_bounds), band=jit(_band), settle=jit(_settle), thresholds=jit(_thresholds),
         count_passing=jit(_count_passing), walk=jit(_walk),
     )  # fmt: skip
 
@@ -613,6 +777,97 @@ def _emit(
             tl.store(pos_ptr + b * k + slot, tl.zeros([TILE], dtype=tl.int64), mask=empty)
             zero = tl.zeros([TILE], dtype=val_ptr.dtype.element_ty)
             tl.store(val_ptr + b * k + slot, zero, mask=empty)
+
+
+def _sample(x_ptr, pos_ptr, sampled_ptr, out_ptr, width, BLOCK: tl.constexpr):
+    """The bracket's sample: ``|x|``'s keys at the plan's positions, -1 past the block's
+    sampled count (sorted last)."""
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    b = tl.program_id(1)
+    inside = j < width
+    have = j < tl.load(sampled_ptr + b)
+    pos = tl.load(pos_ptr + b * width + j, mask=have, other=0)
+    v = tl.load(x_ptr + pos, mask=have, other=0.0)
+    key = tl.where(have, v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, -1)
+    tl.store(out_ptr + b * width + j, key, mask=inside)
+
+
+def _bounds(ranked_ptr, width, upper_ptr, lower_ptr, band_ptr, counts_ptr):
+    """Per block the band ``[lo, hi]`` from the sorted sample (rank -1: open, ``hi`` the
+    largest key or ``lo`` zero), and its counts zeroed for ``_band``."""
+    b = tl.program_id(0)
+    nblocks = tl.num_programs(0)
+    upper = tl.load(upper_ptr + b)
+    lower = tl.load(lower_ptr + b)
+    hi = tl.load(ranked_ptr + b * width + tl.maximum(upper, 0))
+    lo = tl.load(ranked_ptr + b * width + tl.maximum(lower, 0))
+    tl.store(band_ptr + 2 * b, tl.where(lower < 0, 0, lo))
+    tl.store(band_ptr + 2 * b + 1, tl.where(upper < 0, 0x7FFFFFFF, hi))
+    tl.store(counts_ptr + b, tl.zeros([], dtype=tl.int32))
+    tl.store(counts_ptr + nblocks + b, tl.zeros([], dtype=tl.int32))
+
+
+def _settle(ranked_ptr, cap, counts_ptr, state_ptr, k):
+    """Per block, from the band's keys sorted (descending): when the band holds ``T`` and
+    did not overflow, ``T`` is its ``need``-th key (``need``: ``k`` less the keys above the
+    band) and the ties to take are the keys from the first one equal to ``T`` (a binary
+    search) to it; the block's state is then done. Otherwise the state is left as it is
+    (zeros: the radix levels select the block)."""
+    b = tl.program_id(0)
+    nblocks = tl.num_programs(0)
+    above = tl.load(counts_ptr + b)
+    inside = tl.load(counts_ptr + nblocks + b)
+    need = k - above
+    ok = (need >= 1) & (need <= inside) & (inside <= cap)
+    at = tl.minimum(tl.maximum(need - 1, 0), cap - 1)
+    row = ranked_ptr + b * cap
+    t = tl.load(row + at)
+    lo = tl.zeros([], dtype=tl.int32)
+    hi = at
+    for _ in tl.static_range(32):  # the first index whose key is not above t
+        mid = (lo + hi) // 2
+        active = lo < hi
+        up = tl.load(row + mid) > t
+        lo = tl.where(active & up, mid + 1, lo)
+        hi = tl.where(active & ~up, mid, hi)
+    base = state_ptr + _S * b
+    tl.store(base, tl.zeros([], dtype=tl.int64), mask=ok)
+    tl.store(base + 1, (need - lo).to(tl.int64), mask=ok)
+    tl.store(base + 2, tl.full([], 1, tl.int64), mask=ok)
+    tl.store(base + 3, t.to(tl.int64), mask=ok)
+    tl.store(base + 4, tl.full([], 1, tl.int64) * k, mask=ok)
+
+
+def _band(
+    x_ptr, starts_ptr, lengths_ptr, band_ptr, above_ptr, inside_ptr, held_ptr, cap,
+    TILE: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    """One read of every block: count the keys above the band's top (``above``) and copy
+    the keys inside ``[lo, hi]`` into the block's row of ``held`` (``cap`` wide; the
+    count in ``inside`` goes on past ``cap`` so that an overflow shows). Slots are taken
+    with one atomic per tile, so the band's order in ``held`` is arbitrary: it is sorted
+    next."""
+    p = tl.program_id(0)
+    b = tl.program_id(1)
+    start = tl.load(starts_ptr + b)
+    length = tl.load(lengths_ptr + b)
+    lo = tl.load(band_ptr + 2 * b)
+    hi = tl.load(band_ptr + 2 * b + 1)
+    above = tl.zeros([], dtype=tl.int32)
+    for t in range(TILES):
+        offs = (p * TILES + t) * TILE + tl.arange(0, TILE)
+        m = offs < length
+        v = tl.load(x_ptr + start + offs, mask=m, other=0.0)
+        key = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        above += tl.sum((m & (key > hi)).to(tl.int32))
+        inb = m & (key >= lo) & (key <= hi)
+        ii = inb.to(tl.int32)
+        n_in = tl.sum(ii)
+        if n_in > 0:
+            first = tl.atomic_add(inside_ptr + b, n_in, sem="relaxed")
+            slot = first + tl.cumsum(ii, 0) - ii
+            tl.store(held_ptr + b * cap + slot, key, mask=inb & (slot < cap))
+    tl.atomic_add(above_ptr + b, above, sem="relaxed")
 
 
 def _thresholds(moments_ptr, parts, out_ptr, z, NODES: tl.constexpr, PART: tl.constexpr):
