@@ -31,8 +31,8 @@
 # host        benchmarks/comm/gpu_host.py (issue 19: where each hook's host time goes, by
 #             operator and CUDA runtime call; extra options in HOST_ARGS)
 # select      benchmarks/comm/gpu_select.py (issue 19: the selection kernels alone on a real
-#             ResNet-50 gradient, torch.topk against the fused Triton select at several
-#             program sizes; extra options in SELECT_ARGS)
+#             ResNet-50 gradient, torch.topk against the fused Triton select, bracket and
+#             radix, at several program sizes; extra options in SELECT_ARGS)
 # train       `zoopick train` on the GPU (bf16 autocast, channels_last, NCCL at world size 1)
 #             with dense, spardl and spardl on the side stream
 # transfer    benchmarks/transfer/gpu_check.py (needs benchmarks/transfer/zoo)
@@ -122,6 +122,7 @@ EOF
 }
 
 env_paths
+failed=""
 for section in "$@"; do
     echo "=== $section $(date +%T)"
     case $section in
@@ -134,6 +135,8 @@ for section in "$@"; do
         transfer) transfer ;;
         iteration) iteration ;;
         *) echo "unknown section $section" >&2; exit 2 ;;
-    esac
+    esac || failed="$failed $section"
 done
-echo "=== done $(date +%T)"
+echo "=== done $(date +%T)${failed:+, failed:$failed}"
+# a failed section fails the script, so that `gpu_checks.sh cuda-tests && ...` stops there
+[ -z "$failed" ]
