@@ -56,9 +56,8 @@ count exactly ``k``:
 
 Reads of a bucket after the error-feedback pass: spardl's block, three when the bracket
 holds (band, count, write; four with the radix levels: two levels, count, write);
-GaussianK, three in the usual case (threshold counts, count, write). A few dozen launches a
-selection (the bracket's sorts and small steps are torch ops), none of them waiting on the
-host.
+GaussianK, three in the usual case (threshold counts, count, write). About fifteen launches
+a selection besides the bracket's two sorts, none of them waiting on the host.
 
 Ties: the selected set is the ``k`` largest ``|x|``; among elements equal to the k-th
 largest, those at the lowest positions. ``torch.topk`` (the plain path) takes an
