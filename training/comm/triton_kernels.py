@@ -120,6 +120,9 @@ MARGIN = 6.0
 the k-th largest key: a miss (the fallback) is a six-sigma event for a sample that
 represents the block."""
 
+TIE_STEP = 1024
+"""Keys tied at ``T`` that ``_settle`` counts at once (more ties take more steps)."""
+
 MAX_REFINE = 4
 """GaussianK refinements the fused path follows (the counts of its ``2^(r+1) - 1``
 candidate thresholds are taken in one pass); more falls back to the plain path."""
@@ -400,7 +403,7 @@ def _bracket(x: torch.Tensor, where: Spans, k: int, state: torch.Tensor) -> torc
         TILE=TILE, TILES=TILES,
     )  # fmt: skip
     ranked = torch.sort(held, dim=1, descending=True).values
-    kern.settle[(B,)](ranked, cap, counts, state, k)
+    kern.settle[(B,)](ranked, cap, counts, state, k, BLOCK=TIE_STEP)
     return counts
 
 
@@ -516,7 +519,7 @@ VARIANTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
     "sample": ("*fp32 *i64 *i32 *i32 i32", [dict(BLOCK=TILE)]),
     "bounds": ("*i32 i32 *i32 *i32 *i32 *i32", [{}]),
     "band": ("*fp32 *i64 *i64 *i32 *i32 *i32 *i32 i32", [{}]),
-    "settle": ("*i32 i32 *i32 *i64 i32", [{}]),
+    "settle": ("*i32 i32 *i32 *i64 i32", [dict(BLOCK=TIE_STEP)]),
     "thresholds": ("*fp32 i32 *fp32 fp32", [dict(NODES=NODES, PART=1024)]),
     "count_passing": ("*fp32 i32 *fp32 *i32", [dict(NODES=NODES)]),
     "walk": (
@@ -806,12 +809,13 @@ def _bounds(ranked_ptr, width, upper_ptr, lower_ptr, band_ptr, counts_ptr):
     tl.store(counts_ptr + nblocks + b, tl.zeros([], dtype=tl.int32))
 
 
-def _settle(ranked_ptr, cap, counts_ptr, state_ptr, k):
+def _settle(ranked_ptr, cap, counts_ptr, state_ptr, k, BLOCK: tl.constexpr):
     """Per block, from the band's keys sorted (descending): when the band holds ``T`` and
     did not overflow, ``T`` is its ``need``-th key (``need``: ``k`` less the keys above the
-    band) and the ties to take are the keys from the first one equal to ``T`` (a binary
-    search) to it; the block's state is then done. Otherwise the state is left as it is
-    (zeros: the radix levels select the block)."""
+    band) and the ties to take are the keys equal to it up to there, counted backwards a
+    ``BLOCK`` at a time (one step unless that many are tied); the block's state is then
+    done. Otherwise the state is left as it is (zeros: the radix levels select the
+    block)."""
     b = tl.program_id(0)
     nblocks = tl.num_programs(0)
     above = tl.load(counts_ptr + b)
@@ -821,17 +825,19 @@ def _settle(ranked_ptr, cap, counts_ptr, state_ptr, k):
     at = tl.minimum(tl.maximum(need - 1, 0), cap - 1)
     row = ranked_ptr + b * cap
     t = tl.load(row + at)
-    lo = tl.zeros([], dtype=tl.int32)
-    hi = at
-    for _ in tl.static_range(32):  # the first index whose key is not above t
-        mid = (lo + hi) // 2
-        active = lo < hi
-        up = tl.load(row + mid) > t
-        lo = tl.where(active & up, mid + 1, lo)
-        hi = tl.where(active & ~up, mid, hi)
+    ties = tl.zeros([], dtype=tl.int32)
+    end = at
+    more = ok
+    while more:
+        idx = end - tl.arange(0, BLOCK)
+        have = idx >= 0
+        tied = tl.sum((have & (tl.load(row + idx, mask=have, other=0) == t)).to(tl.int32))
+        ties += tied
+        more = (tied == BLOCK) & (end >= BLOCK)
+        end -= BLOCK
     base = state_ptr + _S * b
     tl.store(base, tl.zeros([], dtype=tl.int64), mask=ok)
-    tl.store(base + 1, (need - lo).to(tl.int64), mask=ok)
+    tl.store(base + 1, ties.to(tl.int64), mask=ok)
     tl.store(base + 2, tl.full([], 1, tl.int64), mask=ok)
     tl.store(base + 3, t.to(tl.int64), mask=ok)
     tl.store(base + 4, tl.full([], 1, tl.int64) * k, mask=ok)
