@@ -204,7 +204,30 @@ def run(args) -> dict[str, Any]:
             result["paths"][name] = row
             print(json.dumps({"path": name, **row}), flush=True)
     triton_kernels.TILES, triton_kernels.BRACKET = default_tiles, default_bracket
+    result["profiles"] = profiles(args, accs, default_tiles, device)
     return result
+
+
+def profiles(args, accs: list[torch.Tensor], tiles: int, device: torch.device) -> dict:
+    """Where each top-k path's time goes: the kernels of one call on the largest bucket
+    under torch.profiler (``gpu_hooks.profile_step``), for ``torch.topk`` and the fused
+    path both ways at the default program size."""
+    acc = max(accs, key=lambda a: a.numel())
+    paths = topk_paths(args)
+    out = {}
+    for name in ("torch.topk", f"triton bracket tiles={tiles}", f"triton radix tiles={tiles}"):
+        fn = paths.get(name)
+        if fn is None:
+            continue
+        work = acc.clone()
+        fn(work)  # compiled and cached outside the profile
+
+        def one(_: int, fn=fn, work=work) -> None:
+            work.copy_(acc)
+            fn(work)
+
+        out[name] = gpu_hooks.profile_step(one, 0, device)
+    return out
 
 
 def report(result: dict[str, Any]) -> str:
@@ -238,6 +261,18 @@ def report(result: dict[str, Any]) -> str:
     for name, row in result["paths"].items():
         same = {True: "yes", False: "**no**"}.get(row.get("same_set_as_topk"), "—")
         lines.append(f"| {name} | {row['ms']:.3f} | {row['ms'] / base:.2f}x | {same} |")
+    for name, prof in result.get("profiles", {}).items():
+        lines += [
+            "",
+            f"Kernels of one `{name}` call on the largest bucket (profiled; the bucket copy "
+            f"included): {prof['kernels']} kernels, {prof['kernel_ms']:.3f} ms, "
+            f"{prof['launches']} launches.",
+            "",
+            "| kernel | calls | ms |",
+            "|---|---|---|",
+        ]
+        for kernel, (calls, ms) in list(prof["by_kernel"].items())[:12]:
+            lines.append(f"| `{kernel}` | {calls} | {ms:.3f} |")
     return "\n".join(lines) + "\n"
 
 
