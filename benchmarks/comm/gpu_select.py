@@ -203,19 +203,20 @@ def run(args) -> dict[str, Any]:
                 row["same_set_as_topk"] = all(same)
             result["paths"][name] = row
             print(json.dumps({"path": name, **row}), flush=True)
-    triton_kernels.TILES, triton_kernels.BRACKET = default_tiles, default_bracket
     result["profiles"] = profiles(args, accs, default_tiles, device)
+    triton_kernels.TILES, triton_kernels.BRACKET = default_tiles, default_bracket
     return result
 
 
 def profiles(args, accs: list[torch.Tensor], tiles: int, device: torch.device) -> dict:
-    """Where each top-k path's time goes: the kernels of one call on the largest bucket
-    under torch.profiler (``gpu_hooks.profile_step``), for ``torch.topk`` and the fused
-    path both ways at the default program size."""
+    """Where each path's time goes: the kernels of one call on the largest bucket under
+    torch.profiler (``gpu_hooks.profile_step``), for ``torch.topk``, the fused top-k both
+    ways at the default program size and GaussianK's two paths."""
     acc = max(accs, key=lambda a: a.numel())
-    paths = topk_paths(args)
+    paths = topk_paths(args) | gaussiank_paths(args)
     out = {}
-    for name in ("torch.topk", f"triton bracket tiles={tiles}", f"triton radix tiles={tiles}"):
+    names = ("torch.topk", f"triton bracket tiles={tiles}", f"triton radix tiles={tiles}")
+    for name in (*names, "gaussiank plain", "gaussiank triton"):
         fn = paths.get(name)
         if fn is None:
             continue
