@@ -158,6 +158,8 @@ def test_running_counts_across_tiles_and_programs(device, monkeypatch, bracket, 
     """Several programs of several tiles per block, ties spread over all of them: the
     cumulative counts that place each program's pairs and cut the ties (and, bracketed,
     the band's slots taken across programs; sampled, these ties overflow the band)."""
+    if not bracket and sample != 32768:
+        pytest.skip("the sample serves the bracket only")
     monkeypatch.setattr(triton_kernels, "TILE", 128)
     monkeypatch.setattr(triton_kernels, "TILES", 3)
     monkeypatch.setattr(triton_kernels, "SAMPLE", sample)
