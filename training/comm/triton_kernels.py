@@ -466,6 +466,8 @@ def _take(
     ``valid``: pad the outputs beyond the count taken and mark the valid slots."""
     if x.dtype != torch.float32 or not x.is_contiguous():
         raise ValueError("the fused selection reads a contiguous float32 tensor")
+    if where.longest >= 2**31:
+        raise ValueError("the fused selection counts in int32: blocks under 2^31 elements")
     kern = _kernels()
     B, dev = where.count, x.device
     grid = (where.programs(), B)
@@ -722,32 +724,34 @@ def _emit(
     length = tl.load(lengths_ptr + b)
     lo = tl.load(bounds_ptr + 2 * b)
     hi = tl.load(bounds_ptr + 2 * b + 1)
-    ties = tl.load(state_ptr + _S * b + 1)
-    t_key = tl.load(state_ptr + _S * b + 3)
+    # counts, slots and keys in int32 (a block is shorter than 2^31: ``_take``), which
+    # halves the work of the running sums against int64; T is at least -1
+    ties = tl.load(state_ptr + _S * b + 1).to(tl.int32)
+    t_key = tl.load(state_ptr + _S * b + 3).to(tl.int32)
     nprog = tl.num_programs(0)
     row = 2 * b * nprog  # counts[b]: (2, programs), the programs innermost
     if WRITE:
         first = p > 0
-        base_gt = tl.load(counts_ptr + row + p - 1, mask=first, other=0)
-        base_eq = tl.load(counts_ptr + row + nprog + p - 1, mask=first, other=0)
+        base_gt = tl.load(counts_ptr + row + p - 1, mask=first, other=0).to(tl.int32)
+        base_eq = tl.load(counts_ptr + row + nprog + p - 1, mask=first, other=0).to(tl.int32)
     else:
-        base_gt = tl.zeros([], dtype=tl.int64)
-        base_eq = tl.zeros([], dtype=tl.int64)
+        base_gt = tl.zeros([], dtype=tl.int32)
+        base_eq = tl.zeros([], dtype=tl.int32)
     for t in range(TILES):
         offs = (p * TILES + t) * TILE + tl.arange(0, TILE)
         m = offs < length
         v = tl.load(x_ptr + start + offs, mask=m, other=0.0)
-        key = (v.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
+        key = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
         ok = m & (key >= lo) & (key <= hi)
         gt = ok & (key > t_key)
         eq = ok & (key == t_key)
-        gi = gt.to(tl.int64)
-        ei = eq.to(tl.int64)
+        gi = gt.to(tl.int32)
+        ei = eq.to(tl.int32)
         if WRITE:
             eq_before = base_eq + tl.cumsum(ei, 0) - ei
             take = gt | (eq & (eq_before < ties))
             slot = base_gt + tl.cumsum(gi, 0) - gi + tl.minimum(eq_before, ties)
-            out = b * k + slot
+            out = b.to(tl.int64) * k + slot
             tl.store(pos_ptr + out, start + offs, mask=take)
             if VALUE == 0:
                 seen = v
@@ -767,8 +771,8 @@ def _emit(
         base_gt += tl.sum(gi)
         base_eq += tl.sum(ei)
     if not WRITE:
-        tl.store(counts_ptr + row + p, base_gt)
-        tl.store(counts_ptr + row + nprog + p, base_eq)
+        tl.store(counts_ptr + row + p, base_gt.to(tl.int64))
+        tl.store(counts_ptr + row + nprog + p, base_eq.to(tl.int64))
     if PAD:
         taken = tl.load(state_ptr + _S * b + 4)
         for c0 in range(p * TILE, k, tl.num_programs(0) * TILE):
