@@ -307,6 +307,37 @@ def test_bracket_against_the_reference_on_random_buckets(device, monkeypatch, se
     torch.testing.assert_close(res, expected_residual(x, pos), rtol=0, atol=0, equal_nan=True)
 
 
+def test_bracket_counts_each_program_as_the_count_pass_would(device, monkeypatch):
+    """The band pass and ``_tally`` leave, per program of a bracketed block, the keys above
+    ``T`` and at it (what ``_emit``'s count pass would count: a plain count over each
+    program's range here), and that pass then leaves those counts alone (no read)."""
+    monkeypatch.setattr(triton_kernels, "TILE", 128)
+    monkeypatch.setattr(triton_kernels, "SAMPLE", 64)
+    g = torch.Generator().manual_seed(14)
+    x = torch.randint(1, 60, (4200,), generator=g) / 7.0  # ties spread over programs
+    starts, lengths, k = (0, 2100), (2000, 2100), 300
+    dev_x = x.to(device)
+    where = triton_kernels.blocks(starts, lengths, device)
+    state = torch.zeros(2, triton_kernels.STATE, dtype=torch.int64, device=device)
+    counts = triton_kernels._bracket(dev_x, where, k, state)
+    assert state[:, 0].tolist() == [-1, -1]  # both bracketed
+    span = triton_kernels.TILE * triton_kernels.TILES
+    keys = (x.view(torch.int32) & 0x7FFFFFFF).long()
+    for b, (s, n) in enumerate(zip(starts, lengths, strict=True)):
+        t = int(state[b, 3])
+        for p in range(where.programs()):
+            part = keys[s + p * span : s + min(n, (p + 1) * span)]
+            want = [int((part > t).sum()), int((part == t).sum())]
+            assert counts[b, :, p].tolist() == want, (b, p)
+    marked = torch.full_like(counts, -7)
+    kern = triton_kernels._kernels()
+    kern.emit[(where.programs(), 2)](
+        dev_x, where.starts, where.lengths, where.bounds, state, marked, marked, dev_x, marked,
+        k, WRITE=False, VALUE=0, PAD=False, TILE=triton_kernels.TILE, TILES=triton_kernels.TILES,
+    )  # fmt: skip
+    assert bool((marked == -7).all())  # skipped: bracketed blocks keep the band's counts
+
+
 def test_a_misleading_sample_falls_back_to_the_radix_levels(device, monkeypatch):
     """Blocks whose sample lies: in block 0 the sampled positions hold zeros and the rest
     is large (the band sits below ``T``); in block 1 the sampled positions hold the only

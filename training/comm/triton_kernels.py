@@ -306,9 +306,10 @@ def take_topk(
         empty = torch.empty(where.count, 0, device=x.device)
         return empty.long(), empty.to(value_dtype)
     state = torch.zeros(where.count, STATE, dtype=torch.int64, device=x.device)
+    counts = None
     if BRACKET and hist1 is None:
-        _bracket(x, where, k, state)
-    positions, payload = _take(x, where, where.bounds, state, k, value_dtype, hist1, None)
+        counts = _bracket(x, where, k, state)
+    positions, payload = _take(x, where, where.bounds, state, k, value_dtype, hist1, None, counts)
     return positions, payload
 
 
@@ -384,8 +385,15 @@ def _bracket(x: torch.Tensor, where: Spans, k: int, state: torch.Tensor) -> torc
     before; the others they skip. Nothing is read on the host; seven launches besides the
     two sorts'.
 
-    Writes ``state[b]`` (prefix, ties, done, T, taken) of every bracketed block; returns
-    the band's counts, ``(2, blocks)`` int32: keys above it, keys in it (benchmarks)."""
+    The band pass also leaves each program's count of keys above ``hi``, and ``_tally``
+    adds the band's keys above ``T`` and at ``T`` by the program that read them: the
+    per-program counts that place the pairs (:func:`_take`'s ``counts``), so for a
+    bracketed block the count pass of ``_emit`` returns at once and the block is read
+    three times after error feedback (band, write; the sample is a gather).
+
+    Writes ``state[b]`` (prefix -1: bracketed, ties, done, T, taken) of every bracketed
+    block; returns those counts, ``(blocks, 2, programs)`` int64 (the other blocks' are
+    left to the count pass)."""
     starts, lengths = where.layout
     plan = _hold(bracket_plan(starts, lengths, k, x.device))
     kern, B, cap, dev = _kernels(), where.count, plan.capacity, x.device
@@ -395,15 +403,20 @@ def _bracket(x: torch.Tensor, where: Spans, k: int, state: torch.Tensor) -> torc
     )
     ranked = torch.sort(sample, dim=1, descending=True).values
     band = torch.empty(B, 2, dtype=torch.int32, device=dev)
-    counts = torch.empty(2, B, dtype=torch.int32, device=dev)  # above hi, in the band
-    kern.bounds[(B,)](ranked, plan.width, plan.upper, plan.lower, band, counts)
+    sizes = torch.empty(2, B, dtype=torch.int32, device=dev)  # above hi, in the band
+    kern.bounds[(B,)](ranked, plan.width, plan.upper, plan.lower, band, sizes)
     held = torch.full((B, cap), -1, dtype=torch.int32, device=dev)
+    owner = torch.empty(B, cap, dtype=torch.int32, device=dev)  # the program that read it
+    counts = torch.zeros(B, 2, where.programs(), dtype=torch.int64, device=dev)
     kern.band[(where.programs(), B)](
-        x, where.starts, where.lengths, band, counts[0], counts[1], held, cap,
+        x, where.starts, where.lengths, band, sizes[0], sizes[1], held, owner, counts, cap,
         TILE=TILE, TILES=TILES,
     )  # fmt: skip
     ranked = torch.sort(held, dim=1, descending=True).values
-    kern.settle[(B,)](ranked, cap, counts, state, k, BLOCK=TIE_STEP)
+    kern.settle[(B,)](ranked, cap, sizes, state, k, BLOCK=TIE_STEP)
+    kern.tally[(math.ceil(cap / TIE_STEP), B)](
+        held, owner, sizes, state, counts, cap, where.programs(), BLOCK=TIE_STEP
+    )
     return counts
 
 
@@ -460,10 +473,13 @@ def _take(
     value_dtype: torch.dtype,
     hist1: torch.Tensor | None,
     valid: torch.Tensor | None,
+    counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The radix levels, the count and the write (see the module docstring). ``state``:
-    zeros, or already ``done`` (GaussianK's walk found that everything passing fits);
-    ``valid``: pad the outputs beyond the count taken and mark the valid slots."""
+    zeros, or already ``done`` (GaussianK's walk found that everything passing fits, or
+    the bracket found ``T``); ``valid``: pad the outputs beyond the count taken and mark
+    the valid slots; ``counts``: the per-program counts of the bracketed blocks
+    (:func:`_bracket`), which the count pass leaves as they are."""
     if x.dtype != torch.float32 or not x.is_contiguous():
         raise ValueError("the fused selection reads a contiguous float32 tensor")
     if where.longest >= 2**31:
@@ -487,7 +503,8 @@ def _take(
     # (blocks, 2, programs): the running sums run along the innermost dimension, which torch
     # scans in parallel; along a middle one it scans with a thread per column, about 150 us
     # a bucket on an H200 (issue 19, run D)
-    counts = torch.empty(B, 2, grid[0], dtype=torch.int64, device=dev)
+    if counts is None:
+        counts = torch.empty(B, 2, grid[0], dtype=torch.int64, device=dev)
     kind = VALUE_KINDS[value_dtype]
     kern.emit[grid](
         x, where.starts, where.lengths, bounds, state, counts, positions, x, positions, k,
@@ -520,8 +537,9 @@ VARIANTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
     ),
     "sample": ("*fp32 *i64 *i32 *i32 i32", [dict(BLOCK=TILE)]),
     "bounds": ("*i32 i32 *i32 *i32 *i32 *i32", [{}]),
-    "band": ("*fp32 *i64 *i64 *i32 *i32 *i32 *i32 i32", [{}]),
+    "band": ("*fp32 *i64 *i64 *i32 *i32 *i32 *i32 *i32 *i64 i32", [{}]),
     "settle": ("*i32 i32 *i32 *i64 i32", [dict(BLOCK=TIE_STEP)]),
+    "tally": ("*i32 *i32 *i32 *i64 *i64 i32 i32", [dict(BLOCK=TIE_STEP)]),
     "thresholds": ("*fp32 i32 *fp32 fp32", [dict(NODES=NODES, PART=1024)]),
     "count_passing": ("*fp32 i32 *fp32 *i32", [dict(NODES=NODES)]),
     "walk": (
@@ -585,7 +603,8 @@ def _kernels() -> SimpleNamespace:
     jit = triton.jit
     return SimpleNamespace(
         scan=jit(_scan), pick=jit(_pick), emit=jit(_emit), sample=jit(_sample),
-        bounds=jit(_bounds), band=jit(_band), settle=jit(_settle), thresholds=jit(_thresholds),
+        bounds=jit(_bounds), band=jit(_band), settle=jit(_settle), tally=jit(_tally),
+        thresholds=jit(_thresholds),
         count_passing=jit(_count_passing), walk=jit(_walk),
     )  # fmt: skip
 
@@ -734,12 +753,15 @@ def _emit(
         first = p > 0
         base_gt = tl.load(counts_ptr + row + p - 1, mask=first, other=0).to(tl.int32)
         base_eq = tl.load(counts_ptr + row + nprog + p - 1, mask=first, other=0).to(tl.int32)
-    else:
+        limit = length
+    else:  # a bracketed block (prefix -1) was counted by ``_band`` and ``_tally``: no read
         base_gt = tl.zeros([], dtype=tl.int32)
         base_eq = tl.zeros([], dtype=tl.int32)
+        todo = tl.load(state_ptr + _S * b) != -1
+        limit = tl.where(todo, length, 0)
     for t in range(TILES):
         offs = (p * TILES + t) * TILE + tl.arange(0, TILE)
-        m = offs < length
+        m = offs < limit
         v = tl.load(x_ptr + start + offs, mask=m, other=0.0)
         key = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
         ok = m & (key >= lo) & (key <= hi)
@@ -771,8 +793,8 @@ def _emit(
         base_gt += tl.sum(gi)
         base_eq += tl.sum(ei)
     if not WRITE:
-        tl.store(counts_ptr + row + p, base_gt.to(tl.int64))
-        tl.store(counts_ptr + row + nprog + p, base_eq.to(tl.int64))
+        tl.store(counts_ptr + row + p, base_gt.to(tl.int64), mask=todo)
+        tl.store(counts_ptr + row + nprog + p, base_eq.to(tl.int64), mask=todo)
     if PAD:
         taken = tl.load(state_ptr + _S * b + 4)
         for c0 in range(p * TILE, k, tl.num_programs(0) * TILE):
@@ -818,8 +840,8 @@ def _settle(ranked_ptr, cap, counts_ptr, state_ptr, k, BLOCK: tl.constexpr):
     did not overflow, ``T`` is its ``need``-th key (``need``: ``k`` less the keys above the
     band) and the ties to take are the keys equal to it up to there, counted backwards a
     ``BLOCK`` at a time (one step unless that many are tied); the block's state is then
-    done. Otherwise the state is left as it is (zeros: the radix levels select the
-    block)."""
+    done, its prefix -1 (bracketed). Otherwise the state is left as it is (zeros: the
+    radix levels select the block)."""
     b = tl.program_id(0)
     nblocks = tl.num_programs(0)
     above = tl.load(counts_ptr + b)
@@ -840,7 +862,7 @@ def _settle(ranked_ptr, cap, counts_ptr, state_ptr, k, BLOCK: tl.constexpr):
         more = (tied == BLOCK) & (end >= BLOCK)
         end -= BLOCK
     base = state_ptr + _S * b
-    tl.store(base, tl.zeros([], dtype=tl.int64), mask=ok)
+    tl.store(base, tl.full([], -1, tl.int64), mask=ok)  # bracketed: ``_tally`` counts
     tl.store(base + 1, ties.to(tl.int64), mask=ok)
     tl.store(base + 2, tl.full([], 1, tl.int64), mask=ok)
     tl.store(base + 3, t.to(tl.int64), mask=ok)
@@ -848,11 +870,12 @@ def _settle(ranked_ptr, cap, counts_ptr, state_ptr, k, BLOCK: tl.constexpr):
 
 
 def _band(
-    x_ptr, starts_ptr, lengths_ptr, band_ptr, above_ptr, inside_ptr, held_ptr, cap,
-    TILE: tl.constexpr, TILES: tl.constexpr,
+    x_ptr, starts_ptr, lengths_ptr, band_ptr, above_ptr, inside_ptr, held_ptr, owner_ptr,
+    counts_ptr, cap, TILE: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
-    """One read of every block: count the keys above the band's top (``above``) and copy
-    the keys inside ``[lo, hi]`` into the block's row of ``held`` (``cap`` wide; the
+    """One read of every block: count the keys above the band's top (``above``, and per
+    program in ``counts[b, 0, p]``) and copy the keys inside ``[lo, hi]`` into the
+    block's row of ``held``, the program's number into ``owner`` (``cap`` wide; the
     count in ``inside`` goes on past ``cap`` so that an overflow shows). Slots are taken
     with one atomic per tile, so the band's order in ``held`` is arbitrary: it is sorted
     next."""
@@ -875,8 +898,32 @@ def _band(
         if n_in > 0:
             first = tl.atomic_add(inside_ptr + b, n_in, sem="relaxed")
             slot = first + tl.cumsum(ii, 0) - ii
-            tl.store(held_ptr + b * cap + slot, key, mask=inb & (slot < cap))
+            kept = inb & (slot < cap)
+            tl.store(held_ptr + b * cap + slot, key, mask=kept)
+            tl.store(owner_ptr + b * cap + slot, tl.zeros_like(slot) + p, mask=kept)
     tl.atomic_add(above_ptr + b, above, sem="relaxed")
+    tl.store(counts_ptr + 2 * b * tl.num_programs(0) + p, above.to(tl.int64))
+
+
+def _tally(
+    held_ptr, owner_ptr, sizes_ptr, state_ptr, counts_ptr, cap, nprog, BLOCK: tl.constexpr
+):  # fmt: skip
+    """For a bracketed block: add each band key above ``T`` and at ``T`` to the count of
+    the program that read it (``counts[b, 0 | 1, owner]``, ``nprog`` programs a block),
+    completing what the band pass counted above the band: the per-program counts the
+    writing pass places pairs by."""
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    b = tl.program_id(1)
+    nblocks = tl.num_programs(1)
+    bracketed = tl.load(state_ptr + _S * b) == -1
+    t = tl.load(state_ptr + _S * b + 3).to(tl.int32)
+    m = j < tl.where(bracketed, tl.minimum(tl.load(sizes_ptr + nblocks + b), cap), 0)
+    key = tl.load(held_ptr + b * cap + j, mask=m, other=-1)
+    owner = tl.load(owner_ptr + b * cap + j, mask=m, other=0)
+    row = counts_ptr + 2 * b * nprog
+    one = tl.full([BLOCK], 1, tl.int64)
+    tl.atomic_add(row + owner, one, mask=m & (key > t), sem="relaxed")
+    tl.atomic_add(row + nprog + owner, one, mask=m & (key == t), sem="relaxed")
 
 
 def _thresholds(moments_ptr, parts, out_ptr, z, NODES: tl.constexpr, PART: tl.constexpr):
