@@ -54,8 +54,9 @@ count exactly ``k``:
   every passing element is taken and the radix levels return at once; otherwise the
   capacity's largest are taken exactly.
 
-Reads of a bucket after the error-feedback pass: spardl's block, three when the bracket
-holds (band, count, write; four with the radix levels: two levels, count, write);
+Reads of a bucket after the error-feedback pass: spardl's block, two when the bracket
+holds (band, write: the band pass counts for the write, ``_tally``; four with the radix
+levels: two levels, count, write);
 GaussianK, three in the usual case (threshold counts, count, write). About fifteen launches
 a selection besides the bracket's two sorts, none of them waiting on the host.
 
@@ -389,7 +390,7 @@ def _bracket(x: torch.Tensor, where: Spans, k: int, state: torch.Tensor) -> torc
     adds the band's keys above ``T`` and at ``T`` by the program that read them: the
     per-program counts that place the pairs (:func:`_take`'s ``counts``), so for a
     bracketed block the count pass of ``_emit`` returns at once and the block is read
-    three times after error feedback (band, write; the sample is a gather).
+    twice after error feedback (band, write; the sample is a gather).
 
     Writes ``state[b]`` (prefix -1: bracketed, ties, done, T, taken) of every bracketed
     block; returns those counts, ``(blocks, 2, programs)`` int64 (the other blocks' are
