@@ -319,7 +319,7 @@ def test_bracket_counts_each_program_as_the_count_pass_would(device, monkeypatch
     dev_x = x.to(device)
     where = triton_kernels.blocks(starts, lengths, device)
     state = torch.zeros(2, triton_kernels.STATE, dtype=torch.int64, device=device)
-    counts = triton_kernels._bracket(dev_x, where, k, state)
+    counts, _ = triton_kernels._bracket(dev_x, where, k, state)
     assert state[:, 0].tolist() == [-1, -1]  # both bracketed
     span = triton_kernels.TILE * triton_kernels.TILES
     keys = (x.view(torch.int32) & 0x7FFFFFFF).long()
@@ -462,6 +462,31 @@ def test_gaussiank_degenerate_buckets_select_what_the_plain_path_selects(device,
     assert int(valid.sum()) == int(want_valid.sum()) == 0
     assert not pos.any() and not pay.any()
     torch.testing.assert_close(res, x, rtol=0, atol=0, equal_nan=True)
+
+
+def test_gaussiank_walk_places_each_programs_count(device, monkeypatch):
+    """When everything passing fits, the walk hands the write its per-program counts at
+    the chosen threshold (those of the threshold counting pass, whose programs read what
+    the write's do) and marks the block counted (prefix -1), so the count pass reads
+    nothing; the counts are the plain ones of each program's range."""
+    monkeypatch.setattr(triton_kernels, "TILE", 128)
+    monkeypatch.setattr(triton_kernels, "TILES", 3)  # steps of 128 (gcd with 256)
+    seen = {}
+    original = triton_kernels._take
+
+    def spy(x, where, bounds, state, k, value_dtype, hist1, valid, counts=None):
+        seen.update(state=state.clone().cpu(), counts=counts.clone().cpu())
+        return original(x, where, bounds, state, k, value_dtype, hist1, valid, counts)
+
+    monkeypatch.setattr(triton_kernels, "_take", spy)
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(15))  # as modelled
+    pos, valid, _, _, (thr, count, _, _) = gaussiank(device, x, 30, 3)
+    assert seen["state"][0, 0] == -1 and seen["state"][0, 2] == 1  # counted, done
+    span = 128 * 3
+    for p in range(seen["counts"].shape[2]):
+        part = x[p * span : (p + 1) * span].abs()
+        assert seen["counts"][0, :, p].tolist() == [int((part >= thr).sum()), 0], p
+    assert int(valid.sum()) == int(count)
 
 
 def test_gaussiank_capacity_never_exceeds_the_bucket(device):

@@ -143,7 +143,8 @@ def bracket_fit(acc: torch.Tensor, k: int) -> dict[str, Any]:
     ran), and the band's fill against its capacity."""
     where = triton_kernels.blocks([0], [acc.numel()], acc.device)
     state = torch.zeros(1, triton_kernels.STATE, dtype=torch.int64, device=acc.device)
-    above, inside = triton_kernels._bracket(acc.clone(), where, k, state).long().tolist()
+    _, sizes = triton_kernels._bracket(acc.clone(), where, k, state)
+    above, inside = sizes.long().tolist()
     plan = triton_kernels.bracket_plan((0,), (acc.numel(),), k, acc.device)
     return {
         "bracket_hit": bool(state[0, 2]),

@@ -51,13 +51,17 @@ count exactly ``k``:
   one pass counts ``|x| >= t`` for every threshold the refinement could visit (a tree of
   ``2^(refine + 1) - 1``, so ``refine <= MAX_REFINE``), and one small program walks the
   refinement on those counts. When the passing count fits the capacity (the usual case)
-  every passing element is taken and the radix levels return at once; otherwise the
-  capacity's largest are taken exactly.
+  every passing element is taken and the radix levels return at once, and so does the
+  count pass: each program of the counting pass kept its own counts (it reads what a
+  program of the write does), and the walk hands the write the chosen threshold's;
+  otherwise the capacity's largest are taken exactly.
 
 Reads of a bucket after the error-feedback pass: spardl's block, two when the bracket
 holds (band, write: the band pass counts for the write, ``_tally``; four with the radix
 levels: two levels, count, write);
-GaussianK, three in the usual case (threshold counts, count, write). About fifteen launches
+GaussianK, two in the usual case (threshold counts, write: the threshold counting pass
+counts for the write at every candidate threshold, and the walk hands over the chosen
+one's). About fifteen launches
 a selection besides the bracket's two sorts, none of them waiting on the host.
 
 Ties: the selected set is the ``k`` largest ``|x|``; among elements equal to the k-th
@@ -309,7 +313,7 @@ def take_topk(
     state = torch.zeros(where.count, STATE, dtype=torch.int64, device=x.device)
     counts = None
     if BRACKET and hist1 is None:
-        counts = _bracket(x, where, k, state)
+        counts, _ = _bracket(x, where, k, state)
     positions, payload = _take(x, where, where.bounds, state, k, value_dtype, hist1, None, counts)
     return positions, payload
 
@@ -374,7 +378,9 @@ def bracket_plan(
     )
 
 
-def _bracket(x: torch.Tensor, where: Spans, k: int, state: torch.Tensor) -> torch.Tensor:
+def _bracket(
+    x: torch.Tensor, where: Spans, k: int, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Find every block's k-th largest key ``T`` without a pass per radix level: the keys of
     a sample (:func:`bracket_plan`, ``_sample``, one sort) give a band ``[lo, hi]``
     (``_bounds``) that holds ``T`` unless the sample misled; one pass over the block
@@ -394,7 +400,8 @@ def _bracket(x: torch.Tensor, where: Spans, k: int, state: torch.Tensor) -> torc
 
     Writes ``state[b]`` (prefix -1: bracketed, ties, done, T, taken) of every bracketed
     block; returns those counts, ``(blocks, 2, programs)`` int64 (the other blocks' are
-    left to the count pass)."""
+    left to the count pass), and the band's sizes, ``(2, blocks)`` int32: keys above it,
+    keys in it (benchmarks)."""
     starts, lengths = where.layout
     plan = _hold(bracket_plan(starts, lengths, k, x.device))
     kern, B, cap, dev = _kernels(), where.count, plan.capacity, x.device
@@ -418,7 +425,7 @@ def _bracket(x: torch.Tensor, where: Spans, k: int, state: torch.Tensor) -> torc
     kern.tally[(math.ceil(cap / TIE_STEP), B)](
         held, owner, sizes, state, counts, cap, where.programs(), BLOCK=TIE_STEP
     )
-    return counts
+    return counts, sizes
 
 
 def take_gaussiank(
@@ -451,18 +458,32 @@ def take_gaussiank(
     z = select.normal_quantile(1.0 - min(1.0, k / n) / 2.0)
     kern.thresholds[(1,)](moments, moments.shape[0], stats, z, NODES=NODES, PART=1024)
     counts = torch.zeros(NODES, dtype=torch.int32, device=x.device)
-    step = COUNT_TILE * TILES
-    kern.count_passing[(math.ceil(n / step),)](
-        x, n, stats, counts, NODES=NODES, TILE=COUNT_TILE, TILES=TILES
-    )
+    nprog = whole.programs()
+    per_program = torch.empty(nprog, NODES, dtype=torch.int32, device=x.device)
+    step, steps = count_steps()
+    kern.count_passing[(nprog,)](
+        x, n, stats, counts, per_program, NODES=NODES, TILE=step, TILES=steps
+    )  # fmt: skip
     bounds = torch.empty(1, 2, dtype=torch.int32, device=x.device)
     state = torch.empty(1, STATE, dtype=torch.int64, device=x.device)
+    placed = torch.empty(1, 2, nprog, dtype=torch.int64, device=x.device)
     kern.walk[(1,)](
-        counts, stats, bounds, state, 2 * k / 3, 4 * k / 3, capacity, REFINE=refine, NODES=NODES
-    )
+        counts, stats, bounds, state, per_program, placed, nprog, 2 * k / 3, 4 * k / 3,
+        capacity, REFINE=refine, NODES=NODES, PART=1024,
+    )  # fmt: skip
     valid = torch.empty(1, capacity, dtype=torch.bool, device=x.device)
-    positions, payload = _take(x, whole, bounds, state, capacity, value_dtype, None, valid)
+    positions, payload = _take(x, whole, bounds, state, capacity, value_dtype, None, valid, placed)
     return positions[0], valid[0], payload[0], stats[NODES:]
+
+
+def count_steps() -> tuple[int, int]:
+    """GaussianK's threshold counting: elements a step (``COUNT_TILE`` or fewer, a power
+    of two) and steps a program, so that a program reads what a program of the other
+    passes reads (``TILE * TILES`` elements): its per-threshold counts are then the count
+    pass's, for whichever threshold the walk chooses."""
+    span = TILE * TILES
+    step = math.gcd(COUNT_TILE, span)
+    return step, span // step
 
 
 def _take(
@@ -542,10 +563,10 @@ VARIANTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
     "settle": ("*i32 i32 *i32 *i64 i32", [dict(BLOCK=TIE_STEP)]),
     "tally": ("*i32 *i32 *i32 *i64 *i64 i32 i32", [dict(BLOCK=TIE_STEP)]),
     "thresholds": ("*fp32 i32 *fp32 fp32", [dict(NODES=NODES, PART=1024)]),
-    "count_passing": ("*fp32 i32 *fp32 *i32", [dict(NODES=NODES)]),
+    "count_passing": ("*fp32 i32 *fp32 *i32 *i32", [dict(NODES=NODES)]),
     "walk": (
-        "*i32 *fp32 *i32 *i64 fp32 fp32 i32",
-        [dict(REFINE=r, NODES=NODES) for r in range(MAX_REFINE + 1)],
+        "*i32 *fp32 *i32 *i64 *i32 *i64 i32 fp32 fp32 i32",
+        [dict(REFINE=r, NODES=NODES, PART=1024) for r in range(MAX_REFINE + 1)],
     ),
 }  # fmt: skip
 """Argument types and constexpr variants of every kernel the hooks launch (tiles aside;
@@ -576,8 +597,8 @@ def compile_variants(arch: int = 90) -> dict[str, int]:
             names = [p.name for p in fn.params if not p.is_constexpr]
             constants = dict(variant)
             if any(p.name == "TILE" for p in fn.params):
-                tile = COUNT_TILE if name == "count_passing" else TILE
-                constants |= {"TILE": tile, "TILES": TILES}
+                tiles = count_steps() if name == "count_passing" else (TILE, TILES)
+                constants |= dict(zip(("TILE", "TILES"), tiles, strict=True))
             signature = dict(zip(names, arg_types, strict=True)) | dict.fromkeys(
                 constants, "constexpr"
             )
@@ -973,12 +994,15 @@ def _thresholds(moments_ptr, parts, out_ptr, z, NODES: tl.constexpr, PART: tl.co
 
 
 def _count_passing(
-    x_ptr, n, thr_ptr, counts_ptr, NODES: tl.constexpr, TILE: tl.constexpr,
+    x_ptr, n, thr_ptr, counts_ptr, per_ptr, NODES: tl.constexpr, TILE: tl.constexpr,
     TILES: tl.constexpr,
 ):  # fmt: skip
-    """``counts[j] += #{|x| >= thr[j]}`` for every candidate threshold, one read."""
+    """``counts[j] += #{|x| >= thr[j]}`` for every candidate threshold, one read; each
+    program's own counts go to ``per[p]`` (a program reads what ``_emit``'s does:
+    :func:`count_steps`)."""
     p = tl.program_id(0)
-    thr = tl.load(thr_ptr + tl.arange(0, NODES))
+    nodes = tl.arange(0, NODES)
+    thr = tl.load(thr_ptr + nodes)
     got = tl.zeros([NODES], dtype=tl.int32)
     for t in range(TILES):
         offs = (p * TILES + t) * TILE + tl.arange(0, TILE)
@@ -986,18 +1010,21 @@ def _count_passing(
         mag = tl.abs(tl.load(x_ptr + offs, mask=m, other=0.0))
         hit = (mag[:, None] >= thr[None, :]) & m[:, None]
         got += tl.sum(hit.to(tl.int32), axis=0)
-    tl.atomic_add(counts_ptr + tl.arange(0, NODES), got, sem="relaxed")
+    tl.atomic_add(counts_ptr + nodes, got, sem="relaxed")
+    tl.store(per_ptr + p * NODES + nodes, got)
 
 
 def _walk(
-    counts_ptr, out_ptr, bounds_ptr, state_ptr, low, high, cap,
-    REFINE: tl.constexpr, NODES: tl.constexpr,
+    counts_ptr, out_ptr, bounds_ptr, state_ptr, per_ptr, placed_ptr, nprog, low, high, cap,
+    REFINE: tl.constexpr, NODES: tl.constexpr, PART: tl.constexpr,
 ):  # fmt: skip
     """GaussianK's refinement on the counts: from the root, halve while fewer than
     ``low`` pass, x1.5 while more than ``high`` pass (counts compared as float32, as
     the plain path's ``count < 2 * k / 3``). Sets the block's eligible keys
     (``|x| >= max(thr, TINY)``, NaN never) and, when all of them fit ``cap``, a done
-    search that takes them all."""
+    search that takes them all, counted already: each program's count at the chosen
+    threshold goes to ``placed`` (``_emit``'s counts, ``nprog`` programs) and the prefix
+    is -1, so the count pass reads nothing."""
     ids = tl.arange(0, NODES)
     counts = tl.load(counts_ptr + ids)
     thr_all = tl.load(out_ptr + ids)
@@ -1013,7 +1040,14 @@ def _walk(
     tl.store(bounds_ptr + 1, tl.zeros([], dtype=tl.int32) + _INF)
     # |x| >= thr counts exactly the eligible keys unless thr was raised to TINY
     fits = (thr == floor) & (passing <= cap)
-    tl.store(state_ptr, tl.zeros([], dtype=tl.int64))
+    upto = tl.where(fits, nprog, 0)  # the programs whose counts are placed
+    for c0 in range(0, nprog, PART):
+        q = c0 + tl.arange(0, PART)
+        mine = q < upto
+        got = tl.load(per_ptr + q * NODES + node, mask=mine, other=0)
+        tl.store(placed_ptr + q, got.to(tl.int64), mask=mine)
+        tl.store(placed_ptr + nprog + q, tl.zeros([PART], dtype=tl.int64), mask=mine)
+    tl.store(state_ptr, tl.where(fits, -1, 0).to(tl.int64))
     tl.store(state_ptr + 1, tl.where(fits, passing, 0).to(tl.int64))
     tl.store(state_ptr + 2, fits.to(tl.int64))
     tl.store(state_ptr + 3, (lo - 1).to(tl.int64))
