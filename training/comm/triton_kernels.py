@@ -286,7 +286,7 @@ def accumulate(
     parts = sp.count * sp.programs() if with_moments else 1
     moments = torch.empty(parts, 3, dtype=torch.float32, device=acc.device)
     _kernels().scan[(sp.programs(), sp.count)](
-        acc, grad, sp.starts, sp.lengths, sp.bounds, sp.starts, hist, moments,
+        acc, grad, sp.starts, sp.lengths, sp.bounds, sp.starts, hist, moments, sp.programs(),
         LEVEL=level, ACCUMULATE=True, MOMENTS=with_moments, NBINS=BINS, TILE=TILE, TILES=TILES,
     )  # fmt: skip
     rows = {(s, s + length): hist[i] for i, (s, length, on) in enumerate(cuts) if on and level}
@@ -452,7 +452,8 @@ def take_gaussiank(
         moments = torch.empty(whole.programs(), 3, dtype=torch.float32, device=x.device)
         kern.scan[(whole.programs(), 1)](
             x, x, whole.starts, whole.lengths, whole.bounds, whole.starts, whole.bounds, moments,
-            LEVEL=0, ACCUMULATE=False, MOMENTS=True, NBINS=BINS, TILE=TILE, TILES=TILES,
+            whole.programs(), LEVEL=0, ACCUMULATE=False, MOMENTS=True, NBINS=BINS, TILE=TILE,
+            TILES=TILES,
         )  # fmt: skip
     stats = torch.empty(NODES + 4, dtype=torch.float32, device=x.device)
     z = select.normal_quantile(1.0 - min(1.0, k / n) / 2.0)
@@ -486,6 +487,25 @@ def count_steps() -> tuple[int, int]:
     return step, span // step
 
 
+LEVEL_WAVES = 4
+"""Programs per streaming multiprocessor of a radix level's pass (``level_programs``)."""
+
+
+def level_programs(where: Spans, device: torch.device) -> int:
+    """Programs a block of a radix level's pass: a few waves of the GPU's multiprocessors
+    rather than one a chunk. Each adds its histogram to the block's with 2,048 atomics,
+    and in the usual case (the bracket or GaussianK's walk decided) the pass only checks
+    that its block is done and returns: fewer, longer programs make both cheaper. Two
+    under the interpreter, so that the tests run programs of several chunks."""
+    units = _multiprocessors(device) * LEVEL_WAVES if device.type == "cuda" else 2
+    return max(1, min(where.programs(), units))
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _take(
     x: torch.Tensor,
     where: Spans,
@@ -517,8 +537,8 @@ def _take(
     pad = valid is not None
     for level, nbins in enumerate(LEVELS, start=1):
         if level > 1 or hist1 is None:
-            kern.scan[grid](
-                x, x, where.starts, where.lengths, bounds, state, rows[level - 1], x,
+            kern.scan[(level_programs(where, dev), B)](
+                x, x, where.starts, where.lengths, bounds, state, rows[level - 1], x, grid[0],
                 LEVEL=level, ACCUMULATE=False, MOMENTS=False, NBINS=nbins, TILE=TILE, TILES=TILES,
             )  # fmt: skip
         kern.pick[(B,)](rows[level - 1], state, bounds, k, LEVEL=level, NBINS=nbins)
@@ -543,7 +563,7 @@ def _take(
 
 VARIANTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
     "scan": (
-        "*fp32 *fp32 *i64 *i64 *i32 *i64 *i32 *fp32",
+        "*fp32 *fp32 *i64 *i64 *i32 *i64 *i32 *fp32 i32",
         [dict(LEVEL=lv, ACCUMULATE=acc, MOMENTS=mom, NBINS=nb)
          for lv, acc, mom, nb in ((0, True, True, BINS), (0, True, False, BINS),
                                   (1, True, False, BINS), (0, False, True, BINS),
@@ -638,13 +658,17 @@ _S = _W = _INF = _LEAST = None  # constexpr constants, set by _kernels
 
 def _scan(
     x_ptr, grad_ptr, starts_ptr, lengths_ptr, bounds_ptr, state_ptr, hist_ptr, moments_ptr,
-    LEVEL: tl.constexpr, ACCUMULATE: tl.constexpr, MOMENTS: tl.constexpr,
+    chunks, LEVEL: tl.constexpr, ACCUMULATE: tl.constexpr, MOMENTS: tl.constexpr,
     NBINS: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
     """One pass over every block: with ACCUMULATE ``x += grad, grad = 0``; with LEVEL
     1..3 that radix level's histogram of the eligible keys (levels 2 and 3: those under
     the block's prefix); with MOMENTS the count, mean and squared deviations of the
-    program's elements. A selection's levels do nothing once its block is done."""
+    program's elements. A block is ``chunks`` runs of ``TILE * TILES`` elements; a
+    program takes every ``num_programs``-th from its own (one each when the grid has one
+    program a chunk, as the first pass's; fewer programs for the radix levels, whose
+    histograms do not care which program saw a key: :func:`level_programs`). A
+    selection's levels do nothing once its block is done."""
     p = tl.program_id(0)
     b = tl.program_id(1)
     start = tl.load(starts_ptr + b)
@@ -663,40 +687,41 @@ def _scan(
         prefix = tl.load(state_ptr + _S * b).to(tl.int32)
         active = tl.load(state_ptr + _S * b + 2) == 0
     if active:
-        for t in range(TILES):
-            offs = (p * TILES + t) * TILE + tl.arange(0, TILE)
-            m = offs < length
-            v = tl.load(x_ptr + start + offs, mask=m, other=0.0)
-            if ACCUMULATE:
-                g = tl.load(grad_ptr + start + offs, mask=m, other=0.0)
-                v = v + g
-                tl.store(x_ptr + start + offs, v, mask=m)
-                tl.store(grad_ptr + start + offs, tl.zeros_like(g), mask=m)
-            if MOMENTS:
-                c_t = tl.sum(m.to(tl.float32))
-                mean_t = tl.sum(tl.where(m, v, 0.0)) / tl.maximum(c_t, 1.0)
-                d = tl.where(m, v - mean_t, 0.0)
-                tot = cnt + c_t
-                delta = mean_t - mean
-                w = c_t / tl.maximum(tot, 1.0)
-                has = c_t > 0
-                m2 = tl.where(has, m2 + tl.sum(d * d) + delta * delta * cnt * w, m2)
-                mean = tl.where(has, mean + delta * w, mean)
-                cnt = tot
-            if LEVEL >= 1:
-                key = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-                ok = m & (key >= lo) & (key <= hi)
-                if LEVEL == 1:
-                    digit = key >> 20
-                elif LEVEL == 2:
-                    ok = ok & ((key >> 20) == prefix)
-                    digit = (key >> 9) & 2047
-                else:
-                    ok = ok & ((key >> 9) == prefix)
-                    digit = key & 511
-                got = tl.histogram(tl.where(ok, digit, 0), NBINS)
-                miss = TILE - tl.sum(ok.to(tl.int32))
-                hist += got - tl.where(bins == 0, miss, 0)
+        for c in range(p, chunks, tl.num_programs(0)):
+            for t in range(TILES):
+                offs = (c * TILES + t) * TILE + tl.arange(0, TILE)
+                m = offs < length
+                v = tl.load(x_ptr + start + offs, mask=m, other=0.0)
+                if ACCUMULATE:
+                    g = tl.load(grad_ptr + start + offs, mask=m, other=0.0)
+                    v = v + g
+                    tl.store(x_ptr + start + offs, v, mask=m)
+                    tl.store(grad_ptr + start + offs, tl.zeros_like(g), mask=m)
+                if MOMENTS:
+                    c_t = tl.sum(m.to(tl.float32))
+                    mean_t = tl.sum(tl.where(m, v, 0.0)) / tl.maximum(c_t, 1.0)
+                    d = tl.where(m, v - mean_t, 0.0)
+                    tot = cnt + c_t
+                    delta = mean_t - mean
+                    w = c_t / tl.maximum(tot, 1.0)
+                    has = c_t > 0
+                    m2 = tl.where(has, m2 + tl.sum(d * d) + delta * delta * cnt * w, m2)
+                    mean = tl.where(has, mean + delta * w, mean)
+                    cnt = tot
+                if LEVEL >= 1:
+                    key = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+                    ok = m & (key >= lo) & (key <= hi)
+                    if LEVEL == 1:
+                        digit = key >> 20
+                    elif LEVEL == 2:
+                        ok = ok & ((key >> 20) == prefix)
+                        digit = (key >> 9) & 2047
+                    else:
+                        ok = ok & ((key >> 9) == prefix)
+                        digit = key & 511
+                    got = tl.histogram(tl.where(ok, digit, 0), NBINS)
+                    miss = TILE - tl.sum(ok.to(tl.int32))
+                    hist += got - tl.where(bins == 0, miss, 0)
     if LEVEL >= 1:
         tl.atomic_add(hist_ptr + b * _W + bins, hist, mask=hist > 0, sem="relaxed")
     if MOMENTS:
