@@ -347,9 +347,9 @@ def test_a_misleading_sample_falls_back_to_the_radix_levels(device, monkeypatch)
     monkeypatch.setattr(triton_kernels, "SAMPLE", 32)
     n, k = 1000, 50
     starts, lengths = (0, 1000, 2000), (n, n, n)
-    plan = triton_kernels.bracket_plan(starts, lengths, k, torch.device("cpu"))
+    plan = triton_kernels.bracket_plan(lengths, k, torch.device("cpu"))
     present = torch.arange(plan.width) < plan.sampled[:, None]
-    sampled = plan.positions[present]
+    sampled = (plan.positions.long() + torch.tensor(starts)[:, None])[present]
     g = torch.Generator().manual_seed(11)
     x = torch.randn(3000, generator=g) + 10.0
     x[sampled[sampled < 1000]] = 0.0
@@ -373,7 +373,7 @@ def test_the_tables_a_selection_reads_are_collected(device):
         triton_kernels.accumulate(x, grad, [(0, 2000)])
         where = triton_kernels.blocks((0,), (2000,), device)
         triton_kernels.take_topk(x, where, 20)
-    plan = triton_kernels.bracket_plan((0,), (2000,), 20, device)
+    plan = triton_kernels.bracket_plan((2000,), 20, device)
     assert any(t is where for t in tables) and any(t is plan for t in tables)
     assert all(isinstance(t, triton_kernels.Spans | triton_kernels.BracketPlan) for t in tables)
     triton_kernels.take_topk(x, where, 20)
@@ -384,12 +384,12 @@ def test_bracket_plan_is_stratified_and_bounded():
     """The plan's sample: one position in each stratum of every block (its floor; inside the
     block, a shorter block sampled whole), the ranks bracketing ``c = k s / n``, and the
     band's capacity never more than the block."""
-    starts, lengths, k = (0, 100_000, 105_000), (100_000, 5000, 1_000_000), 5000
-    plan = triton_kernels.bracket_plan(starts, lengths, k, torch.device("cpu"))
+    lengths, k = (100_000, 5000, 1_000_000), 5000
+    plan = triton_kernels.bracket_plan(lengths, k, torch.device("cpu"))
     s = triton_kernels.SAMPLE
     assert plan.positions.shape == (3, s)
-    for row, have, st, n in zip(plan.positions, plan.sampled, starts, lengths, strict=True):
-        got = row[:have] - st
+    for row, have, n in zip(plan.positions, plan.sampled, lengths, strict=True):
+        got = row[:have].long()
         width = min(s, n)
         assert got.numel() == width and bool((got >= 0).all()) and bool((got < n).all())
         strata = torch.arange(width + 1, dtype=torch.float64) * (n / width)
@@ -397,7 +397,7 @@ def test_bracket_plan_is_stratified_and_bounded():
     c = k * s / lengths[2]
     assert 0 <= plan.upper[2] < c < plan.lower[2]  # both ends bounded
     assert plan.lower[1] == -1  # 5000 of 5000 wanted: the band reaches key 0
-    few = triton_kernels.bracket_plan(starts, lengths, 50, torch.device("cpu"))
+    few = triton_kernels.bracket_plan(lengths, 50, torch.device("cpu"))
     assert few.upper[2] == -1  # c = 1.6: no sampled key can be trusted to lie above T
     assert plan.capacity <= max(lengths)
 

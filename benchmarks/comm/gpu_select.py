@@ -145,7 +145,7 @@ def bracket_fit(acc: torch.Tensor, k: int) -> dict[str, Any]:
     state = torch.zeros(1, triton_kernels.STATE, dtype=torch.int64, device=acc.device)
     _, sizes = triton_kernels._bracket(acc.clone(), where, k, state)
     above, inside = sizes.long().tolist()
-    plan = triton_kernels.bracket_plan((0,), (acc.numel(),), k, acc.device)
+    plan = triton_kernels.bracket_plan((acc.numel(),), k, acc.device)
     return {
         "bracket_hit": bool(state[0, 2]),
         "band": inside[0],

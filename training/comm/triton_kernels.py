@@ -323,7 +323,7 @@ class BracketPlan:
     """Per block, where the bracket's sample is read and which of its ranks bound the band
     (built on the host once per layout and ``k``; see :func:`_bracket`)."""
 
-    positions: torch.Tensor  # (blocks, S) int64, absolute; past ``sampled`` unused
+    positions: torch.Tensor  # (blocks, S) int32, from the block's start; past ``sampled`` 0
     sampled: torch.Tensor  # (blocks,) int32: keys sampled (all of a block shorter than S)
     upper: torch.Tensor  # (blocks,) int32: rank (descending) of the band's top; -1: KEY_MAX
     lower: torch.Tensor  # (blocks,) int32: rank of the band's bottom; -1: key 0
@@ -334,11 +334,10 @@ class BracketPlan:
         return self.positions.shape[1]
 
 
-@functools.lru_cache(maxsize=256)
-def bracket_plan(
-    starts: tuple[int, ...], lengths: tuple[int, ...], k: int, device: torch.device
-) -> BracketPlan:
-    """The :class:`BracketPlan` of blocks ``[start, start + length)`` for the ``k`` largest.
+@functools.lru_cache(maxsize=64)
+def bracket_plan(lengths: tuple[int, ...], k: int, device: torch.device) -> BracketPlan:
+    """The :class:`BracketPlan` of blocks of ``lengths`` for the ``k`` largest (positions
+    from each block's start, so layouts of the same block lengths share one).
 
     The sample is stratified (one position drawn uniformly in each of ``s`` equal strata of
     the block, a fixed seed): every part of a bucket (every layer) is represented in
@@ -352,14 +351,14 @@ def bracket_plan(
     gen = torch.Generator().manual_seed(0x5A17)
     width = min(SAMPLE, max(lengths))
     rows, sampled, upper, lower, caps = [], [], [], [], []
-    for start, n in zip(starts, lengths, strict=True):
+    for n in lengths:
         s = min(SAMPLE, n)
         if s == n:
             pos = torch.arange(n, dtype=torch.int64)
         else:
             strata = torch.arange(s, dtype=torch.float64) + torch.rand(s, generator=gen).double()
             pos = (strata * (n / s)).long().clamp_(max=n - 1)
-        rows.append(torch.cat([pos, torch.zeros(width - s, dtype=torch.int64)]) + start)
+        rows.append(torch.cat([pos, torch.zeros(width - s, dtype=torch.int64)]).int())
         sampled.append(s)
         c = k * s / n
         m = MARGIN * math.sqrt(c * (1.0 - k / n)) + 1.0
@@ -402,12 +401,11 @@ def _bracket(
     block; returns those counts, ``(blocks, 2, programs)`` int64 (the other blocks' are
     left to the count pass), and the band's sizes, ``(2, blocks)`` int32: keys above it,
     keys in it (benchmarks)."""
-    starts, lengths = where.layout
-    plan = _hold(bracket_plan(starts, lengths, k, x.device))
+    plan = _hold(bracket_plan(where.layout[1], k, x.device))
     kern, B, cap, dev = _kernels(), where.count, plan.capacity, x.device
     sample = torch.empty(B, plan.width, dtype=torch.int32, device=dev)
     kern.sample[(math.ceil(plan.width / TILE), B)](
-        x, plan.positions, plan.sampled, sample, plan.width, BLOCK=TILE
+        x, where.starts, plan.positions, plan.sampled, sample, plan.width, BLOCK=TILE
     )
     ranked = torch.sort(sample, dim=1, descending=True).values
     band = torch.empty(B, 2, dtype=torch.int32, device=dev)
@@ -577,7 +575,7 @@ VARIANTS: dict[str, tuple[str, list[dict[str, Any]]]] = {
          for w, v, pad in ((False, 0, False), (True, 0, False), (True, 0, True),
                            (True, 1, True), (True, 2, False), (True, 1, False))],
     ),
-    "sample": ("*fp32 *i64 *i32 *i32 i32", [dict(BLOCK=TILE)]),
+    "sample": ("*fp32 *i64 *i32 *i32 *i32 i32", [dict(BLOCK=TILE)]),
     "bounds": ("*i32 i32 *i32 *i32 *i32 *i32", [{}]),
     "band": ("*fp32 *i64 *i64 *i32 *i32 *i32 *i32 *i32 *i64 i32", [{}]),
     "settle": ("*i32 i32 *i32 *i64 i32", [dict(BLOCK=TIE_STEP)]),
@@ -854,14 +852,14 @@ def _emit(
             tl.store(val_ptr + b * k + slot, zero, mask=empty)
 
 
-def _sample(x_ptr, pos_ptr, sampled_ptr, out_ptr, width, BLOCK: tl.constexpr):
+def _sample(x_ptr, starts_ptr, pos_ptr, sampled_ptr, out_ptr, width, BLOCK: tl.constexpr):
     """The bracket's sample: ``|x|``'s keys at the plan's positions, -1 past the block's
     sampled count (sorted last)."""
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     b = tl.program_id(1)
     inside = j < width
     have = j < tl.load(sampled_ptr + b)
-    pos = tl.load(pos_ptr + b * width + j, mask=have, other=0)
+    pos = tl.load(starts_ptr + b) + tl.load(pos_ptr + b * width + j, mask=have, other=0)
     v = tl.load(x_ptr + pos, mask=have, other=0.0)
     key = tl.where(have, v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, -1)
     tl.store(out_ptr + b * width + j, key, mask=inside)
