@@ -26,7 +26,10 @@ no host sync inside, under ``torch.cuda.set_sync_debug_mode("warn")`` (each sync
 call is counted with the line that made it). *iteration* is the median of all timed
 iterations; *added* is the median over rounds of the paired difference to ``noop`` (torch's
 ``noop_hook``) in the same round, with a 95 % bootstrap interval over rounds. *select* is the
-hook's own event-timed selection; *host backward* how long ``backward()`` kept the host;
+hook's own event-timed selection; *host backward* how long ``backward()`` kept the host,
+*hook host* how much of it was spent inside the hook calls (wall time on the host around
+each call, ``HostClock``), *replay host* how much of that in ``CUDAGraph.replay`` (the graph
+launch, timed without a profiler);
 *peak MB* the most memory a chunk allocated beyond what was held when it began. Then one
 iteration per label under ``torch.profiler``: the device kernels (count and time), the
 kernel launches the host made, and the GPU's idle time inside the iteration (gaps the host
@@ -51,6 +54,7 @@ GPU is lent: gloo instead of NCCL, timm's tiny ``test_resnet`` / ``test_vit`` at
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -110,12 +114,38 @@ def create_model(recipe: dict[str, Any], classes: int, dry: bool) -> torch.nn.Mo
     return timm.create_model(recipe["model"], **kwargs)
 
 
-def attach(ddp: DDP, label: str, density: float):
-    """Register the hook of ``label`` (see the module docstring); returns its state."""
+class HostClock:
+    """Host wall time accumulated around calls (a hook, a graph's replay): what the host
+    spends there, which CUDA events cannot see and a profiler inflates (issue 19: the
+    graphed hooks' added time followed the host's backward time, not their kernels)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+
+    def wrap(self, fn):
+        @functools.wraps(fn)  # DDP reads a hook's signature (``bucket``) through this
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.total += time.perf_counter() - t0
+
+        return timed
+
+
+REPLAY_CLOCK = HostClock()
+"""Around every ``torch.cuda.CUDAGraph.replay`` of this process (installed by ``main``)."""
+
+
+def attach(ddp: DDP, label: str, density: float, clock: HostClock | None = None):
+    """Register the hook of ``label`` (see the module docstring), timed by ``clock`` when
+    given; returns its state."""
+    timed = clock.wrap if clock is not None else (lambda fn: fn)
     if label == "noop":
         from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-        ddp.register_comm_hook(None, noop_hook)
+        ddp.register_comm_hook(None, timed(noop_hook))
         return None
     name, *variants = label.split("+")
     unknown = set(variants) - {"async", "triton", "graph"}
@@ -125,7 +155,7 @@ def attach(ddp: DDP, label: str, density: float):
     if "graph" in variants:
         options["cuda_graphs"] = True
     state, hook = make_hook(name, density=density, **options)
-    ddp.register_comm_hook(state, hook)
+    ddp.register_comm_hook(state, timed(hook))
     return state
 
 
@@ -186,6 +216,9 @@ class Run:
     autocast: str
     rounds: list[Any] = field(default_factory=list)  # per round: event pairs, then ms
     host_backward: list[float] = field(default_factory=list)
+    clock: HostClock = field(default_factory=HostClock)  # around this run's hook calls
+    hook_host: list[float] = field(default_factory=list)  # per iteration
+    replay_host: list[float] = field(default_factory=list)  # per iteration
     syncs: Counter[str] = field(default_factory=Counter)
     peak_mb: float = 0.0
     before: dict[str, float] = field(default_factory=dict)
@@ -200,9 +233,12 @@ class Run:
         self.i += 1
         with torch.autocast(self.autocast, dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(self.ddp(x), y)
+        hooked, replayed = self.clock.total, REPLAY_CLOCK.total
         t0 = time.perf_counter()
         loss.backward()
         self.host_backward.append(time.perf_counter() - t0)
+        self.hook_host.append(self.clock.total - hooked)
+        self.replay_host.append(REPLAY_CLOCK.total - replayed)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
@@ -216,9 +252,12 @@ def build(label: str, args, recipe: dict[str, Any], bucket_mb: float, init, data
         model.to(memory_format=torch.channels_last)
     cuda = device.type == "cuda"
     ddp = DDP(model, device_ids=[device.index or 0] if cuda else None, bucket_cap_mb=bucket_mb)
-    state = attach(ddp, label, args.density)
+    clock = HostClock()
+    state = attach(ddp, label, args.density, clock)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    return Run(label, ddp, opt, state, "triton" in label.split("+"), data, device.type)
+    run = Run(label, ddp, opt, state, "triton" in label.split("+"), data, device.type)
+    run.clock = clock
+    return run
 
 
 def chunk(run: Run, args, cuda: bool, timed: bool) -> None:
@@ -274,6 +313,8 @@ def measure(runs: list[Run], args, device: torch.device) -> None:
         for _ in range(args.warmup):
             chunk(run, args, cuda, timed=False)
         run.host_backward.clear()
+        run.hook_host.clear()
+        run.replay_host.clear()
         if run.state is not None:
             run.state.stats.resolve()
             run.before = dict(run.state.stats.cumulative)
@@ -297,6 +338,8 @@ def row_of(run: Run, args, device: torch.device, bucket_mb: float) -> dict[str, 
         "iteration_ms": statistics.median([t for r in run.rounds for t in r]),
         "round_ms": per_round,
         "host_backward_ms": 1000 * statistics.median(run.host_backward),
+        "hook_host_ms": 1000 * statistics.median(run.hook_host),
+        "replay_host_ms": 1000 * statistics.median(run.replay_host),
         "peak_mem_mb": run.peak_mb,
         "syncs": sum(run.syncs.values()),
         "sync_sites": dict(run.syncs),
@@ -488,6 +531,8 @@ def main(argv: list[str] | None = None) -> None:
         args.rounds, args.warmup, args.classes = min(args.rounds, 2), min(args.warmup, 1), 10
         args.bucket_mb = "2"
     device, args.backend = start(args.dry_run)
+    if hasattr(torch.cuda, "CUDAGraph"):  # the graphed hooks' launches, timed on the host
+        torch.cuda.CUDAGraph.replay = REPLAY_CLOCK.wrap(torch.cuda.CUDAGraph.replay)
     args.out = args.out or Path("/tmp/gpu_dry" if args.dry_run else "benchmarks/results")
     args.bucket_mb = [float(x) for x in str(args.bucket_mb).split(",")]
     args.bandwidth_gbs = copy_bandwidth(device)
@@ -579,10 +624,10 @@ def _table(name: str, mb: float, block: list[dict[str, Any]]) -> list[str]:
         f"## {name}, {mb:g} MB buckets",
         "",
         "| hook | iteration ms | added ms (95 % CI) | added / iteration | select ms "
-        "| host backward ms "
+        "| host backward ms | hook host ms | replay host ms "
         "| extra syncs | kernels + | kernel ms + | passes | GPU idle ms + | launches + "
         "| peak MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in block:
         e = x["extra"]
@@ -591,6 +636,7 @@ def _table(name: str, mb: float, block: list[dict[str, Any]]) -> list[str]:
             f"| {x['hook']} | {_ms(x['iteration_ms'])} | {_ms(x['added_ms'])} "
             f"({_ms(x['added_lo_ms'])} to {_ms(x['added_hi_ms'])}) | "
             f"{x['added_ms'] / base:.3f} | {sel} | {_ms(x['host_backward_ms'])} | "
+            f"{_ms(x.get('hook_host_ms', 0.0))} | {_ms(x.get('replay_host_ms', 0.0))} | "
             f"{x['added_syncs']} | {e['kernels']} | {_ms(e['kernel_ms'])} | "
             f"{e['passes']:.1f} | {_ms(e['idle_ms'])} | {e['launches']} | "
             f"{x['peak_mem_mb']:.0f} |"
