@@ -320,7 +320,7 @@ def test_bracket_counts_each_program_as_the_count_pass_would(device, monkeypatch
     where = triton_kernels.blocks(starts, lengths, device)
     state = torch.zeros(2, triton_kernels.STATE, dtype=torch.int64, device=device)
     counts, _ = triton_kernels._bracket(dev_x, where, k, state)
-    assert state[:, 0].tolist() == [-1, -1]  # both bracketed
+    assert state[:, 0].tolist() == [triton_kernels.COUNTED] * 2  # both bracketed
     span = triton_kernels.TILE * triton_kernels.TILES
     keys = (x.view(torch.int32) & 0x7FFFFFFF).long()
     for b, (s, n) in enumerate(zip(starts, lengths, strict=True)):
@@ -481,7 +481,7 @@ def test_gaussiank_walk_places_each_programs_count(device, monkeypatch):
     monkeypatch.setattr(triton_kernels, "_take", spy)
     x = torch.randn(3000, generator=torch.Generator().manual_seed(15))  # as modelled
     pos, valid, _, _, (thr, count, _, _) = gaussiank(device, x, 30, 3)
-    assert seen["state"][0, 0] == -1 and seen["state"][0, 2] == 1  # counted, done
+    assert seen["state"][0, 0] == triton_kernels.COUNTED and seen["state"][0, 2] == 1
     span = 128 * 3
     for p in range(seen["counts"].shape[2]):
         part = x[p * span : (p + 1) * span].abs()

@@ -255,9 +255,8 @@ def build(label: str, args, recipe: dict[str, Any], bucket_mb: float, init, data
     clock = HostClock()
     state = attach(ddp, label, args.density, clock)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    run = Run(label, ddp, opt, state, "triton" in label.split("+"), data, device.type)
-    run.clock = clock
-    return run
+    triton = "triton" in label.split("+")
+    return Run(label, ddp, opt, state, triton, data, device.type, clock=clock)
 
 
 def chunk(run: Run, args, cuda: bool, timed: bool) -> None:

@@ -58,11 +58,10 @@ count exactly ``k``:
 
 Reads of a bucket after the error-feedback pass: spardl's block, two when the bracket
 holds (band, write: the band pass counts for the write, ``_tally``; four with the radix
-levels: two levels, count, write);
-GaussianK, two in the usual case (threshold counts, write: the threshold counting pass
-counts for the write at every candidate threshold, and the walk hands over the chosen
-one's). About fifteen launches
-a selection besides the bracket's two sorts, none of them waiting on the host.
+levels: two levels, count, write); GaussianK, two in the usual case (threshold counts,
+write: the threshold counting pass counts for the write at every candidate threshold, and
+the walk hands over the chosen one's). About fifteen launches a selection besides the
+bracket's two sorts, none of them waiting on the host.
 
 Ties: the selected set is the ``k`` largest ``|x|``; among elements equal to the k-th
 largest, those at the lowest positions. ``torch.topk`` (the plain path) takes an
@@ -135,6 +134,9 @@ candidate thresholds are taken in one pass); more falls back to the plain path."
 NODES = 32  # candidate thresholds, padded to a power of two
 COUNT_TILE = 256  # elements per step of the threshold counting (NODES counters each)
 STATE = 5  # per block: prefix, still wanted (ties once done), done, T, count taken
+COUNTED = -1
+"""The prefix of a block whose per-program counts for the write are placed already (by the
+bracket's band pass and ``_tally``, or GaussianK's walk): the count pass skips it."""
 VALUE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 TINY = select.TINY
 
@@ -168,9 +170,15 @@ class Spans:
     starts: torch.Tensor  # int64
     lengths: torch.Tensor  # int64
     bounds: torch.Tensor  # int32 (lowest, highest) key taken per block
-    longest: int
-    count: int
-    layout: tuple[tuple[int, ...], tuple[int, ...]]  # (starts, lengths) on the host
+    sizes: tuple[int, ...]  # the lengths on the host
+
+    @property
+    def longest(self) -> int:
+        return max(self.sizes)
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
 
     def programs(self) -> int:
         """Programs per block (grid axis 0)."""
@@ -188,9 +196,7 @@ def spans(
         torch.tensor(starts, dtype=torch.int64, device=device),
         torch.tensor(lengths, dtype=torch.int64, device=device),
         torch.tensor(bounds, dtype=torch.int32, device=device),
-        max(lengths),
-        len(starts),
-        (starts, lengths),
+        lengths,
     )
 
 
@@ -321,7 +327,7 @@ def take_topk(
 @dataclass(frozen=True)
 class BracketPlan:
     """Per block, where the bracket's sample is read and which of its ranks bound the band
-    (built on the host once per layout and ``k``; see :func:`_bracket`)."""
+    (built on the host once per block lengths and ``k``; see :func:`_bracket`)."""
 
     positions: torch.Tensor  # (blocks, S) int32, from the block's start; past ``sampled`` 0
     sampled: torch.Tensor  # (blocks,) int32: keys sampled (all of a block shorter than S)
@@ -389,7 +395,7 @@ def _bracket(
     above ``lo``, or ``k`` above ``hi``) or overflowed the buffer (many keys equal, say) is
     left ``state`` zeros, and the radix levels that follow in :func:`_take` select it as
     before; the others they skip. Nothing is read on the host; seven launches besides the
-    two sorts'.
+    two sorts.
 
     The band pass also leaves each program's count of keys above ``hi``, and ``_tally``
     adds the band's keys above ``T`` and at ``T`` by the program that read them: the
@@ -397,11 +403,11 @@ def _bracket(
     bracketed block the count pass of ``_emit`` returns at once and the block is read
     twice after error feedback (band, write; the sample is a gather).
 
-    Writes ``state[b]`` (prefix -1: bracketed, ties, done, T, taken) of every bracketed
+    Writes ``state[b]`` (prefix COUNTED, ties, done, T, taken) of every bracketed
     block; returns those counts, ``(blocks, 2, programs)`` int64 (the other blocks' are
     left to the count pass), and the band's sizes, ``(2, blocks)`` int32: keys above it,
     keys in it (benchmarks)."""
-    plan = _hold(bracket_plan(where.layout[1], k, x.device))
+    plan = _hold(bracket_plan(where.sizes, k, x.device))
     kern, B, cap, dev = _kernels(), where.count, plan.capacity, x.device
     sample = torch.empty(B, plan.width, dtype=torch.int32, device=dev)
     kern.sample[(math.ceil(plan.width / TILE), B)](
@@ -633,13 +639,14 @@ def _kernels() -> SimpleNamespace:
     jitted then. The kernels below are plain functions until here; the names they read
     from this module (``tl`` and the constants) are set here, as constexpr, which compiled
     kernels require of globals."""
-    global tl, _S, _W, _INF, _LEAST
+    global tl, _S, _W, _INF, _LEAST, _COUNTED
     import triton
     import triton.language
 
     tl = triton.language
     _S, _W = tl.constexpr(STATE), tl.constexpr(BINS)
     _INF, _LEAST = tl.constexpr(INF_KEY), tl.constexpr(TINY)
+    _COUNTED = tl.constexpr(COUNTED)
     jit = triton.jit
     return SimpleNamespace(
         scan=jit(_scan), pick=jit(_pick), emit=jit(_emit), sample=jit(_sample),
@@ -651,7 +658,7 @@ def _kernels() -> SimpleNamespace:
 
 # -- the kernels (plain functions until ``_kernels`` jits them) --------------------------------
 tl: Any = None  # triton.language, set by _kernels
-_S = _W = _INF = _LEAST = None  # constexpr constants, set by _kernels
+_S = _W = _INF = _LEAST = _COUNTED = None  # constexpr constants, set by _kernels
 
 
 def _scan(
@@ -799,10 +806,10 @@ def _emit(
         base_gt = tl.load(counts_ptr + row + p - 1, mask=first, other=0).to(tl.int32)
         base_eq = tl.load(counts_ptr + row + nprog + p - 1, mask=first, other=0).to(tl.int32)
         limit = length
-    else:  # a bracketed block (prefix -1) was counted by ``_band`` and ``_tally``: no read
+    else:  # a block counted already (COUNTED: ``_tally`` or the walk placed them): no read
         base_gt = tl.zeros([], dtype=tl.int32)
         base_eq = tl.zeros([], dtype=tl.int32)
-        todo = tl.load(state_ptr + _S * b) != -1
+        todo = tl.load(state_ptr + _S * b) != _COUNTED
         limit = tl.where(todo, length, 0)
     for t in range(TILES):
         offs = (p * TILES + t) * TILE + tl.arange(0, TILE)
@@ -885,7 +892,7 @@ def _settle(ranked_ptr, cap, counts_ptr, state_ptr, k, BLOCK: tl.constexpr):
     did not overflow, ``T`` is its ``need``-th key (``need``: ``k`` less the keys above the
     band) and the ties to take are the keys equal to it up to there, counted backwards a
     ``BLOCK`` at a time (one step unless that many are tied); the block's state is then
-    done, its prefix -1 (bracketed). Otherwise the state is left as it is (zeros: the
+    done, its prefix COUNTED. Otherwise the state is left as it is (zeros: the
     radix levels select the block)."""
     b = tl.program_id(0)
     nblocks = tl.num_programs(0)
@@ -907,7 +914,7 @@ def _settle(ranked_ptr, cap, counts_ptr, state_ptr, k, BLOCK: tl.constexpr):
         more = (tied == BLOCK) & (end >= BLOCK)
         end -= BLOCK
     base = state_ptr + _S * b
-    tl.store(base, tl.full([], -1, tl.int64), mask=ok)  # bracketed: ``_tally`` counts
+    tl.store(base, tl.full([], _COUNTED, tl.int64), mask=ok)  # ``_tally`` counts for it
     tl.store(base + 1, ties.to(tl.int64), mask=ok)
     tl.store(base + 2, tl.full([], 1, tl.int64), mask=ok)
     tl.store(base + 3, t.to(tl.int64), mask=ok)
@@ -960,7 +967,7 @@ def _tally(
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     b = tl.program_id(1)
     nblocks = tl.num_programs(1)
-    bracketed = tl.load(state_ptr + _S * b) == -1
+    bracketed = tl.load(state_ptr + _S * b) == _COUNTED
     t = tl.load(state_ptr + _S * b + 3).to(tl.int32)
     m = j < tl.where(bracketed, tl.minimum(tl.load(sizes_ptr + nblocks + b), cap), 0)
     key = tl.load(held_ptr + b * cap + j, mask=m, other=-1)
@@ -1047,7 +1054,7 @@ def _walk(
     (``|x| >= max(thr, TINY)``, NaN never) and, when all of them fit ``cap``, a done
     search that takes them all, counted already: each program's count at the chosen
     threshold goes to ``placed`` (``_emit``'s counts, ``nprog`` programs) and the prefix
-    is -1, so the count pass reads nothing."""
+    is COUNTED, so the count pass reads nothing."""
     ids = tl.arange(0, NODES)
     counts = tl.load(counts_ptr + ids)
     thr_all = tl.load(out_ptr + ids)
@@ -1070,7 +1077,7 @@ def _walk(
         got = tl.load(per_ptr + q * NODES + node, mask=mine, other=0)
         tl.store(placed_ptr + q, got.to(tl.int64), mask=mine)
         tl.store(placed_ptr + nprog + q, tl.zeros([PART], dtype=tl.int64), mask=mine)
-    tl.store(state_ptr, tl.where(fits, -1, 0).to(tl.int64))
+    tl.store(state_ptr, tl.where(fits, _COUNTED, 0).to(tl.int64))
     tl.store(state_ptr + 1, tl.where(fits, passing, 0).to(tl.int64))
     tl.store(state_ptr + 2, fits.to(tl.int64))
     tl.store(state_ptr + 3, (lo - 1).to(tl.int64))
