@@ -48,10 +48,11 @@ positions, only slower. ``COUNTS`` counts how often each way was taken.
 The same selection design serves both devices (``triton_kernels.py`` is the GPU's): a
 cheap first look at the magnitudes gives a threshold, one fused pass forms ``acc`` in place
 and zeroes the spent gradient, and an exact trim makes the count exactly ``k``. On a GPU the
-first look is a histogram taken in the fused pass (radix select), so nothing needs a host
-decision; here it is a strided sample taken before the pass, the pass compacts the
-candidates into preallocated buffers, and the count is read (free on a CPU), so the exact
-threshold can be re-taken at selection time and the result equals the reference bit for bit.
+first look is a sorted stratified sample whose ranks bracket the ``k``-th magnitude (the
+exact radix levels where the bracket fails), so nothing needs a host decision; here it is a
+strided sample taken before the pass, the pass compacts the candidates into preallocated
+buffers, and the count is read (free on a CPU), so the exact threshold can be re-taken at
+selection time and the result equals the reference bit for bit.
 
 One core per worker: the kernels release the GIL (``nogil``, so ``async_comm``'s thread and
 the backward pass overlap) and never start threads. They are compiled on first use and
