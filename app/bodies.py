@@ -33,7 +33,11 @@ JSON_MAX_DEPTH = 32
 fewer than 8 levels; free-form ``hook_options`` values are scalars)."""
 NO_BODY = frozenset({"GET", "HEAD", "OPTIONS"})
 
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.S)
+"""A string, escapes and all; possessive, and one left open runs to the end of the body, so
+every match that starts succeeds without backtracking: linear time whatever the body (a
+pattern that can fail after scanning, as ``"(?:\\.|[^"])*"`` on an unterminated ``"\\"\\"...``,
+is tried again from every quote in it: quadratic, seconds for 32 KB)."""
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
 

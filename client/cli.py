@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -39,15 +38,15 @@ from .errors import EXIT_BAD_INPUT, JobFailed, WaitTimeout, ZoopickError
 from .http import Client
 from .models import Job
 from .retry import RetryPolicy
-from .tables import show, table
+from .tables import PlainConsole, show, table, visible
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 done/succeeded, 1 job failed or cancelled, 2 usage or bad input, "
     "3 timed out waiting, 4 server unreachable or unauthorised."
 )
 
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+err = PlainConsole(stderr=True, soft_wrap=True)
+out = PlainConsole(soft_wrap=True)
 
 datasets_app = typer.Typer(
     help="Upload and manage datasets. " + EXIT_CODES_HELP, no_args_is_help=True
@@ -90,7 +89,7 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except ZoopickError as exc:
-        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        typer.echo(f"error: {visible(' '.join(str(exc).split()))}", err=True)
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -100,15 +99,16 @@ def _emit(data: Any) -> None:
 
 
 def _split(values: list[str] | None) -> list[str] | None:
-    """Repeatable options that also take commas: ``--models a,b --models c``."""
-    if not values:
+    """Repeatable options that also take commas: ``--models a,b --models c``; given but
+    empty (``--models ""``) is an empty list, which the server refuses, not "all"."""
+    if values is None:
         return None
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
 
 
 def _bytes_progress(label: str) -> Progress:
     return Progress(
-        TextColumn(label),
+        TextColumn(visible(label), markup=False),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),

@@ -66,6 +66,28 @@ def _plain_reason(exc: Exception) -> str:
     return text[:1].lower() + text[1:] if text else "no answer"
 
 
+def _checked_url(url: str) -> str:
+    """``url`` if it can address a server (an http(s) URL with a host), else a
+    :class:`ZoopickError` naming it (a usage error, exit 2)."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise ZoopickError(f"the server URL {url!r} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ZoopickError(f"the server URL {url!r} must be http:// or https:// and name a host")
+    return url
+
+
+def _header_value(what: str, value: str) -> str:
+    """``value`` if an HTTP header can carry it (printable ASCII), else a :class:`ZoopickError`
+    naming ``what`` (a key copied with a stray character, a non-ASCII idempotency key)."""
+    if not (value.isascii() and value.isprintable()):
+        raise ZoopickError(
+            f"{what} contains characters an HTTP header cannot carry (printable ASCII only)"
+        )
+    return value
+
+
 class Client:
     """A zoopick server, as one tenant (its API key) sees it."""
 
@@ -78,9 +100,9 @@ class Client:
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.url = (url or os.environ.get("ZOOPICK_URL") or DEFAULT_URL).rstrip("/")
+        self.url = _checked_url((url or os.environ.get("ZOOPICK_URL") or DEFAULT_URL).rstrip("/"))
         key = api_key or os.environ.get("ZOOPICK_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {"Authorization": f"Bearer {_header_value('the API key', key)}"} if key else {}
         self.retry = retry or RetryPolicy()
         self._http = httpx.Client(
             base_url=self.url + API, headers=headers, timeout=timeout, transport=transport
@@ -107,6 +129,9 @@ class Client:
             last = attempt >= self.retry.attempts
             try:
                 request = self._http.build_request(method, path, **kw)
+            except ValueError as exc:  # e.g. NaN in a JSON body: no server would read it
+                raise ZoopickError(f"cannot send this request: {exc}") from None
+            try:
                 response = self._http.send(request, stream=stream)
             except NOT_SENT + MAYBE_SENT as exc:
                 retryable = isinstance(exc, NOT_SENT) or idempotent
@@ -221,8 +246,12 @@ class Client:
         ``{"shortlist": 3, "budget_epochs": 3}``) races the metric's shortlist with short
         fine-tunes before choosing. The ``Idempotency-Key`` (a fresh one unless given) makes
         retries of this call return the same job."""
-        body: dict[str, Any] = {"dataset_id": dataset_id, "models": models or "all"}
-        if metrics:
+        # an empty list goes to the server as given (which refuses it), never as "all"
+        body: dict[str, Any] = {
+            "dataset_id": dataset_id,
+            "models": "all" if models is None else models,
+        }
+        if metrics is not None:
             body["metrics"] = metrics
         if select_by:
             body["select_by"] = select_by
@@ -230,7 +259,7 @@ class Client:
             body["finetune"] = finetune
         if selection is not None:
             body["selection"] = selection
-        key = idempotency_key or str(uuid.uuid4())
+        key = _header_value("the idempotency key", idempotency_key or str(uuid.uuid4()))
         response = self._send("POST", "/jobs", json=body, headers={"Idempotency-Key": key})
         return Job.from_json(response.json())
 

@@ -1,4 +1,9 @@
-"""Tables on stdout that never cut a cell.
+"""The CLI's consoles, and tables on stdout that never cut a cell.
+
+What the CLI prints comes in part from the server and its users (dataset and class names,
+errors): a :class:`PlainConsole` shows it as it is, never as Rich markup (a name like
+``[/bold]`` made ``datasets list`` fail) and never as terminal control (an escape sequence in
+a name is printed as ``\x1b``, not sent to the terminal).
 
 Rich fits a table to the console's width and cuts what does not fit with an ellipsis; when
 stdout is not a terminal (a pipe, a file, a CI log) that width is a guess of 80 columns, and
@@ -9,11 +14,39 @@ instead of being cut.
 
 from __future__ import annotations
 
+import unicodedata
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 UNLIMITED = 1_000_000
 """The width a table may take off a terminal: more than any table needs."""
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters (but newlines and tabs) written as escapes."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch
+        if ch in "\n\t" or unicodedata.category(ch) != "Cc"
+        else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )
+
+
+class PlainConsole(Console):
+    """A console that renders strings as plain text (no markup) with control characters
+    escaped (:func:`visible`); Rich's own control output (progress bars) is unaffected."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(markup=False, **kwargs)
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        kwargs["markup"] = False
+        return super().render_str(visible(text), **kwargs)
 
 
 def table(*headers: str, title: str | None = None) -> Table:
@@ -30,4 +63,4 @@ def show(console: Console, table: Table) -> None:
         console.print(table)
         return
     # the console caps any width given to print() at its own: print through a wide one
-    Console(file=console.file, width=UNLIMITED, soft_wrap=True, highlight=False).print(table)
+    PlainConsole(file=console.file, width=UNLIMITED, soft_wrap=True, highlight=False).print(table)

@@ -20,6 +20,7 @@ import os
 import posixpath
 import tarfile
 import threading
+import unicodedata
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -328,6 +329,21 @@ def _subsample(labels: np.ndarray, names: Sequence[str], max_per_class: int | No
     return np.sort(np.concatenate(keep)) if keep else np.arange(0)
 
 
+def _check_names(names: Sequence[str], where: str, limits: DatasetLimits) -> None:
+    """Class names are shown and stored: bounded in length, free of control characters (a
+    NUL that PostgreSQL's text refuses, escape sequences that reach a terminal)."""
+    longest = max(names, key=len, default="")
+    limits.check(
+        "max_class_name_chars", len(longest), f"{where}: length of class name {longest[:40]!r}"
+    )
+    for name in names:
+        if any(unicodedata.category(ch) == "Cc" for ch in name):
+            raise DatasetError(
+                f"{where}: class name {name[:60]!r} contains a control character "
+                "(NUL, tab, newline, escape...)"
+            )
+
+
 def _check_classes(
     labels: np.ndarray, names: Sequence[str], where: str, limits: DatasetLimits = DEFAULT_LIMITS
 ) -> None:
@@ -336,6 +352,7 @@ def _check_classes(
         shown = [names[i] for i in present]
         raise DatasetError(f"{where}: need at least 2 classes with images, found {shown}")
     limits.check("max_classes", len(names), f"{where}: number of classes")
+    _check_names(names, where, limits)
     if limits.min_per_class > 1:
         few = [str(names[c]) for c, n in zip(present, counts, strict=True)]
         few = [c for c, n in zip(few, counts, strict=True) if n < limits.min_per_class]

@@ -45,6 +45,9 @@ class DatasetLimits:
     """Pixels (width x height) of one image, read from its header before decoding."""
     max_classes: int | None = 100_000
     """Classes of a dataset (every metric's memory grows with it)."""
+    max_class_name_chars: int | None = 200
+    """Characters of one class name (a folder's name or an npz's ``class_names`` entry): the
+    names are stored, listed and shown with the dataset, so their size is bounded too."""
     min_per_class: int = 1
     """Images every class must have."""
     max_cpu_seconds: float | None = None

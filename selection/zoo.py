@@ -47,6 +47,10 @@ CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 OVERRIDE_KEYS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
 CROP_MODES = ("center", "squash", "border")
+MAX_INPUT_SIDE = 2048
+"""Largest height or width an ``input_size`` may give (timm's largest defaults are 1,024, SAM's
+ViTs): every image of every target is resized to it for the forward pass, so an entry of
+100,000 x 100,000 would cost each scoring job of the zoo its worker's memory."""
 _REQUIRED = ("id", "arch", "weights", "num_classes")
 _OPTIONAL = ("source", "tags", *OVERRIDE_KEYS)
 _KNOWN = frozenset(_REQUIRED + _OPTIONAL)
@@ -329,6 +333,11 @@ def _check_overrides(raw: Mapping[str, Any], label: str) -> dict[str, Any]:
         ):
             raise ZooError(
                 f"{label}: input_size must be [3, height, width] (positive ints), got {v!r}"
+            )
+        if max(v[1:]) > MAX_INPUT_SIDE:
+            raise ZooError(
+                f"{label}: input_size {list(v)!r} is over the largest height and width, "
+                f"{MAX_INPUT_SIDE} px"
             )
         out["input_size"] = [int(x) for x in v]
     for key in ("mean", "std"):

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from zoopick.service.db.models import Dataset, DatasetStatus
 from zoopick.service.db.session import session_scope
 from zoopick.service.db.types import utcnow
+from zoopick.service.inputs import quoted
 from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -28,19 +29,25 @@ log = logging.getLogger(__name__)
 FORMATS = {".npz": "npz", ".zip": "zip", ".tar": "tar", ".tar.gz": "tar.gz", ".tgz": "tar.gz"}
 
 
-def detect_format(filename: str) -> str | None:
+def format_suffix(filename: str) -> str:
+    """The suffix of ``FORMATS`` that ``filename`` ends with, lower case ("" for none)."""
     lower = filename.lower()
-    for suffix in sorted(FORMATS, key=len, reverse=True):
-        if lower.endswith(suffix):
-            return FORMATS[suffix]
-    return None
+    return next((s for s in sorted(FORMATS, key=len, reverse=True) if lower.endswith(s)), "")
+
+
+def detect_format(filename: str) -> str | None:
+    return FORMATS.get(format_suffix(filename))
 
 
 def safe_filename(filename: str) -> str:
-    """The client's file name reduced to a harmless basename."""
+    """The client's file name reduced to a harmless basename that keeps its format's suffix,
+    which the loader reads the format from: the stem alone is cleaned, so ``数据.npz`` is
+    stored as ``dataset.npz`` (cleaning the whole name left ``npz``, and a valid upload
+    failed as of unknown format)."""
     base = re.split(r"[\\/]", filename)[-1]
-    base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "dataset"
-    return base[-200:]
+    suffix = format_suffix(base)
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", base[: len(base) - len(suffix)]).strip("._")
+    return (stem or "dataset")[: 200 - len(suffix)] + suffix
 
 
 def dataset_dir(settings: Settings, dataset_id: uuid.UUID) -> Path:
@@ -112,10 +119,20 @@ def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Se
     try:
         loaded = load_dataset(path, limits=settings.dataset_limits())
         labels = loaded.labels
+        counts = _counts(loaded)
+        empty = [name for name, n in counts.items() if n == 0]
+        if empty:
+            # the library lets a file declare classes it has no images of (a test split may
+            # lack one); a target to rank and fine-tune for may not
+            raise DatasetError(
+                f"{path.name}: class_names declares {len(empty)} class(es) with no images "
+                f"({quoted(empty, 5)}); every class needs at least "
+                f"{settings.dataset_min_per_class} (ZOOPICK_DATASET_MIN_PER_CLASS)"
+            )
         values = {
             "status": DatasetStatus.ready.value,
             "classes": [str(c) for c in loaded.class_names],
-            "counts": _counts(loaded),
+            "counts": counts,
             "num_samples": int(len(labels)),
             "digest": str(loaded.digest),
             "error": None,
@@ -131,9 +148,14 @@ def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Se
             "error": "could not read the dataset: the file is malformed in an unexpected way",
         }
     with session_scope(factory) as session:
-        session.execute(
+        recorded = session.execute(
             update(Dataset).where(Dataset.id == dataset_id).values(**values, updated_at=utcnow())
-        )
+        ).rowcount
+    if not recorded:
+        # deleted while it was validated: the delete removed the files it found, not the
+        # thumbnails written since; nothing else would ever remove them (no row, no quota)
+        remove_files(settings, dataset_id)
+        return "deleted"
     if values["status"] == DatasetStatus.invalid.value:
         # an invalid upload is never read again: keep its row (the error), not its bytes (they
         # would count against the tenant's storage quota, and may be hostile)

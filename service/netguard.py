@@ -40,11 +40,37 @@ def _unmapped(addr: Address) -> Address:
     return addr
 
 
-def address_problem(addr: Address, allow: Sequence[Network]) -> str | None:
-    """Why ``addr`` may not be called, or None."""
-    addr = _unmapped(addr)
-    if any(addr in net for net in allow):
-        return None
+CARRIERS = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "64:ff9b::/96",  # NAT64's well-known prefix (RFC 6052): a DNS64 network's way to IPv4
+        "::ffff:0:0:0/96",  # IPv4-translated (SIIT, RFC 6145)
+        "::/96",  # IPv4-compatible (deprecated, still routed by some stacks)
+    )
+)
+"""IPv6 prefixes whose last 32 bits are an IPv4 address that a gateway on the way may reach:
+such an address is judged by the IPv4 address it carries (``64:ff9b::7f00:1`` is
+127.0.0.1 behind NAT64). 6to4 (``2002::/16``) carries its IPv4 address in bits 16-47."""
+
+LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+"""Local-use NAT64 (RFC 8215): translates into the deployment's own IPv4 space, with the
+IPv4 address at a position the operator chose; refused unless allowed."""
+
+
+def _carried(addr: Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (see :data:`CARRIERS`), or None."""
+    if not isinstance(addr, ipaddress.IPv6Address) or addr.is_loopback or addr.is_unspecified:
+        return None  # ::1 and :: are judged as what they are
+    if addr.sixtofour is not None:
+        return addr.sixtofour
+    if any(addr in net for net in CARRIERS):
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    return None
+
+
+def _kind(addr: Address) -> str | None:
+    """What kind of non-public address ``addr`` is, with its article ("a loopback", "an
+    unspecified"), or None for a public one."""
     if addr.is_global and not addr.is_multicast:
         return None
     kinds = (
@@ -55,8 +81,26 @@ def address_problem(addr: Address, allow: Sequence[Network]) -> str | None:
         ("private", addr.is_private),  # after the above, which Python counts as private too
         ("reserved", addr.is_reserved),
     )
-    kind = next((name for name, hit in kinds if hit), "not public")
-    return f"{addr} is a {kind} address, which the server's settings do not allow"
+    name = next((name for name, hit in kinds if hit), "non-public")
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
+def address_problem(addr: Address, allow: Sequence[Network]) -> str | None:
+    """Why ``addr`` may not be called, or None."""
+    addr = _unmapped(addr)
+    if any(addr in net for net in allow):
+        return None
+    refused = "which the server's settings do not allow"
+    inner = _carried(addr)
+    if inner is not None:
+        if any(inner in net for net in allow):
+            return None
+        kind = _kind(inner)
+        return None if kind is None else f"{addr} carries {inner}, {kind} address, {refused}"
+    if addr in LOCAL_NAT64:
+        return f"{addr} is a local-use NAT64 address, {refused}"
+    kind = _kind(addr)
+    return None if kind is None else f"{addr} is {kind} address, {refused}"
 
 
 @dataclass(frozen=True)
@@ -72,6 +116,10 @@ def split(url: str) -> tuple[str, str, int]:
     """(scheme, host, port) of an acceptable URL shape, else :class:`Refused`."""
     if len(url) > MAX_URL_LENGTH:
         raise Refused(f"longer than {MAX_URL_LENGTH} characters")
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        # a URL has neither (RFC 3986); percent-encode them. Let through, a NUL reaches the
+        # database (PostgreSQL's text refuses it) and a newline the request line
+        raise Refused("contains a space or a control character (percent-encode it)")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -83,6 +131,8 @@ def split(url: str) -> tuple[str, str, int]:
         raise Refused("has no host")
     if parts.username or parts.password:
         raise Refused("must not carry credentials (user:password@)")
+    if port == 0:
+        raise Refused("port 0 cannot be connected to (ports are 1 to 65535)")
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 

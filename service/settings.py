@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     dataset_max_classes: int = Field(
         2000, ge=2, description="Classes of a dataset (metric memory grows with it)."
     )
+    dataset_max_class_name_chars: int = Field(
+        200, ge=1, description="Characters of one class name (listed with the dataset)."
+    )
     dataset_min_per_class: int = Field(2, ge=1, description="Images every class must have.")
     dataset_max_cpu_seconds: float = Field(
         120.0,
@@ -331,6 +334,7 @@ class Settings(BaseSettings):
             max_members=self.dataset_max_members,
             max_pixels=self.dataset_max_pixels,
             max_classes=self.dataset_max_classes,
+            max_class_name_chars=self.dataset_max_class_name_chars,
             min_per_class=self.dataset_min_per_class,
             max_cpu_seconds=self.dataset_max_cpu_seconds,
         )

@@ -123,3 +123,10 @@ def nested_json_text(depth: int) -> str:
 def big_json(size: int) -> bytes:
     """A JSON object of about ``size`` bytes (one long string member)."""
     return json.dumps({"pad": "x" * size}).encode()
+
+
+def open_string_of_escapes(size: int, trailing_backslash: bool = False) -> bytes:
+    """About ``size`` bytes of ``"\\"\\"\\"...``: a JSON string never closed, every quote in it
+    escaped (the probe that froze the API: a string pattern that fails at the end is tried
+    again from every quote, quadratic time)."""
+    return b'"' + b'\\"' * (size // 2) + (b"\\" if trailing_backslash else b"")

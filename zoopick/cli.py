@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from zoopick.client.cli import register as register_client
+from zoopick.client.tables import PlainConsole
 from zoopick.client.tables import show as show_table
 from zoopick.service_cli import service_app
 from zoopick.training.config import FinetuneConfig, default
@@ -123,12 +124,11 @@ def score(
 
 
 def _rank_with_progress(zoo, dataset, metrics, cache, batch_size, device, options, *, quiet):
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from zoopick.selection.rank import rank_zoo
 
-    console = Console(stderr=True)
+    console = PlainConsole(stderr=True)
     with Progress(
         TextColumn("scoring"),
         BarColumn(),
@@ -156,7 +156,6 @@ def _rank_with_progress(zoo, dataset, metrics, cache, batch_size, device, option
 
 
 def _print_table(ranking) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     first = ranking.metrics[0]
@@ -177,7 +176,7 @@ def _print_table(ranking) -> None:
             row += [f"{m.scores[name]:.4g}" for name in ranking.metrics]
             row.append("cached" if m.cached else f"{m.seconds['forward']:.2f}")
             table.add_row(*row)
-    show_table(Console(), table)
+    show_table(PlainConsole(), table)
 
 
 @app.command()

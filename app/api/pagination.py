@@ -34,10 +34,18 @@ def invalid_token() -> Problem:
     )
 
 
+MAX_TOKEN_CHARS = 512
+"""Longest page token read: one this service writes is about 120 characters; a longer one is
+refused before it is decoded (a crafted one of nested JSON arrays would otherwise reach the
+parser's recursion limit)."""
+
+
 def decode(token: str) -> tuple[datetime, str]:
     """The (created_at in UTC, id) a token encodes. The time is converted to UTC here, where a
     crafted offset near the ends of the calendar (``0001-01-01T00:00:00+14:00``) overflows as
     a 400 instead of deep in the column type as a 500."""
+    if len(token) > MAX_TOKEN_CHARS:
+        raise invalid_token()
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         data = json.loads(raw)
@@ -45,7 +53,7 @@ def decode(token: str) -> tuple[datetime, str]:
         if created.tzinfo is None:
             raise ValueError("naive time")
         return created.astimezone(UTC), str(data["i"])
-    except (ValueError, KeyError, TypeError, OverflowError, AttributeError):
+    except (ValueError, KeyError, TypeError, OverflowError, AttributeError, RecursionError):
         raise invalid_token() from None
 
 

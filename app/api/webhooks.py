@@ -15,11 +15,12 @@ from zoopick.app.api.deps import CallerDep, JobDep, SessionDep, SettingsDep
 from zoopick.app.problems import Problem, responses
 from zoopick.service import webhooks
 from zoopick.service.db.models import Tenant
+from zoopick.service.inputs import NoNulModel
 
 router = APIRouter(tags=["webhooks"])
 
 
-class TenantWebhookIn(BaseModel):
+class TenantWebhookIn(NoNulModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     url: str | None = Field(

@@ -301,6 +301,37 @@ def test_cli_pipeline_with_exit_codes(stack, tmp_path):
     assert "nothing answered" in gone.stderr and "Error" not in gone.stderr  # no class names
 
 
+def test_cli_shows_hostile_names_as_text_and_refuses_bad_arguments_in_one_line(
+    stack, client, dataset, tmp_path
+):
+    # a dataset name that is Rich markup and a terminal escape: listed as plain text, the
+    # escape written out (it made `datasets list` fail with a traceback, exit 1)
+    data = tmp_path / "named.npz"
+    data.write_bytes(npz_bytes(seed=8))
+    named = client.upload_dataset(data, name="[/bold] x \x1b[31mred")
+    client.wait_dataset(named.id, timeout=60, interval=0.3)
+    for args in (("datasets", "list"), ("datasets", "get", named.id)):
+        shown = cli(stack, *args)
+        assert shown.returncode == 0, shown.stderr
+        assert "[/bold] x \\x1b[31mred" in shown.stdout and "\x1b" not in shown.stdout
+
+    def one_line_usage_error(run, needle):
+        assert run.returncode == 2, (run.returncode, run.stderr)
+        assert run.stderr.startswith("error: ") and run.stderr.count("\n") == 1, run.stderr
+        assert needle in run.stderr and "Traceback" not in run.stderr
+
+    submit = ("jobs", "submit", "--dataset", dataset)
+    jobs_before = {j.id for j in client.list_jobs()}
+    one_line_usage_error(cli(stack, *submit, "--density", "nan"), "JSON")
+    one_line_usage_error(cli(stack, *submit, "--idempotency-key", "é"), "idempotency key")
+    one_line_usage_error(cli(stack, "jobs", "list", env={"ZOOPICK_API_KEY": "é"}), "API key")
+    one_line_usage_error(cli(stack, "jobs", "list", "--url", "http://[::1"), "server URL")
+    # given but empty: the server refuses the empty list (it was sent as "all")
+    empty = cli(stack, *submit, "--models", "")
+    assert empty.returncode == 2 and "models" in empty.stderr, empty.stderr
+    assert {j.id for j in client.list_jobs()} == jobs_before  # none of them made a job
+
+
 def test_wait_timeout_from_the_client(client, dataset):
     job = client.submit_job(dataset, models=["tiny-vit"], metrics=["logme"], select_by="logme")
     with pytest.raises(WaitTimeout) as t:

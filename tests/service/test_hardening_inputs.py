@@ -105,6 +105,12 @@ def test_page_token_at_the_calendars_edge_is_400(http, carol, resource):
         raw = base64.urlsafe_b64encode(json.dumps(weird).encode()).decode()
         resp = http.get(f"/{resource}", params={"page_token": raw}, headers=carol)
         assert_problem(resp, 400, "page_token")
+    # nested arrays past the JSON parser's recursion limit (was a 500), and the most a
+    # token may nest under the length cap
+    for depth in (3000, 380):
+        raw = base64.urlsafe_b64encode(b"[" * depth).decode()
+        resp = http.get(f"/{resource}", params={"page_token": raw}, headers=carol)
+        assert_problem(resp, 400, "page_token")
 
 
 # -- 7: NUL bytes ----------------------------------------------------------------------------
@@ -273,3 +279,93 @@ def test_json_bodies_are_capped_and_uploads_stream_past_the_cap(http, carol, roo
     assert_problem(small, 422, "unknown dataset")
     junk = upload(http, carol, "junk.npz", b"x" * (2 * 1024**2))
     assert_problem(junk, 422)
+
+
+# -- found by an outside-style probe (session 19) ---------------------------------------------
+
+
+def named_npz(class_names, labels=(0, 0, 1, 1), size=4) -> bytes:
+    buf = io.BytesIO()
+    x = np.random.default_rng(0).integers(0, 255, (len(labels), size, size), dtype=np.uint8)
+    np.savez(buf, x=x, y=np.array(labels, dtype=np.int64), class_names=np.array(class_names))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("filename", ["数据.npz", "é.npz", ".npz"])
+def test_a_file_name_without_ascii_letters_keeps_its_format(http, carol, filename):
+    # the stored name kept no suffix ("npz"), and a valid upload ended invalid
+    resp = upload(http, carol, filename, npz_bytes())
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["status"] == "ready" and resp.json()["filename"] == filename
+    http.delete(f"/datasets/{resp.json()['id']}", headers=carol)
+
+
+@pytest.mark.parametrize(
+    "names, labels, needle",
+    [
+        (["a" * 5000, "b"], (0, 0, 1, 1), "max_class_name_chars=200"),
+        (["a\x00b", "c"], (0, 0, 1, 1), "control character"),
+        (["a\x1b[31m", "c"], (0, 0, 1, 1), "control character"),
+        (["a", "b", "never"], (0, 0, 1, 1), "1 class(es) with no images ('never')"),
+    ],
+)
+def test_class_names_are_bounded_clean_and_used(http, carol, names, labels, needle):
+    # on PostgreSQL a NUL in a name was a 500 waiting to happen; a 5,000-character name made
+    # every listing of the dataset megabytes long; a declared class with no image passed
+    before = datasets_of(http, carol)
+    resp = upload(http, carol, "names.npz", named_npz(names, labels))
+    assert_problem(resp, 422, needle)
+    assert datasets_of(http, carol) == before
+
+
+def test_a_nul_or_space_in_a_webhook_url_is_422(http, carol):
+    for url in (
+        "http://93.184.216.34/a\x00b",
+        "http://93.184.216.34/a b",
+        "http://[64:ff9b::7f00:1]/",
+    ):
+        resp = http.put("/webhook", json={"url": url}, headers=carol)
+        assert resp.status_code == 422, (url, resp.text)
+    assert http.get("/webhook", headers=carol).json()["url"] is None
+
+
+def test_a_zoo_input_size_beyond_any_model_is_422(http, root):
+    body = {"id": "giant-input", "arch": "test_resnet", "weights": "none", "num_classes": 3}
+    resp = http.post("/zoo", json={**body, "input_size": [3, 100000, 100000]}, headers=root)
+    assert_problem(resp, 422, "2048")
+    assert http.get("/zoo/giant-input", headers=root).status_code == 404
+
+
+def test_a_dataset_deleted_while_it_is_validated_leaves_no_files(live, carol, monkeypatch):
+    """The delete removes the files it finds; validation went on writing thumbnails for a
+    dataset that no longer existed (no row, no quota, never removed). The delete is made to
+    land while the validation runs (the API's own delete steps, in the thumbnail step)."""
+    from zoopick.service import datasets as store
+    from zoopick.service.db.models import Dataset, Tenant
+    from zoopick.service.db.session import session_scope
+
+    _, settings, factory = live
+    ds_id = uuid.uuid4()
+    folder = store.dataset_dir(settings, ds_id)
+    folder.mkdir(parents=True)
+    (folder / "d.npz").write_bytes(npz_bytes())
+    with session_scope(factory) as session:
+        tenant = session.query(Tenant).filter_by(name="carol").one()
+        session.add(
+            Dataset(
+                id=ds_id, tenant_id=tenant.id, name="racing", format="npz", filename="d.npz",
+                size_bytes=1, file_sha256="0" * 64, storage_path=str(folder / "d.npz"),
+            )
+        )  # fmt: skip
+    thumbnails = store._thumbnails
+
+    def deleted_meanwhile(loaded, path):
+        with session_scope(factory) as session:
+            session.delete(session.get(Dataset, ds_id))
+        store.remove_files(settings, ds_id)
+        thumbnails(loaded, path)
+        assert any(folder.rglob("*")), "the thumbnails were written after the delete"
+
+    monkeypatch.setattr(store, "_thumbnails", deleted_meanwhile)
+    assert store.validate(factory, ds_id, settings) == "deleted"
+    assert not folder.exists()

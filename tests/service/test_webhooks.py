@@ -87,6 +87,14 @@ def verify(secret: str, headers: dict, body: bytes, tolerance: float = 300) -> b
         "::ffff:127.0.0.1",
         "100.64.0.1",
         "240.0.0.1",
+        # IPv6 forms that carry an internal IPv4 address: NAT64 (loopback, cloud metadata),
+        # 6to4, IPv4-compatible, IPv4-translated; local-use NAT64
+        "64:ff9b::7f00:1",
+        "64:ff9b::a9fe:a9fe",
+        "2002:7f00:1::",
+        "::127.0.0.1",
+        "::ffff:0:7f00:1",
+        "64:ff9b:1::a00:1",
     ],
 )
 def test_internal_addresses_are_refused_unless_allowed(address):
@@ -94,6 +102,18 @@ def test_internal_addresses_are_refused_unless_allowed(address):
     assert netguard.address_problem(addr, []) is not None
     assert netguard.address_problem(addr, netguard.networks(["0.0.0.0/0", "::/0"])) is None
     assert netguard.address_problem(ipaddress.ip_address("93.184.216.34"), []) is None
+
+
+@pytest.mark.parametrize("address", ["93.184.216.34", "64:ff9b::5db8:d822", "2002:5db8:d822::1"])
+def test_public_addresses_pass_in_every_form(address):
+    assert netguard.address_problem(ipaddress.ip_address(address), []) is None
+
+
+def test_an_allowed_ipv4_network_allows_its_nat64_form():
+    allow = netguard.networks(["10.0.0.0/8"])
+    assert netguard.address_problem(ipaddress.ip_address("64:ff9b::a00:1"), allow) is None
+    # 192.168.0.1 behind NAT64: private, and not in the allowed network
+    assert netguard.address_problem(ipaddress.ip_address("64:ff9b::c0a8:1"), allow) is not None
 
 
 def test_bad_webhook_urls_get_a_422_naming_the_field(client, alice):
@@ -104,6 +124,8 @@ def test_bad_webhook_urls_get_a_422_naming_the_field(client, alice):
         ("ftp://example.com/hook", "http"),
         ("http://user:pw@example.com/", "credentials"),
         ("http://no-such-host.invalid/", "does not resolve"),
+        ("http://93.184.216.34:0/hook", "port 0"),
+        ("http://[64:ff9b::7f00:1]/hook", "carries 127.0.0.1"),
     ]:
         resp = client.put("/api/v1/webhook", json={"url": url}, headers=alice.headers)
         assert resp.status_code == 422, (url, resp.text)
