@@ -8,8 +8,9 @@ keys, so running a task twice leaves one row per (job, model, metric) and (run, 
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
@@ -30,6 +31,8 @@ from zoopick.service.db.models import (
 )
 from zoopick.service.db.types import utcnow
 from zoopick.training.config import EpochRecord, RunEvent
+
+log = logging.getLogger(__name__)
 
 S = JobStatus
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
@@ -132,12 +135,15 @@ def upsert_scores(
     scores: Mapping[str, float],
     seconds: Mapping[str, float],
     cached: bool = False,
+    parts: Mapping[str, Sequence[float]] | None = None,
 ) -> None:
     """Write one model's scores; a second write of the same (job, model, metric) replaces the
-    first instead of adding a row. ``cached``: its forward pass came from the feature cache."""
+    first instead of adding a row. ``cached``: its forward pass came from the feature cache;
+    ``parts``: the components of zoo-normalised metrics (see :func:`combine_zoo_scores`)."""
     if not scores:
         return
     now = utcnow()
+    parts = parts or {}
     rows = [
         {
             "job_id": job_id,
@@ -147,6 +153,7 @@ def upsert_scores(
             "seconds": float(seconds.get(metric, 0.0)),
             "forward_seconds": seconds.get("forward"),
             "cached": bool(cached),
+            "parts": [float(v) for v in parts[metric]] if metric in parts else None,
             "created_at": now,
         }
         for metric, value in scores.items()
@@ -159,10 +166,42 @@ def upsert_scores(
             "seconds": stmt.excluded.seconds,
             "forward_seconds": stmt.excluded.forward_seconds,
             "cached": stmt.excluded.cached,
+            "parts": stmt.excluded.parts,
             "created_at": stmt.excluded.created_at,
         },
     )
     session.execute(stmt)
+
+
+def combine_zoo_scores(session: Session, job: Job) -> None:
+    """Give zoo-normalised metrics (NCTI) the scores their paper defines over the whole zoo:
+    each model's stored parts combined across the job's scored models
+    (``selection.rank.combine_zoo``'s rule), written over the single-model stand-ins. Run by
+    selection once every model is settled; reads parts, never values, so running it again
+    gives the same scores. Fewer than two scored models keep their stand-ins."""
+    from zoopick.selection.metrics import registry  # numpy: the workers' side only
+
+    scored = scored_models(session, job)
+    if len(scored) < 2:
+        return
+    for name in job.metrics:
+        spec = registry.get(name)
+        if spec.zoo_combine is None:
+            continue
+        rows = [
+            row
+            for row in session.scalars(
+                select(Score).where(Score.job_id == job.id, Score.metric == name)
+            )
+            if row.model_id in scored
+        ]
+        if any(row.parts is None for row in rows):  # scored before parts were kept
+            log.warning("job %s: %s keeps single-model scores (parts missing)", job.id, name)
+            continue
+        combined = spec.zoo_combine({row.model_id: tuple(row.parts) for row in rows})
+        for row in rows:
+            row.value = float(combined[row.model_id])
+    session.flush()
 
 
 def scored_models(session: Session, job: Job) -> set[str]:

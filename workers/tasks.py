@@ -370,7 +370,13 @@ def score_model(self, job_id: str, model_id: str) -> str:
         if job is None:
             return "deleted"
         pipeline.upsert_scores(
-            session, jid, model_id, result.scores, result.seconds, cached=result.cached
+            session,
+            jid,
+            model_id,
+            result.scores,
+            result.seconds,
+            cached=result.cached,
+            parts=result.parts,
         )
         pipeline.update_scoring_progress(session, job)
         if job.cancel_requested:  # checked between models
@@ -405,6 +411,7 @@ def select_model(self, job_id: str) -> str:
         if missing:
             pipeline.fail(session, jid, f"models left unscored: {', '.join(missing)}")
             return "failed"
+        pipeline.combine_zoo_scores(session, job)  # NCTI: normalised over the scored zoo
         chosen = pipeline.choose(session, job)
         if chosen is None:
             why = "; ".join(f"{m}: {e}" for m, e in errors.items())

@@ -266,6 +266,10 @@ class Score(Base):
     forward_seconds: Mapped[float | None] = mapped_column(Float)
     cached: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """The forward pass was skipped: its features came from the on-disk cache."""
+    parts: Mapped[list[Any] | None]
+    """A zoo-normalised metric's components for this model (NCTI's); ``value`` is its
+    single-model stand-in until selection combines the zoo's parts
+    (``pipeline.combine_zoo_scores``)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     job: Mapped[Job] = relationship(back_populates="scores")

@@ -121,6 +121,33 @@ def test_ties_share_a_rank_and_go_to_the_first_listed(factory, job):
         assert pipeline.choose(s, row) == "a"
 
 
+def test_ncti_is_normalised_over_the_scored_zoo_at_selection(factory):
+    """The service stored NCTI's single-model stand-in (its ncc term) and ranked by it; the
+    paper's score is min-max normalised over the zoo. Hand-computed: seli' = (0, 1, 0.5),
+    ncc' = (1, 8/9, 0), vc' = (0, 0, 1), so ``seli' + ncc' - vc'`` = (1, 17/9, -0.5): b wins
+    where the stand-in (ncc) picked a."""
+    with factory.begin() as s:
+        tenant = get_or_create_tenant(s, "pipeline")
+        row = Job(tenant_id=tenant.id, request={}, models=["a", "b", "c", "d"],
+                  metrics=["ncti", "sms"], select_by="ncti")  # fmt: skip
+        s.add(row)
+        s.flush()
+        jid = row.id
+        parts = {"a": (1.0, 0.9, 0.2), "b": (3.0, 0.8, 0.2), "c": (2.0, 0.0, 0.6)}
+        for model, p in parts.items():
+            pipeline.upsert_scores(s, jid, model, {"ncti": p[1], "sms": 1.0}, {}, parts={"ncti": p})
+        # d has NCTI only (sms missing: not scored), so it takes no part in the zoo
+        pipeline.upsert_scores(s, jid, "d", {"ncti": 5.0}, {}, parts={"ncti": (9.0, 9.0, 0.0)})
+        assert pipeline.choose(s, row) == "a"  # the stand-in, while scoring goes on
+        pipeline.combine_zoo_scores(s, row)
+        pipeline.combine_zoo_scores(s, row)  # again (a re-delivered selection): the same
+        values = {r["model"]: r["scores"]["ncti"] for r in pipeline.ranking(s, row)}
+        assert values == pytest.approx({"a": 1.0, "b": 17 / 9, "c": -0.5})
+        assert pipeline.choose(s, row) == "b"
+        sms = s.scalars(select(Score.parts).where(Score.job_id == jid, Score.metric == "sms"))
+        assert set(sms) == {None}
+
+
 def test_epoch_records_are_upserted(factory, job):
     with factory.begin() as s:
         run = TrainingRun(job_id=job, model_id="a", config={}, world_size=2, output_dir="/x")
