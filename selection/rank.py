@@ -42,6 +42,9 @@ class Ranking:
     dataset: str
     metrics: list[str]
     models: list[ModelResult]
+    # models left out, with why (a metric could not score them: a collapsed model, a head too
+    # large for a metric); the service settles a failed model the same way
+    errors: dict[str, str] = field(default_factory=dict)
 
     def ordered(self, metric: str) -> list[list[ModelResult]]:
         """Models best first by ``metric``, as groups of equal score (a group of several
@@ -60,6 +63,7 @@ class Ranking:
             "dataset": self.dataset,
             "metrics": list(self.metrics),
             "models": [m.to_dict() for m in self.models],
+            "errors": dict(self.errors),
         }
 
 
@@ -154,27 +158,35 @@ def rank_zoo(
 ) -> Ranking:
     """Score every model of ``zoo`` on ``dataset`` with each metric (:func:`score_model`, one
     forward pass a model), then apply zoo-level normalisations (:func:`combine_zoo`). Bad
-    metric names or options are rejected before any forward pass."""
+    metric names or options are rejected before any forward pass. A model a metric cannot
+    score is left out of the ranking with its error (``Ranking.errors``); when no model could
+    be scored, the :class:`MetricError` names every model's."""
     metrics = check_metrics(metrics)
     _check_options(metrics, metric_options)
     entries = list(zoo)
     results: list[ModelResult] = []
+    errors: dict[str, str] = {}
     for done, entry in enumerate(entries, start=1):
-        results.append(
-            score_model(
-                entry,
-                dataset,
-                metrics,
-                cache_dir=cache_dir,
-                batch_size=batch_size,
-                device=device,
-                metric_options=metric_options,
+        try:
+            results.append(
+                score_model(
+                    entry,
+                    dataset,
+                    metrics,
+                    cache_dir=cache_dir,
+                    batch_size=batch_size,
+                    device=device,
+                    metric_options=metric_options,
+                )
             )
-        )
+        except registry.MetricError as exc:
+            errors[entry.id] = str(exc)
         if progress is not None:
             progress(entry.id, done, len(entries))
+    if entries and not results:
+        raise registry.MetricError("no model could be scored: " + "; ".join(errors.values()))
     combine_zoo(results, metrics)
-    return Ranking(dataset=dataset.name, metrics=metrics, models=results)
+    return Ranking(dataset=dataset.name, metrics=metrics, models=results, errors=errors)
 
 
 def _aligned(scores: Mapping[str, float], truth: Mapping[str, float]) -> tuple[np.ndarray, ...]:

@@ -255,7 +255,10 @@ def test_fsms_scale_rotation_and_noise(rng, whiten):
 
 def test_fsms_degenerate_inputs(rng):
     labels = np.repeat(np.arange(3), 10)
-    assert selection.score("fsms", labels=labels, features=np.ones((30, 7))) == 0.0
+    # a collapsed model (one feature vector for every image) is refused by the registry, for
+    # every metric, rather than scored on rounding noise
+    with pytest.raises(selection.MetricError, match="collapsed"):
+        selection.score("fsms", labels=labels, features=np.ones((30, 7)))
     # mostly-constant features (990 of 1,000 columns constant): the informative ones decide
     f = class_features(rng, labels, 10)
     wide = np.hstack([f, np.full((30, 990), 2.0)])

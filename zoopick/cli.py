@@ -117,6 +117,8 @@ def score(
     except (ZooError, DatasetError, MetricError) as exc:
         raise fail(str(exc)) from None
 
+    for model_id, error in ranking.errors.items():
+        typer.echo(f"warning: model {model_id!r} left out: {error}", err=True)
     if as_json:
         typer.echo(json.dumps(ranking.to_dict()))
     else:

@@ -70,6 +70,8 @@ def metric_scores(root: Path, target: str, metric: str, cache: str | None) -> di
         [metric],
         cache_dir=cache,
     )
+    if ranking.errors:  # a benchmark judges the whole zoo or nothing
+        raise SystemExit(f"{target}: {metric} left models out: {ranking.errors}")
     return {m.id: m.scores[metric] for m in ranking.models}
 
 

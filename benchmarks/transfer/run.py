@@ -171,6 +171,8 @@ def score_target(
         device=device,
         metric_options=metric_options or {},
     )
+    if ranking.errors:  # a benchmark judges the whole zoo or nothing
+        raise SystemExit(f"{dataset.name}: models left out: {ranking.errors}")
     metrics = list(base_metrics)
     for vname, (base, opts) in variants.items():
         if base not in base_metrics:
@@ -178,6 +180,8 @@ def score_target(
         extra = rank_zoo(
             zoo, dataset, [base], cache_dir=cache_dir, device=device, metric_options={base: opts}
         )
+        if extra.errors:
+            raise SystemExit(f"{dataset.name}: {vname} left models out: {extra.errors}")
         for m, e in zip(ranking.models, extra.models, strict=True):
             m.scores[vname] = e.scores[base]
             m.seconds[vname] = e.seconds[base]

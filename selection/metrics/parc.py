@@ -72,9 +72,16 @@ def parc(
     samples a seeded stratified subsample is scored."""
     y, c = target_labels(labels, "parc")
     n, d = features.shape
-    if max_samples < 2 * c:
-        raise MetricError(f"parc: max_samples must be at least 2 per class, got {max_samples}")
+    if d < 2 or (dim is not None and dim == 1):
+        # its dissimilarity is 1 - the correlation of two samples' feature vectors, which is
+        # undefined for vectors of one value
+        raise MetricError("parc needs at least 2 feature dimensions (after its PCA)")
     if n > max_samples:
+        if max_samples < 2 * c:  # only a subsample needs room for 2 images a class
+            raise MetricError(
+                f"parc: a subsample of max_samples={max_samples} cannot keep 2 images of "
+                f"each of {c:,} classes; raise max_samples to at least {2 * c}"
+            )
         rows = stratified_subsample(y, max_samples / n, seed)
         y, features = y[rows], features[rows]
         n = y.size

@@ -110,15 +110,42 @@ def _as_labels(labels: np.ndarray) -> np.ndarray:
     return y.astype(np.int64, copy=False)
 
 
+COLLAPSED_RTOL = 1e-12
+"""A feature column whose range is at most this fraction of its magnitude holds one value up
+to rounding (float32 features differ by at least 6e-8 of it, so nothing real is this close)."""
+
+
 def _as_matrix(name: str, x: np.ndarray, n: int) -> np.ndarray:
-    a = np.asarray(x)
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError) as exc:  # ragged rows
+        raise MetricError(f"{name} is not a numeric matrix: {exc}") from None
     if a.ndim != 2:
         raise MetricError(f"{name} must be a 2-D array (n, dim), got shape {a.shape}")
     if a.shape[0] != n:
         raise MetricError(f"{name} has {a.shape[0]} rows but labels has {n}")
+    if a.shape[1] == 0:
+        raise MetricError(f"{name} has no columns (shape {a.shape})")
+    if not (np.issubdtype(a.dtype, np.number) and not np.iscomplexobj(a)):
+        raise MetricError(f"{name} must hold real numbers, got dtype {a.dtype}")
     if not np.all(np.isfinite(a)):
         raise MetricError(f"{name} contains NaN or infinite values")
-    return a.astype(np.float64, copy=False)
+    a = a.astype(np.float64, copy=False)
+    if name == "features" and _collapsed(a):
+        raise MetricError(
+            "features are the same for every image (up to rounding): a collapsed model, "
+            "which no metric can rank"
+        )
+    return a
+
+
+def _collapsed(a: np.ndarray) -> bool:
+    """Every column one value up to rounding (:data:`COLLAPSED_RTOL`). Centring such columns
+    leaves rounding noise of about 1e-16 of their value, which scale-free metrics (SFDA,
+    H-score, PARC's standardisation) read as signal: a collapsed model scored SFDA's best."""
+    span = a.max(axis=0) - a.min(axis=0)
+    size = np.abs(a).max(axis=0)
+    return bool(np.all(span <= COLLAPSED_RTOL * size))
 
 
 def score(

@@ -48,6 +48,11 @@ _BATCH_MAX_ELEMENTS = 8_000_000  # stacked class covariances up to 64 MB (float6
 SMS_PLUS_RIDGE = 1e-6  # floor on sms+ covariances, relative to the (whitened) total variance
 _EXACT_PCA_MAX_OUTPUTS = 2048  # sms+: randomized SVD once both n and C_s exceed this
 _PAIR_CHUNK = 4096  # pairs per batched solve in sms+ (bounds memory at many classes)
+SMS_MAX_OUTPUTS = 4096
+"""Most source outputs plain SMS fits full Gaussians over: each class covariance is C_s x C_s
+(128 MB at this size, 3.8 GB at ImageNet-21k's 21,843) and its Cholesky factor O(C_s^3) per
+class (minutes a class at 21,843). Larger heads are refused naming ``isms`` and ``sms+``,
+which reduce the outputs first."""
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -246,8 +251,15 @@ def sms(*, labels: np.ndarray, logits: np.ndarray, temperature: float = 2.0) -> 
     Soft labels ``softmax(logits / temperature)``; one Gaussian per class (mean, biased
     covariance + 1e-6 I); score = mean over class pairs of ``r_i + r_j - 1`` (module docstring).
     In [-1, 1], higher = classes better separated. Classes with fewer than 2 samples are left out
-    with a warning. Cost O(n d^2 + C_t d^3 + C_t^2 d^2) for d = C_s outputs.
+    with a warning. Cost O(n d^2 + C_t d^3 + C_t^2 d^2) for d = C_s outputs, so a head of
+    more than :data:`SMS_MAX_OUTPUTS` outputs is a :class:`MetricError`.
     """
+    if logits.shape[1] > SMS_MAX_OUTPUTS:
+        raise MetricError(
+            f"sms fits a {logits.shape[1]:,} x {logits.shape[1]:,} covariance per class for "
+            f"this head, over the {SMS_MAX_OUTPUTS:,} outputs it allows (memory and time grow "
+            "with its square and cube); isms and sms+ reduce the outputs first"
+        )
     return _sms_core(labels, logits, temperature, "sms")
 
 
