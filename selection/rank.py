@@ -225,7 +225,11 @@ def rel_at_k(scores: Mapping[str, float], truth: Mapping[str, float], k: int) ->
 
 
 def evaluate(scores: Mapping[str, float], truth: Mapping[str, float]) -> dict[str, float]:
-    """Rank correlation and top-k quality of ``scores`` against ground-truth accuracies."""
+    """Rank correlation and top-k quality of ``scores`` against ground-truth accuracies.
+
+    A correlation is NaN where it is undefined: every score tied (a metric that tells no
+    model apart) or every accuracy equal; callers that average over targets must say how
+    they count such a cell. ``rel@k`` stays defined (a tie at the cut counts its worst)."""
     s, t = _aligned(scores, truth)
     with np.errstate(invalid="ignore", divide="ignore"):
         wtau = stats.weightedtau(s, t).statistic
