@@ -10,6 +10,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from zoopick.app.dashboard.auth import CsrfFailed, LoginRequired
+from zoopick.app.dashboard.headers import SecurityHeaders
 
 STATIC = Path(__file__).parent / "static"
 
@@ -20,6 +21,7 @@ def install(app: FastAPI) -> None:
 
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.add_middleware(SecurityHeaders)  # every response; the policy on the pages
 
     @app.get("/favicon.ico", include_in_schema=False)
     def _favicon() -> FileResponse:

@@ -113,7 +113,8 @@ def session_key(session: Session, secret: bytes, value: str, now: float | None =
     key = session.get(ApiKey, key_id)
     if key is None or key.revoked_at is not None:
         return None
-    if not hmac.compare_digest(mac, _mac(secret, raw_id, expires, key.token_hash)):
+    expected = _mac(secret, raw_id, expires, key.token_hash)
+    if not hmac.compare_digest(mac.encode(), expected.encode()):  # bytes: see check_csrf
         return None
     return key
 
@@ -192,5 +193,7 @@ def keep_csrf(request: Request, response: Response) -> Response:
 def check_csrf(request: Request, sent: str | None) -> None:
     expected = request.cookies.get(CSRF_COOKIE)
     sent = sent or request.headers.get(CSRF_HEADER)
-    if not expected or not sent or not hmac.compare_digest(expected, sent):
+    # compared as bytes: compare_digest refuses str with non-ASCII characters (a TypeError,
+    # a 500 that anyone could have logged with a traceback)
+    if not expected or not sent or not hmac.compare_digest(expected.encode(), sent.encode()):
         raise CsrfFailed()

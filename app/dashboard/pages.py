@@ -18,7 +18,13 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from starlette.datastructures import FormData
@@ -113,6 +119,13 @@ def render(request: Request, name: str, code: int = 200, **context: Any) -> Resp
     context["path"] = request.url.path
     response = templates.TemplateResponse(request, name, context, status_code=code)
     return auth.keep_csrf(request, response)
+
+
+def fragment_error(problem: Problem) -> Response:
+    """A live fragment's error, as plain text: the pages' script only inserts a fragment that
+    came with a 2xx, and the detail quotes what the request gave (``no job '<img ...>'``),
+    which served as HTML was script run by a link."""
+    return PlainTextResponse(str(problem.detail), status_code=problem.status)
 
 
 def error_page(request: Request, problem: Problem) -> Response:
@@ -247,7 +260,7 @@ def jobs_rows(request: Request, session: SessionDep) -> Response:
     try:
         context = _jobs_page(request, session)
     except Problem as p:
-        return HTMLResponse(str(p.detail), status_code=p.status)
+        return fragment_error(p)
     return render(request, "_job_rows.html", **context)
 
 
@@ -312,7 +325,7 @@ def job_live(request: Request, job_id: str, session: SessionDep) -> Response:
     try:
         context = _job_context(request, session, job_id)
     except Problem as p:
-        return HTMLResponse(str(p.detail), status_code=p.status)
+        return fragment_error(p)
     return render(request, "_job_live.html", **context)
 
 

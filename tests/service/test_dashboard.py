@@ -454,3 +454,45 @@ def test_jobs_page_shows_the_workers_heartbeat_status(service_app, alice):
     finally:  # the shared test database must not keep a stalled worker for /readyz to see
         with session_scope(factory) as s:
             s.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.name.like("dash-test/%")))
+
+
+# -- found by an outside-style probe (session 19) ---------------------------------------------
+
+
+def test_a_live_fragments_error_is_text_not_html(service_app, alice):
+    """``/jobs/rows`` and ``/jobs/{id}/live`` answered their error as text/html quoting the
+    request (``no job '<img src=x onerror=...>'``): a link ran script on the dashboard."""
+    b = sign_in(service_app, alice.token)
+    payload = "<img src=x onerror=alert(1)>"
+    for url in (f"/jobs/rows?status={payload}", f"/jobs/{payload}/live"):
+        resp = b.get(url)
+        assert 400 <= resp.status_code < 500, resp.text
+        assert resp.headers["content-type"].startswith("text/plain"), url
+    page = b.get(f"/jobs?status={payload}")  # the full page escapes the same text
+    assert payload not in page.text and "&lt;img" in page.text
+
+
+def test_a_non_ascii_csrf_token_is_403_not_500(service_app, alice):
+    b = browser(service_app)
+    token = csrf_of(b.get("/login").text)
+    assert b.post("/login", data={"api_key": "x", "csrf": "é"}).status_code == 403
+    assert b.post("/login", data={"api_key": "x", "csrf": token}).status_code == 401
+    fresh = browser(service_app)  # a cookie with a non-ASCII value, sent as raw bytes
+    cookie = {"cookie": "zoopick_csrf=é".encode()}
+    assert (
+        fresh.post("/login", data={"api_key": "x", "csrf": "abc"}, headers=cookie).status_code
+        == 403
+    )
+
+
+def test_pages_carry_a_content_security_policy_and_no_response_is_framed(service_app, alice):
+    b = sign_in(service_app, alice.token)
+    page = b.get("/jobs")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert page.headers["x-frame-options"] == "DENY"
+    api = b.get(f"{API}/jobs", headers=alice.headers)
+    assert api.headers["x-content-type-options"] == "nosniff"
+    assert "content-security-policy" not in api.headers  # JSON: nothing to run
+    docs = b.get("/docs")  # Swagger UI loads its script from a CDN: no policy there
+    assert docs.status_code == 200 and "content-security-policy" not in docs.headers

@@ -68,6 +68,17 @@ def pick_dataset(page, label_start: str) -> None:
     select.select_option(select.locator("option", has_text=label_start).get_attribute("value"))
 
 
+def wait_until(page, expression: str, timeout: float = 20.0) -> None:
+    """Poll ``expression`` until it is true. (Playwright's ``wait_for_function`` compiles its
+    predicate in the page, which the dashboard's content security policy forbids: no eval.)"""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"still false after {timeout} s: {expression}"
+        page.wait_for_timeout(100)
+
+
 def fits_width(page) -> bool:
     return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
 
@@ -78,6 +89,12 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
     page = context.new_page()
     page.set_default_timeout(20_000)
+    # the pages run under their content security policy: nothing of theirs may break it
+    violations: list[str] = []
+    page.on(
+        "console",
+        lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None,
+    )
 
     # sign in with the keyboard only: Tab to the key field, type, Enter
     page.goto(stack.url + "/")
@@ -105,8 +122,10 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     for name in ("cat", "dog", "owl"):
         expect(page.get_by_role("row", name=f"{name} 6")).to_be_visible()
         expect(page.get_by_role("img", name=f"example of class {name}")).to_have_count(4)
-    page.wait_for_function(  # every thumbnail loaded as an image (made on the server)
-        "[...document.querySelectorAll('.thumbs img')].every(i => i.complete && i.naturalWidth > 0)"
+    wait_until(  # every thumbnail loaded as an image (made on the server)
+        page,
+        "[...document.querySelectorAll('.thumbs img')]"
+        ".every(i => i.complete && i.naturalWidth > 0)",
     )
     page.screenshot(path=str(shots / "dataset.png"), full_page=True)
 
@@ -250,8 +269,10 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     curve = page.get_by_role("img", name="training loss").locator("circle")
     expect(curve).not_to_have_count(0, timeout=30_000)
     seen = curve.count()
-    page.wait_for_function(
-        f"document.querySelectorAll('svg[aria-label=\"training loss\"] circle').length > {seen}"
+    wait_until(
+        page,
+        f"document.querySelectorAll('svg[aria-label=\"training loss\"] circle').length > {seen}",
+        timeout=60,
     )
     assert still_same_document(page)
     # the first job scored this model on this dataset: its forward pass came from the cache
@@ -303,4 +324,5 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     expect(page).to_have_url(re.compile(r"/login"))
     page.goto(stack.url + "/jobs")
     expect(page).to_have_url(re.compile(r"/login\?next=/jobs"))
+    assert violations == []
     context.close()
