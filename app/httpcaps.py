@@ -29,13 +29,23 @@ FIELD_MAX = 8 * 1024
 """Bytes of one header line (name, colon and value)."""
 HEAD_MAX = 64 * 1024
 """Bytes of the whole head: request line and every header line."""
+HEAD_SECONDS = 30.0
+"""Seconds a connection may take to send a whole request head, from when one is awaited (the
+connection opened, or the last response went out): the caps above bound a head's bytes, this
+its time, so a client trickling a head (or sending none) cannot hold a connection and its
+file descriptor forever. A head begun and unfinished gets a ``408``; a silent connection is
+closed. Bodies are not timed here: uploads stream as slowly as a client likes, by design."""
 PROTOCOL = "zoopick.app.httpcaps:AutoProtocol"
 """What ``uvicorn --http`` (or ``uvicorn.run(http=...)``) takes to serve with these caps."""
 
 
 def refusal(status: int, detail: str) -> bytes:
     """A complete HTTP/1.1 response: the problem document, closing the connection."""
-    phrase = {414: "URI Too Long", 431: "Request Header Fields Too Large"}[status]
+    phrase = {
+        408: "Request Timeout",
+        414: "URI Too Long",
+        431: "Request Header Fields Too Large",
+    }[status]
     body = json.dumps(
         {
             "type": "urn:zoopick:problem:" + phrase.lower().replace(" ", "-"),
@@ -68,7 +78,16 @@ class HeadGuard(asyncio.Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._refused = False
+        self._deadline: asyncio.TimerHandle | None = None
         self._head_begins()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[safe-super]
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[safe-super]
 
     def _head_begins(self) -> None:
         self._in_head = True
@@ -77,9 +96,32 @@ class HeadGuard(asyncio.Protocol):
         self._lines = 0  # complete lines so far (0: still on the request line)
         self._line = 0  # bytes of the current line so far
         self._blank = True  # the current line holds nothing but CR so far
+        self._arm()
 
     def _head_ends(self) -> None:
         self._in_head = False
+        self._disarm()
+
+    def _arm(self) -> None:
+        """Start :data:`HEAD_SECONDS` for the head now awaited (once the connection is up)."""
+        if getattr(self, "transport", None) is None or self._deadline is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(HEAD_SECONDS, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if not self._in_head or self._refused or self.transport.is_closing():
+            return
+        if self._head == 0:  # nothing of a request: close quietly
+            self.transport.close()
+            return
+        self._refuse(408, f"the request head did not arrive within {HEAD_SECONDS:g} s")
 
     def _refuse(self, status: int, detail: str) -> None:
         self._refused = True

@@ -75,6 +75,30 @@ def test_oversized_request_heads_are_refused_before_parsing(raw_server, head, st
     assert ok == 200, answer[:300]
 
 
+def test_a_head_that_never_ends_is_timed_out(raw_server, monkeypatch):
+    """The caps bound a head's bytes; a client trickling one (slowloris) held its connection
+    for as long as it liked. Past ``HEAD_SECONDS`` a begun head gets a 408 and the connection
+    closes; a connection that sends nothing is closed."""
+    import socket
+
+    from zoopick.app import httpcaps
+
+    monkeypatch.setattr(httpcaps, "HEAD_SECONDS", 1.0)
+    host, port = raw_server
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # no blank line: never ends
+        started = time.monotonic()
+        answer = b""
+        while chunk := sock.recv(65536):  # until the server closes
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in answer
+        assert time.monotonic() - started < 8
+    with socket.create_connection((host, port), timeout=10) as sock:
+        assert sock.recv(1) == b""  # silent: closed, no answer
+    ok, answer = hostile.send_raw(host, port, hostile.request_head())
+    assert ok == 200, answer[:300]
+
+
 def test_a_long_body_on_a_kept_alive_connection_is_no_head(raw_server):
     """The caps follow the parser's own idea of where a head is: a body of 200 kB without a
     newline, unread by the app, then a second request on the same connection."""
