@@ -785,6 +785,7 @@ def export_model(self, job_id: str, fmt: str) -> str:
         if model is None or fmt not in exports.FORMATS[1:]:
             return "no model"
         if exports.artefact(session, job, fmt) is not None:
+            exports.export_settled(model.path, fmt)  # a request sent it again meanwhile
             return "exported"
         row = session.get(ZooModel, job.chosen_model)
         dataset = session.get(Dataset, job.dataset_id) if job.dataset_id else None
@@ -794,19 +795,22 @@ def export_model(self, job_id: str, fmt: str) -> str:
     folder = exports.export_dir(weights)
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        if entry is None:
-            raise ValueError(f"zoo model {job.chosen_model!r} is no longer in the zoo")
-        if not classes:
-            raise ValueError("the job's dataset was deleted: its class names are unknown")
-        out = _export(entry, weights, classes, fmt, folder)
-    except Exception as exc:  # noqa: BLE001 - the reason is the API's answer to the user
-        log.exception("export of job %s as %s failed", job_id, fmt)
-        exports.error_file(weights, fmt).write_text(f"{type(exc).__name__}: {exc}"[:2000])
-        return "failed"
-    digest, size = training_runner.file_digest(out)
-    with session_scope(factory()) as session:
-        pipeline.add_artefact(session, jid, exports.KIND[fmt], str(out), digest, size)
-    return "exported"
+        try:
+            if entry is None:
+                raise ValueError(f"zoo model {job.chosen_model!r} is no longer in the zoo")
+            if not classes:
+                raise ValueError("the job's dataset was deleted: its class names are unknown")
+            out = _export(entry, weights, classes, fmt, folder)
+        except Exception as exc:  # noqa: BLE001 - the reason is the API's answer to the user
+            log.exception("export of job %s as %s failed", job_id, fmt)
+            exports.error_file(weights, fmt).write_text(f"{type(exc).__name__}: {exc}"[:2000])
+            return "failed"
+        digest, size = training_runner.file_digest(out)
+        with session_scope(factory()) as session:
+            pipeline.add_artefact(session, jid, exports.KIND[fmt], str(out), digest, size)
+        return "exported"
+    finally:
+        exports.export_settled(weights, fmt)  # after the outcome is where the API reads it
 
 
 def _export(entry: Any, weights: str, classes: list[str], fmt: str, folder: Path) -> Path:

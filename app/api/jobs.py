@@ -306,7 +306,12 @@ def download_model(
             )
         if export.ready is None:
             state = request.app.state
-            state.dispatcher.export_model(str(job.id), format)
+            if exports.claim_export(art, format):  # else one is in the making
+                try:
+                    state.dispatcher.export_model(str(job.id), format)
+                except BaseException:
+                    exports.export_settled(art.path, format)  # not sent: the next one sends
+                    raise
             return JSONResponse(
                 {"status": "exporting", "format": format},
                 status_code=202,

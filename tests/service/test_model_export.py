@@ -19,7 +19,7 @@ import torch
 from tests.service.datafiles import npz_bytes
 from tests.service.test_client import cli
 from zoopick.client import Client
-from zoopick.service.db.models import Dataset, Job, JobStatus
+from zoopick.service.db.models import Artefact, Dataset, Job, JobStatus
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.db.types import utcnow
 
@@ -109,10 +109,14 @@ def test_model_downloads_as_timm_folder_and_onnx(live_server, tmp_path):
         plain = api.get(f"/jobs/{job}/model")  # the trainer's file, as before
         assert plain.status_code == 200
         assert plain.headers["ETag"] == f'"{hashlib.sha256(plain.content).hexdigest()}"'
-        # both exports are asked for before either is awaited: the worker makes them in turn
-        for fmt in ("onnx", "timm"):
+        # both exports are asked for before either is awaited: the worker makes them in turn;
+        # the requests that come while one is in the making send no other task (its marker)
+        for fmt in ("onnx", "timm", "onnx", "onnx"):
             assert api.get(f"/jobs/{job}/model", params={"format": fmt}).status_code in (200, 202)
         onnx_bytes = _download(api, job, "onnx")
+        _download(api, job, "timm")
+        export_dir = stack.dir / "exports" / job / "export"
+        assert export_dir.is_dir() and not list(export_dir.glob("*.pending"))  # all settled
     # the Python client and the CLI wait out the 202s themselves
     with Client(stack.url, stack.key) as client:
         path = client.download_model(job, tmp_path, format="onnx", timeout=120)
@@ -248,3 +252,25 @@ def test_an_export_that_cannot_be_made_says_why(live_server, tmp_path):
         (tmp_path / "m.onnx").read_bytes(), providers=["CPUExecutionProvider"]
     )
     assert session.get_outputs()[0].name == "logits"
+
+
+def test_one_request_of_many_sends_the_export_and_a_stale_claim_is_taken_over(tmp_path):
+    """``exports.claim_export``: of requests arriving together one sends the task (30 parallel
+    requests had queued 30 exports); past ``PENDING_SECONDS`` (a worker died) the next one
+    sends it again; a settled export may be sent again at once."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from zoopick.service import exports
+
+    model = Artefact(path=str(tmp_path / "run" / "model.safetensors"))
+    with ThreadPoolExecutor(8) as pool:
+        claims = list(pool.map(lambda _: exports.claim_export(model, "onnx"), range(32)))
+    assert claims.count(True) == 1
+    assert exports.claim_export(model, "timm")  # another format: its own marker
+    marker = exports.pending_file(model.path, "onnx")
+    old = marker.stat().st_mtime - exports.PENDING_SECONDS - 1
+    os.utime(marker, (old, old))
+    assert exports.claim_export(model, "onnx") and not exports.claim_export(model, "onnx")
+    exports.export_settled(model.path, "onnx")
+    assert exports.claim_export(model, "onnx")
