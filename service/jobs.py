@@ -172,6 +172,12 @@ def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: 
             raise Rejected(
                 "limit", f"finetune.workers above the limit of {settings.max_train_workers}"
             )
+        if options.batch_size > settings.max_batch_size:
+            raise Rejected(
+                "limit",
+                f"finetune.batch_size above the limit of {settings.max_batch_size} "
+                "(ZOOPICK_MAX_BATCH_SIZE)",
+            )
     selection = body.selection
     if selection is not None:
         _check_race(session, ds, selection, options, models, settings)

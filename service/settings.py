@@ -104,6 +104,12 @@ class Settings(BaseSettings):
     max_active_jobs_per_tenant: int = Field(16, gt=0)
     max_epochs: int = Field(100, gt=0)
     max_train_workers: int = Field(8, gt=0)
+    max_batch_size: int = Field(
+        1024,
+        gt=0,
+        description="Largest finetune.batch_size (images per worker and step; evaluation "
+        "takes twice as many): a worker's memory grows with it.",
+    )
     score_max_per_class: int | None = Field(
         None, gt=0, description="Score on a deterministic per-class subsample of this size."
     )

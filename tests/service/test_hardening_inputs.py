@@ -190,6 +190,20 @@ def test_strict_job_body_still_takes_well_typed_values(http, carol, ready):
         assert_problem(http.post("/jobs", json={**body, **bad}, headers=carol), 422)
 
 
+@pytest.mark.parametrize(
+    "finetune, needle",
+    [
+        ({"batch_size": 65536}, "ZOOPICK_MAX_BATCH_SIZE"),  # was taken: a worker's memory
+        ({"workers": 9}, "finetune.workers above the limit of 8"),
+        ({"epochs": 101}, "finetune.epochs above the limit of 100"),
+    ],
+)
+def test_the_deployments_training_limits_refuse_a_job(http, carol, ready, finetune, needle):
+    body = {"dataset_id": ready, "models": ["strict-net"], "finetune": finetune}
+    resp = http.post("/jobs", json=body, headers=carol)
+    assert 400 <= resp.status_code < 500 and needle in resp.text, resp.text
+
+
 # -- 10: no internals in errors --------------------------------------------------------------
 
 
