@@ -92,6 +92,28 @@ def _mac(secret: bytes, key_id: str, expires: int, token_hash: str) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
+def _note_mac(secret: bytes, name: str, text: str) -> str:
+    digest = hmac.new(secret, f"note.{name}.{text}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def note_query(request: Request, name: str, text: str) -> dict[str, str]:
+    """Query parameters carrying ``text`` to the page a form redirects to (a status line, an
+    upload's error), signed: a page shows only notes this server wrote, not text a link
+    chose ("Session expired: re-enter your API key at ...") in its official alert box."""
+    return {name: text, f"{name}_sig": _note_mac(request.app.state.session_secret, name, text)}
+
+
+def read_note(request: Request, name: str) -> str | None:
+    """The note ``name`` of this request's query, if this server signed it (else none)."""
+    text = request.query_params.get(name)
+    sig = request.query_params.get(f"{name}_sig", "")
+    if not text:
+        return None
+    expected = _note_mac(request.app.state.session_secret, name, text)
+    return text if hmac.compare_digest(sig.encode(), expected.encode()) else None
+
+
 def session_value(secret: bytes, key: ApiKey, expires: int) -> str:
     """The cookie value for ``key`` until ``expires`` (Unix seconds)."""
     return f"v1.{key.id}.{expires}.{_mac(secret, str(key.id), expires, key.token_hash)}"

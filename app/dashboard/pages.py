@@ -311,7 +311,7 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> Response:
         context = _job_context(request, session, job_id)
     except Problem as p:
         return error_page(request, p)
-    message = request.query_params.get("message")
+    message = auth.read_note(request, "message")
     # the webhook's delivery log, as the page loads (not polled with the live part)
     deliveries = webhooks_api.job_deliveries(session.get(Job, context["job"].id), session)
     return render(
@@ -348,7 +348,8 @@ async def job_cancel(request: Request, job_id: str, form: FormDep, session: Sess
         if p.status == 404:
             return error_page(request, p)
         message = p.detail
-    return RedirectResponse(f"/jobs/{job_id}?" + urlencode({"message": message}), 303)
+    note = auth.note_query(request, "message", message)
+    return RedirectResponse(f"/jobs/{job_id}?" + urlencode(note), 303)
 
 
 @router.get("/jobs/{job_id}/model")
@@ -572,7 +573,7 @@ def datasets_page(request: Request, session: SessionDep) -> Response:
         next_url = "/datasets?" + urlencode({"page_token": page["next_page_token"]})
     return render(
         request, "datasets.html", signed_in=True, datasets=page["items"], next_url=next_url,
-        error=request.query_params.get("error"),
+        error=auth.read_note(request, "error"),
     )  # fmt: skip
 
 
@@ -597,7 +598,8 @@ async def datasets_upload(request: Request, session: SessionDep) -> Response:
     except Problem as p:
         if _wants_json(request):
             return problem_response(request, p.status, p.detail, kind=p.kind, title=p.title)
-        return RedirectResponse("/datasets?" + urlencode({"error": p.detail}), status_code=303)
+        note = auth.note_query(request, "error", str(p.detail))
+        return RedirectResponse("/datasets?" + urlencode(note), status_code=303)
     ds_id = json.loads(response.body)["id"]
     if _wants_json(request):
         return JSONResponse({"id": ds_id, "url": f"/datasets/{ds_id}"}, status_code=201)

@@ -496,3 +496,17 @@ def test_pages_carry_a_content_security_policy_and_no_response_is_framed(service
     assert "content-security-policy" not in api.headers  # JSON: nothing to run
     docs = b.get("/docs")  # Swagger UI loads its script from a CDN: no policy there
     assert docs.status_code == 200 and "content-security-policy" not in docs.headers
+
+
+def test_a_pages_notes_are_only_those_this_server_wrote(service_app, bob):
+    """``/datasets?error=...`` and ``/jobs/{id}?message=...`` showed any text a link chose in
+    the page's own alert box (phishing text); a note now comes signed by the form's redirect
+    (the upload error case of the upload test shows the signed one)."""
+    b = sign_in(service_app, bob.token)
+    bait = "Upload rejected: e-mail your API key to help@evil.test"
+    page = b.get("/datasets", params={"error": bait, "error_sig": "forged"})
+    assert page.status_code == 200 and "evil.test" not in page.text
+    bad = {"file": ("notes.zip", not_a_dataset_zip_bytes(), "application/zip")}
+    resp = b.post(f"/datasets/upload?csrf={csrf_of(page.text)}", files=bad)
+    assert "error_sig=" in resp.headers["location"]
+    assert "not a usable dataset" in b.get(resp.headers["location"]).text
