@@ -10,6 +10,7 @@ updates poll an HTML fragment of the same template, uploads report their progres
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -464,16 +465,21 @@ def _field_of(loc: tuple) -> str:
     return parts[0] if parts else "__all__"
 
 
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def _form_number(text: str, kind: type[int] | type[float]) -> int | float | str | None:
     """A form field as the JSON number the API takes (a form sends text, and the job body's
     types are strict), or the text itself when it is no such number, so that the API's own
     message ("Input should be a valid integer") shows beside the field."""
-    if not text.strip():
+    text = text.strip()
+    if not text:
         return None
-    try:
-        return kind(text.strip())
-    except ValueError:
-        return text
+    pattern = _INT if kind is int else _FLOAT
+    if not pattern.fullmatch(text):  # plain ASCII notation, as a JSON body would take it
+        return text  # (Python's int() and float() also take "1_0", "１", "nan", "inf")
+    return kind(text)
 
 
 @router.post("/submit")
@@ -504,12 +510,13 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
             "select_by": form["select_by"] or None,  # blank: the API's default
         }
         if form["finetune"]:
-            body["finetune"] = {
+            finetune = {
                 "epochs": _form_number(form["epochs"], int),
                 "compressor": form["compressor"] or None,
                 "density": _form_number(form["density"], float),
                 "workers": _form_number(form["workers"], int),
-            }
+            }  # a blank field: the trainer's default, as the API's
+            body["finetune"] = {k: v for k, v in finetune.items() if v is not None}
         if form["race"]:
             race = {
                 "shortlist": _form_number(form["shortlist"], int),
@@ -537,8 +544,10 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
             )
         except jobs.Rejected as exc:
             field = FIELD_OF_KIND.get(exc.kind, "__all__")
-            if exc.kind == "limit":
-                field = "epochs" if "epochs" in exc.detail else "workers"
+            if exc.kind == "limit":  # the field the limit names, else the form's top
+                named = ("budget_epochs", "finetune.epochs", "finetune.workers")
+                field = next((f for f in named if f in exc.detail), "__all__")
+                field = field.removeprefix("finetune.")
             return None, {field: exc.detail}
         except Problem as p:  # the rate limit
             return None, {"__all__": p.detail}

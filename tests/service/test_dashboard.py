@@ -156,6 +156,25 @@ def test_submit_form_shows_the_apis_errors_beside_the_fields(service_app, make_k
         finetune="on", epochs="1", compressor="nosuchhook", density="0.1", workers="1",
     )  # fmt: skip
     assert "nosuchhook" in field_error(html, "compressor")
+    # numbers in plain notation only, as the API takes them ("１" and "1_0" passed int())
+    for odd in ("１", "1_0", "nan"):
+        _, _, html = _submit(
+            b, dataset_id=ds, metrics="sms", select_by="sms", models=zoo[0],
+            finetune="on", epochs=odd, compressor="dense", density="0.1", workers="1",
+        )  # fmt: skip
+        assert field_error(html, "epochs"), odd
+    # a limit's error beside the field it names (budget_epochs showed under epochs)
+    _, _, html = _submit(
+        b, dataset_id=ds, metrics="sms", select_by="sms", models=zoo,
+        race="on", shortlist="2", budget_epochs="5000",
+    )  # fmt: skip
+    assert "budget_epochs above the limit" in field_error(html, "budget_epochs")
+    # blank fine-tune fields take the trainer's defaults (they were refused as not numbers)
+    status, loc, _ = _submit(
+        b, dataset_id=ds, metrics="sms", select_by="sms", models=zoo[0],
+        finetune="on", epochs="", compressor="", density="", workers="",
+    )  # fmt: skip
+    assert status == 303 and "/jobs/" in loc, status
 
     # a good one: to the job page; the same form sent twice makes one job
     page = b.get("/submit")
