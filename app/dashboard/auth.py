@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from zoopick.app.api.deps import Caller
 from zoopick.service.db.models import ApiKey
+from zoopick.service.db.types import utcnow
 from zoopick.service.security import touch
 from zoopick.service.settings import Settings
 
@@ -86,8 +87,13 @@ def load_secret(settings: Settings) -> bytes:
     return secret.encode()
 
 
-def _mac(secret: bytes, key_id: str, expires: int, token_hash: str) -> str:
-    msg = f"v1.{key_id}.{expires}.{token_hash}".encode()
+def _mac(secret: bytes, key_id: str, expires: int, key: ApiKey) -> str:
+    """The session MAC: over the key's id, the expiry, the key's token hash (a replaced key's
+    sessions end) and when the key last signed out (so do those made before)."""
+    msg = f"v1.{key_id}.{expires}.{key.token_hash}"
+    if key.sessions_ended_at is not None:
+        msg += f".{key.sessions_ended_at.timestamp():.6f}"
+    msg = msg.encode()
     digest = hmac.new(secret, msg, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
@@ -116,7 +122,7 @@ def read_note(request: Request, name: str) -> str | None:
 
 def session_value(secret: bytes, key: ApiKey, expires: int) -> str:
     """The cookie value for ``key`` until ``expires`` (Unix seconds)."""
-    return f"v1.{key.id}.{expires}.{_mac(secret, str(key.id), expires, key.token_hash)}"
+    return f"v1.{key.id}.{expires}.{_mac(secret, str(key.id), expires, key)}"
 
 
 def session_key(session: Session, secret: bytes, value: str, now: float | None = None):
@@ -135,7 +141,7 @@ def session_key(session: Session, secret: bytes, value: str, now: float | None =
     key = session.get(ApiKey, key_id)
     if key is None or key.revoked_at is not None:
         return None
-    expected = _mac(secret, raw_id, expires, key.token_hash)
+    expected = _mac(secret, raw_id, expires, key)
     if not hmac.compare_digest(mac.encode(), expected.encode()):  # bytes: see check_csrf
         return None
     return key
@@ -189,7 +195,14 @@ def sign_in(response: Response, request: Request, key: ApiKey) -> None:
     )
 
 
-def sign_out(response: Response) -> None:
+def sign_out(request: Request, response: Response, session: Session) -> None:
+    """Drop this browser's cookie and end the key's sessions on the server: a copy of the
+    cookie (taken from this browser) no longer signs anyone in."""
+    value = request.cookies.get(SESSION_COOKIE)
+    key = session_key(session, request.app.state.session_secret, value) if value else None
+    if key is not None:
+        key.sessions_ended_at = utcnow()
+        session.commit()
     response.delete_cookie(SESSION_COOKIE, path="/")
 
 

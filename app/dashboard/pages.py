@@ -190,11 +190,10 @@ async def login(request: Request, form: FormDep, session: SessionDep) -> Respons
 
 
 @router.post("/logout")
-async def logout(request: Request) -> Response:
-    form = await request.form()
+async def logout(request: Request, form: FormDep, session: SessionDep) -> Response:
     auth.check_csrf(request, form.get(auth.CSRF_FIELD))
     response = RedirectResponse("/login", status_code=303)
-    auth.sign_out(response)
+    await run_in_threadpool(auth.sign_out, request, response, session)
     return response
 
 

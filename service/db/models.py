@@ -105,6 +105,9 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+    sessions_ended_at: Mapped[datetime | None]
+    """When the key last signed out of the dashboard: part of every session cookie's MAC, so
+    the cookies made before it (in any browser) stop working (``app.dashboard.auth``)."""
 
     tenant: Mapped[Tenant] = relationship(back_populates="api_keys")
 

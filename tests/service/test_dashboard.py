@@ -529,3 +529,20 @@ def test_a_pages_notes_are_only_those_this_server_wrote(service_app, bob):
     resp = b.post(f"/datasets/upload?csrf={csrf_of(page.text)}", files=bad)
     assert "error_sig=" in resp.headers["location"]
     assert "not a usable dataset" in b.get(resp.headers["location"]).text
+
+
+def test_signing_out_ends_the_keys_sessions_on_the_server(service_app, make_key):
+    """The cookie was stateless: a copy taken before sign-out kept working for its 12 hours.
+    Signing out now ends every dashboard session of that key; signing in again works."""
+    key = make_key(f"out-{uuid.uuid4().hex[:6]}")
+    b = sign_in(service_app, key.token)
+    other = sign_in(service_app, key.token)  # the same key in a second browser
+    copied = b.cookies.get("zoopick_session")
+    jobs = b.get("/jobs")
+    assert b.post("/logout", data={"csrf": csrf_of(jobs.text)}).status_code == 303
+    thief = browser(service_app)
+    thief.cookies.set("zoopick_session", copied)
+    assert thief.get("/jobs").headers["location"] == "/login?next=/jobs"
+    assert other.get("/jobs").status_code == 303  # every session of the key ended
+    again = sign_in(service_app, key.token)
+    assert again.get("/jobs").status_code == 200
