@@ -10,6 +10,7 @@ chunk whatever the file size.
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,9 +50,14 @@ class _Part:
 
 
 def check_text(value: str, what: str) -> None:
-    """Refuse a NUL character (PostgreSQL text cannot hold one: it would be a 500 at insert)."""
+    """Refuse a NUL character (PostgreSQL text cannot hold one: it would be a 500 at insert)
+    and any other control character (a name is shown in tables and terminals, where an
+    escape sequence would be obeyed), as class names are refused."""
     if "\x00" in value:
         raise Problem(422, f"{what} contains a NUL character", kind="invalid-text")
+    bad = next((ch for ch in value if unicodedata.category(ch) == "Cc"), None)
+    if bad is not None:
+        raise Problem(422, f"{what} contains a control character ({bad!r})", kind="invalid-text")
 
 
 def too_large_problem(limit: int) -> Problem:

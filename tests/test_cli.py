@@ -78,3 +78,22 @@ def test_metrics_lists_registry():
     assert r.exit_code == 0
     for name in ("leep", "logme", "knn"):
         assert name in r.stdout
+
+
+def test_the_clients_console_prints_text_never_markup_or_terminal_control():
+    """What the CLI prints comes in part from the server (names, errors): ``[/bold]`` made a
+    table fail, and an escape sequence would have reached the terminal."""
+    import io
+
+    from zoopick.client.tables import PlainConsole, show, table, visible
+
+    buf = io.StringIO()
+    console = PlainConsole(file=buf, width=200)
+    rows = table("name")
+    rows.add_row("[/bold] x \x1b[31mred\x07")
+    show(console, rows)
+    console.print("[b]bold?[/b] \x1b]0;title\x07")
+    out = buf.getvalue()
+    assert "\x1b" not in out and "\x07" not in out
+    assert "[/bold] x \\x1b[31mred\\x07" in out and "[b]bold?[/b] \\x1b]0;title\\x07" in out
+    assert visible("tab\tand\nnewline é") == "tab\tand\nnewline é"

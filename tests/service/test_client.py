@@ -304,16 +304,18 @@ def test_cli_pipeline_with_exit_codes(stack, tmp_path):
 def test_cli_shows_hostile_names_as_text_and_refuses_bad_arguments_in_one_line(
     stack, client, dataset, tmp_path
 ):
-    # a dataset name that is Rich markup and a terminal escape: listed as plain text, the
-    # escape written out (it made `datasets list` fail with a traceback, exit 1)
+    # a dataset name that is Rich markup: listed as plain text (it made `datasets list` fail
+    # with a traceback, exit 1); a control character in a name is refused by the server now
     data = tmp_path / "named.npz"
     data.write_bytes(npz_bytes(seed=8))
-    named = client.upload_dataset(data, name="[/bold] x \x1b[31mred")
+    named = client.upload_dataset(data, name="[/bold] x [red]y")
     client.wait_dataset(named.id, timeout=60, interval=0.3)
     for args in (("datasets", "list"), ("datasets", "get", named.id)):
         shown = cli(stack, *args)
         assert shown.returncode == 0, shown.stderr
-        assert "[/bold] x \\x1b[31mred" in shown.stdout and "\x1b" not in shown.stdout
+        assert "[/bold] x [red]y" in shown.stdout
+    with pytest.raises(BadRequest, match="control character"):
+        client.upload_dataset(data, name="x \x1b[31mred")
 
     def one_line_usage_error(run, needle):
         assert run.returncode == 2, (run.returncode, run.stderr)
