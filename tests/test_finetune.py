@@ -158,3 +158,32 @@ def test_sparse_hooks_get_the_default_warmup_unless_the_run_sets_one():
     assert options("dense") == {}
     state, _ = make_hook("spardl", density=0.01, **options("spardl"))
     assert [state.density_at(t) for t in range(5)] == [0.25, 0.0625, 0.015625, 0.01, 0.01]
+
+
+def _diverging(rank: int, world: int, config: dict) -> str:
+    from zoopick.training.finetune import Diverged
+
+    try:
+        run(FinetuneConfig(**config))
+    except Diverged as exc:
+        return str(exc)
+    return "trained"
+
+
+def test_a_run_whose_loss_is_not_finite_stops_and_writes_no_model(tiny_zoo, tiny_npz, tmp_path):
+    """lr 10 with weight decay 1 (both within the options' bounds) drives the weights to
+    infinity: the run used to end with exit 0, a saved model of NaNs and metrics holding bare
+    NaN. Every rank sees the same all-reduced loss, so every rank stops."""
+    out = tmp_path / "nan"
+    config = _cfg(tiny_zoo, tiny_npz, out, compressor="dense", lr=10.0, weight_decay=1.0,
+                  batch_size=2, epochs=6)  # fmt: skip
+    results = launch(_diverging, 2, config)
+    assert all("not finite" in r and "no model" in r for r in results), results
+    assert not (out / FINAL_WEIGHTS).exists()
+    for line in (out / METRICS).read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in the metrics"))
+
+
+def test_a_batch_of_one_is_refused_up_front():
+    with pytest.raises(ValueError, match="batch_size"):
+        FinetuneConfig(zoo="z", model="m", data="d", out="o", batch_size=1)

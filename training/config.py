@@ -102,7 +102,12 @@ class FinetuneOptions(BaseModel):
         json_schema_extra={"anyOf": comm_options.option_schemas()},
     )
     lr: float = Field(0.01, gt=0, le=10)
-    batch_size: int = Field(32, ge=1, le=65_536, description="Images per worker and step.")
+    batch_size: int = Field(
+        32,
+        ge=2,
+        le=65_536,
+        description="Images per worker and step (at least 2: batch norm cannot train on one).",
+    )
     optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(0.9, ge=0, lt=1, description="The optimizer's (sgd).")
     weight_decay: float = Field(0.0, ge=0, le=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -115,6 +116,12 @@ def _all_sum(values: list[float], device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+class Diverged(RuntimeError):
+    """The training loss became NaN or infinite: nothing the run goes on to write (an epoch
+    record, a checkpoint, the model) would be usable. (A run of NaN weights used to end with
+    exit 0 and a saved model, its metrics holding bare ``NaN`` no JSON parser takes.)"""
 
 
 def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, Any]:
@@ -241,6 +248,12 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
             [float(loss_sum), float(correct), used, test_correct, test_n, comm["bytes_sent"]],
             device,
         )
+        if not math.isfinite(totals[0]):  # the same sum on every rank: all of them stop
+            raise Diverged(
+                f"the training loss is not finite in epoch {epoch + 1} ({totals[0] / totals[2]}):"
+                f" the run diverged (lr {cfg.lr}, weight_decay {cfg.weight_decay}); no model "
+                "is written"
+            )
         record = EpochRecord(
             epoch=epoch + 1,
             loss=totals[0] / totals[2],

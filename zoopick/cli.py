@@ -246,7 +246,7 @@ def train(
     ),
     density: Annotated[float, typer.Option(min=0.0, max=1.0)] = default("density"),
     epochs: Annotated[int, typer.Option(min=1)] = default("epochs"),
-    batch_size: Annotated[int, typer.Option(min=1)] = default("batch_size"),
+    batch_size: Annotated[int, typer.Option(min=2)] = default("batch_size"),
     lr: Annotated[float, typer.Option(min=0.0)] = default("lr"),
     optimizer: Annotated[str, typer.Option(help="sgd or adam")] = default("optimizer"),
     max_per_class: Annotated[int | None, typer.Option(min=1)] = None,
