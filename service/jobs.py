@@ -178,6 +178,9 @@ def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: 
                 f"finetune.batch_size above the limit of {settings.max_batch_size} "
                 "(ZOOPICK_MAX_BATCH_SIZE)",
             )
+        problem = options.feeding_problem((ds.counts or {}).values())
+        if problem is not None:  # else it failed after scoring, once its workers started
+            raise Rejected("invalid-finetune", f"finetune: {problem}")
     selection = body.selection
     if selection is not None:
         _check_race(session, ds, selection, options, models, settings)

@@ -44,6 +44,14 @@ def test_train_rejects_bad_input_before_starting_workers(tiny_zoo, tiny_npz, tmp
     assert r.exit_code == 2 and "nope" in r.stderr
     r = runner.invoke(app, [*base, "--model", "tiny-vit", "--hook-option", "teams"])
     assert r.exit_code == 2 and "NAME=VALUE" in r.stderr
+    # a dataset that cannot feed the workers (24 images, 18 to train on), a class capped at
+    # one image, a batch of one: refused here, where they failed inside started workers
+    r = runner.invoke(app, [*base, "--model", "tiny-vit", "--workers", "10"])
+    assert r.exit_code == 2 and "cannot feed 10 workers" in r.stderr, r.stderr
+    r = runner.invoke(app, [*base, "--model", "tiny-vit", "--max-per-class", "1"])
+    assert r.exit_code == 2 and "no class 2 images" in r.stderr, r.stderr
+    r = runner.invoke(app, [*base, "--model", "tiny-vit", "--batch-size", "1"])
+    assert r.exit_code == 2 and "batch-size" in r.stderr, r.stderr
 
 
 def test_write_config_writes_the_checked_run_document(tiny_zoo, tiny_npz, tmp_path):

@@ -11,7 +11,7 @@ it without loading the trainer.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TextIO
 
@@ -167,6 +167,28 @@ class FinetuneOptions(BaseModel):
     @property
     def min_workers(self) -> int:
         return self.workers.min if isinstance(self.workers, WorkerRange) else self.workers
+
+    def feeding_problem(self, counts: Iterable[int], *, test_share: bool = True) -> str | None:
+        """Why a dataset of these class sizes cannot feed this fine-tune, or None: its
+        training split (each class capped at ``max_per_class``, less its test share by the
+        trainer's own rule unless the test data is a file of its own) must give every worker
+        at least 2 images. Checked where a run is asked for (a job's submission, ``zoopick
+        train``), not where its workers have started."""
+        from zoopick.selection.data import split_count
+
+        capped = [min(int(n), self.max_per_class or int(n)) for n in counts]
+        if test_share and capped and max(capped) < 2:
+            return (
+                f"max_per_class={self.max_per_class} leaves no class 2 images to split into "
+                "training and test"
+            )
+        train = sum(n - split_count(n, self.test_fraction) if test_share else n for n in capped)
+        if train // self.max_workers < 2:
+            return (
+                f"the dataset's {train} training images cannot feed {self.max_workers} "
+                "workers, 2 images each at least; use fewer workers or a larger dataset"
+            )
+        return None
 
     @property
     def workers_label(self) -> str:

@@ -333,11 +333,14 @@ def train(
         raise fail(describe(exc)) from None
     try:
         load_zoo(zoo)[model]
-        load_dataset(data, max_per_class=max_per_class)
+        train = load_dataset(data, max_per_class=max_per_class)
         if test_data:
             load_dataset(test_data)
     except (ZooError, DatasetError, ValueError) as exc:
         raise fail(str(exc)) from None
+    problem = cfg.feeding_problem(train.class_counts().values(), test_share=not test_data)
+    if problem is not None:  # else the workers, once started, found it
+        raise fail(problem)
     if config_only:
         typer.echo(str(write_config(cfg)))
         return

@@ -440,6 +440,7 @@ FIELD_OF_KIND = {
     "no-models": "models",
     "empty-zoo": "models",
     "invalid-selection": "budget_epochs",
+    "invalid-finetune": "workers",
 }
 
 

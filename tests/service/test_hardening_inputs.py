@@ -204,6 +204,22 @@ def test_the_deployments_training_limits_refuse_a_job(http, carol, ready, finetu
     assert 400 <= resp.status_code < 500 and needle in resp.text, resp.text
 
 
+@pytest.mark.parametrize(
+    "finetune, needle",
+    [
+        ({"workers": 8}, "cannot feed 8 workers"),  # 18 images, 15 to train on
+        ({"max_per_class": 1}, "no class 2 images"),
+    ],
+)
+def test_a_fine_tune_the_dataset_cannot_feed_is_refused_at_submission(
+    http, carol, ready, finetune, needle
+):
+    # it was accepted, every model scored, and the job failed once its workers had started
+    body = {"dataset_id": ready, "models": ["strict-net"], "finetune": finetune}
+    resp = http.post("/jobs", json=body, headers=carol)
+    assert resp.status_code == 422 and needle in resp.text, resp.text
+
+
 # -- 10: no internals in errors --------------------------------------------------------------
 
 
