@@ -396,29 +396,37 @@ def test_a_task_that_lost_its_lease_stops_and_settles_nothing(stack):
 
 
 def test_a_failing_rank_fails_the_job_with_its_error(stack):
-    """Four images leave 2 for training after the test split: enough to validate and score,
-    but the trainer's ranks find they cannot each get a batch. Their error is the job's."""
+    """A run whose loss diverges (lr 10, weight decay 1: both within the options' bounds)
+    stops on every rank; the ranks' error is the job's, and no model is written. (A dataset
+    too small for the workers served here before; it is refused at submission now.)"""
     pytest.importorskip("zoopick.training.launch", reason="training not written yet")
     client = stack["client"]
     gpu = gpu_worker(stack)
     dataset = _upload_ready(stack, npz_bytes(n_per_class=2, classes=2, seed=5))
-    ft = {"epochs": 1, "workers": 2, "compressor": "dense"}
+    small = {"epochs": 1, "workers": 2, "compressor": "dense"}
+    refused = client.post(
+        "/jobs", json={"dataset_id": dataset, "models": ["tiny-resnet"], "finetune": small}
+    )
+    assert refused.status_code == 422 and "cannot feed 2 workers" in refused.text, refused.text
+    dataset = _upload_ready(stack, npz_bytes(n_per_class=8, classes=3, seed=5))
+    ft = {"epochs": 6, "workers": 2, "compressor": "dense", "lr": 10.0, "weight_decay": 1.0,
+          "batch_size": 2}  # fmt: skip
     jid = client.post(
         "/jobs", json={"dataset_id": dataset, "models": ["tiny-resnet"], "finetune": ft}
     ).json()["id"]
     job = poll(
         lambda: _job(client, jid),
         lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
-        timeout=120,
+        timeout=180,
         interval=0.5,
         what="the failing fine-tune",
     )
     assert job["status"] == "failed", (job, gpu.tail())
     assert job["error"].startswith("training failed: rank "), (job, gpu.tail())
-    assert "ValueError: 2 training images cannot feed 2 workers" in job["error"], job
+    assert "Diverged: the training loss is not finite" in job["error"], job
     assert job["chosen_model"] == "tiny-resnet" and job["ranking"]  # scoring went through
     training = job["training"]
-    assert training["status"] == "failed" and "cannot feed 2 workers" in training["error"]
+    assert training["status"] == "failed" and "not finite" in training["error"]
     assert trainer_processes(stack["settings"].storage_dir / "jobs" / jid) == []
 
 
