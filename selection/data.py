@@ -805,6 +805,21 @@ def split_count(members: int, fraction: float) -> int:
     return min(max(int(round(members * fraction)), 1), members - 1)
 
 
+def training_count(
+    counts: Iterable[int], *, max_per_class: int | None = None, fractions: Sequence[float] = ()
+) -> int:
+    """Images left to train on from classes of these sizes, without loading them: each class
+    capped at ``max_per_class``, less each split's held-out share in turn (:func:`split_count`,
+    the trainer's own rule). The one count a race's plan and a fine-tune's submission use."""
+    total = 0
+    for n in counts:
+        n = min(int(n), max_per_class) if max_per_class else int(n)
+        for fraction in fractions:
+            n -= split_count(n, fraction)
+        total += n
+    return total
+
+
 def split_dataset(
     ds: TargetDataset, test_fraction: float, seed: int
 ) -> tuple[TargetDataset, TargetDataset]:

@@ -174,7 +174,7 @@ class FinetuneOptions(BaseModel):
         trainer's own rule unless the test data is a file of its own) must give every worker
         at least 2 images. Checked where a run is asked for (a job's submission, ``zoopick
         train``), not where its workers have started."""
-        from zoopick.selection.data import split_count
+        from zoopick.selection.data import training_count
 
         capped = [min(int(n), self.max_per_class or int(n)) for n in counts]
         if test_share and capped and max(capped) < 2:
@@ -182,7 +182,7 @@ class FinetuneOptions(BaseModel):
                 f"max_per_class={self.max_per_class} leaves no class 2 images to split into "
                 "training and test"
             )
-        train = sum(n - split_count(n, self.test_fraction) if test_share else n for n in capped)
+        train = training_count(capped, fractions=(self.test_fraction,) if test_share else ())
         if train // self.max_workers < 2:
             return (
                 f"the dataset's {train} training images cannot feed {self.max_workers} "

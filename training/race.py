@@ -118,15 +118,13 @@ def race_train_size(
     """Images the race trains on: each class capped at ``max_per_class``, less its test share
     and then its validation share, by the trainer's own split rule
     (``selection.data.split_count``)."""
-    from zoopick.selection.data import split_count
+    from zoopick.selection.data import training_count
 
-    total = 0
-    for n in counts.values():
-        n = min(int(n), max_per_class) if max_per_class else int(n)
-        n -= split_count(n, test_fraction)
-        n -= split_count(n, validation_fraction)
-        total += n
-    return total
+    return training_count(
+        counts.values(),
+        max_per_class=max_per_class,
+        fractions=(test_fraction, validation_fraction),
+    )
 
 
 def steps_per_epoch(train_images: int, batch_size: int) -> int:
