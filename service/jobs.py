@@ -98,11 +98,14 @@ class Rejected(Exception):
     """A use case refused its input. ``kind`` names the problem class (e.g.
     ``unknown-dataset``); ``retry_after`` (seconds) is set where waiting helps."""
 
-    def __init__(self, kind: str, detail: str, *, retry_after: int | None = None) -> None:
+    def __init__(
+        self, kind: str, detail: str, *, retry_after: int | None = None, field: str | None = None
+    ) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
         self.retry_after = retry_after
+        self.field = field  # the body field at fault (e.g. "finetune.epochs"), where one is
 
 
 def options_of(job: Job) -> FinetuneOptions | None:
@@ -167,16 +170,23 @@ def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: 
     options = body.finetune
     if options is not None:
         if options.epochs > settings.max_epochs:
-            raise Rejected("limit", f"finetune.epochs above the limit of {settings.max_epochs}")
+            raise Rejected(
+                "limit",
+                f"finetune.epochs above the limit of {settings.max_epochs}",
+                field="finetune.epochs",
+            )
         if options.max_workers > settings.max_train_workers:
             raise Rejected(
-                "limit", f"finetune.workers above the limit of {settings.max_train_workers}"
+                "limit",
+                f"finetune.workers above the limit of {settings.max_train_workers}",
+                field="finetune.workers",
             )
         if options.batch_size > settings.max_batch_size:
             raise Rejected(
                 "limit",
                 f"finetune.batch_size above the limit of {settings.max_batch_size} "
                 "(ZOOPICK_MAX_BATCH_SIZE)",
+                field="finetune.batch_size",
             )
         problem = options.feeding_problem((ds.counts or {}).values())
         if problem is not None:  # else it failed after scoring, once its workers started
@@ -212,7 +222,11 @@ def _check_race(
             "invalid-selection", "selection: a race needs at least 2 models; this job has 1"
         )
     if selection.budget_epochs > settings.max_epochs:
-        raise Rejected("limit", f"selection.budget_epochs above the limit of {settings.max_epochs}")
+        raise Rejected(
+            "limit",
+            f"selection.budget_epochs above the limit of {settings.max_epochs}",
+            field="selection.budget_epochs",
+        )
     shortlist = min(selection.shortlist, len(models))
     try:
         race.plan_for(

@@ -429,6 +429,8 @@ DEFAULT_FORM = {
     "budget_epochs": jobs.SelectionOptions().budget_epochs,
     "models": [],
 }
+FORM_FIELDS = frozenset(DEFAULT_FORM) | {"dataset_id"}
+"""The submit form's fields: an error whose body field is one of them shows beside it."""
 
 FIELD_OF_KIND = {
     "unknown-dataset": "dataset_id",
@@ -544,10 +546,9 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
             )
         except jobs.Rejected as exc:
             field = FIELD_OF_KIND.get(exc.kind, "__all__")
-            if exc.kind == "limit":  # the field the limit names, else the form's top
-                named = ("budget_epochs", "finetune.epochs", "finetune.workers")
-                field = next((f for f in named if f in exc.detail), "__all__")
-                field = field.removeprefix("finetune.")
+            if exc.field is not None:  # the body field at fault, where the form has it
+                name = exc.field.rsplit(".", 1)[-1]
+                field = name if name in FORM_FIELDS else "__all__"
             return None, {field: exc.detail}
         except Problem as p:  # the rate limit
             return None, {"__all__": p.detail}
