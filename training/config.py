@@ -11,6 +11,7 @@ it without loading the trainer.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TextIO
@@ -381,9 +382,7 @@ class EpochRecord:
         seconds = data.get("seconds")
         seconds = seconds if isinstance(seconds, Mapping) else {}
 
-        def num(value: Any) -> float | None:
-            return None if value is None else float(value)
-
+        num = finite_or_none
         return cls(
             epoch=int(data["epoch"]),
             loss=num(data.get("loss")),
@@ -468,6 +467,18 @@ class RunEvent:
         return json.dumps(fields)
 
 
+def finite_or_none(value: Any) -> float | None:
+    """A number read from the trainer's output, or None where it is missing or not finite.
+
+    Why: Python's ``json`` writes and reads ``NaN`` and ``Infinity``, but neither PostgreSQL's
+    JSON columns (a diverging run's running loss in ``training_runs.progress`` failed the whole
+    task) nor an HTTP response can carry them; a loss that is not a number is not known."""
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
 def parse_line(line: str) -> EpochRecord | TrainerError | RunEvent | None:
     """The record a line of the trainer's output holds, or None for any other line (logs,
     tracebacks, a half-written line)."""
@@ -487,12 +498,12 @@ def parse_line(line: str) -> EpochRecord | TrainerError | RunEvent | None:
         if data.get("event") in ("started", "resumed", "progress"):
             ints = ("epoch", "workers", "epochs", "step", "steps")
             num = {k: int(data[k]) for k in ints if data.get(k) is not None}
-            real = {k: float(data[k]) for k in ("loss", "train_acc") if data.get(k) is not None}
+            real = {k: finite_or_none(data.get(k)) for k in ("loss", "train_acc")}
             texts = ("backend", "ref", "phase", "host")
             text = {k: str(data[k])[:200] for k in texts if data.get(k) is not None}
             return RunEvent(data["event"], **num, **real, **text)
         if "epoch" in data:
             return EpochRecord.from_dict(data)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         return None
     return None

@@ -171,3 +171,33 @@ def test_epoch_records_are_upserted(factory, job):
         assert (e.loss, e.train_accuracy, e.test_accuracy, e.bytes_sent) == (2.0, 0.25, 0.5, 1024)
         assert (e.compute_seconds, e.select_seconds, e.comm_seconds) == (1.0, 0.1, 0.2)
         assert e.extra == {"workers": 2}
+
+
+def test_a_diverging_runs_lines_are_stored_with_their_unknown_numbers_as_null(factory, job):
+    """Python's json writes NaN and Infinity; PostgreSQL's JSON refuses them, and a running
+    loss of NaN in a progress event once failed the whole fine-tune task (the job ended
+    "crashed" instead of with the rank's Diverged error). The lines are stored, the numbers
+    that are not finite as null."""
+    with factory.begin() as s:
+        run = TrainingRun(job_id=job, model_id="a", config={}, world_size=2, output_dir="/x")
+        s.add(run)
+        s.flush()
+        s.execute(update(TrainingRun).where(TrainingRun.id == run.id).values(status="running"))
+        for loss in (float("nan"), float("inf"), -float("inf")):
+            line = json.dumps(
+                {"event": "progress", "phase": "training", "epoch": 1, "epochs": 2, "step": 3,
+                 "steps": 10, "loss": loss, "train_acc": 0.5}
+            )  # fmt: skip
+            assert ("NaN" in line) or ("Infinity" in line)
+            event = parse_line(line)
+            assert event.loss is None and event.train_acc == 0.5
+            pipeline.record_run_event(s, run.id, event)
+        epoch = parse_line(json.dumps({"epoch": 1, "loss": float("nan"), "test_acc": 0.5}))
+        assert epoch.loss is None and epoch.test_accuracy == 0.5
+        pipeline.record_epoch(s, run.id, epoch)
+        assert parse_line(json.dumps({"epoch": float("inf")})) is None  # not an OverflowError
+    with factory() as s:
+        stored = s.get(TrainingRun, run.id)
+        assert stored.progress["step"] == 3 and stored.progress["phase"] == "training"
+        row = s.scalar(select(EpochMetric).where(EpochMetric.run_id == run.id))
+        assert row.loss is None and row.test_accuracy == 0.5
