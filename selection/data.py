@@ -792,6 +792,32 @@ def _load_folder(
     return ds
 
 
+def load_test_data(
+    path: str | Path, train_path: str | Path, class_names: Sequence[str]
+) -> TargetDataset:
+    """The test data a run names, checked against its training data's classes.
+
+    The training file itself as test data means that file's own test split (Keras layout
+    ``x_test``/``y_test``): testing on the training images would be a silent wrong answer.
+    Classes that differ from ``class_names`` (names or order) are a :class:`DatasetError`.
+    One function, so ``zoopick train`` refuses what its workers would fail on."""
+    same = Path(path).expanduser().resolve() == Path(train_path).expanduser().resolve()
+    test = load_dataset(path, split="test" if same else "train")
+    if list(test.class_names) != list(class_names):
+        raise DatasetError(
+            f"test data classes differ from training data classes: {_preview(test.class_names)}"
+            f" against {_preview(class_names)}"
+        )
+    return test
+
+
+def _preview(names: Sequence[str], shown: int = 5) -> str:
+    """A few class names for a message (a dataset may have thousands)."""
+    head = ", ".join(repr(str(n)) for n in list(names)[:shown])
+    more = len(names) - shown
+    return f"[{head}{f', ... {more} more' if more > 0 else ''}] ({len(names)})"
+
+
 # --------------------------------------------------------------------------------------------
 # splitting
 

@@ -1,6 +1,7 @@
 """``zoopick train`` end to end: torchrun starts 2 gloo workers, JSON lines come back."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -52,6 +53,20 @@ def test_train_rejects_bad_input_before_starting_workers(tiny_zoo, tiny_npz, tmp
     assert r.exit_code == 2 and "no class 2 images" in r.stderr, r.stderr
     r = runner.invoke(app, [*base, "--model", "tiny-vit", "--batch-size", "1"])
     assert r.exit_code == 2 and "batch-size" in r.stderr, r.stderr
+    # test data whose classes are not the training data's: refused here, where the workers
+    # found it once started (exit 1); the help states the open bounds the run checks
+    import numpy as np
+
+    other = tmp_path / "other.npz"
+    np.savez(other, x=np.zeros((4, 8, 8), np.uint8), y=np.array([0, 1, 0, 1]),
+             class_names=np.array(["cat", "dog"]))  # fmt: skip
+    r = runner.invoke(app, [*base, "--model", "tiny-vit", "--test-data", str(other)])
+    assert r.exit_code == 2 and "test data classes differ" in r.stderr, r.stderr
+    assert "'cat', 'dog'" in r.stderr and "'dark'" in r.stderr, r.stderr
+    r = runner.invoke(app, [*base, "--model", "tiny-vit", "--lr", "0"])
+    assert r.exit_code == 2 and "lr" in r.stderr and "greater than 0" in r.stderr, r.stderr
+    helptext = " ".join(runner.invoke(app, ["train", "--help"]).stdout.split())
+    assert "in (0, 10]" in helptext and "in (0, 1]" in helptext
 
 
 def test_write_config_writes_the_checked_run_document(tiny_zoo, tiny_npz, tmp_path):
@@ -73,6 +88,30 @@ def test_write_config_writes_the_checked_run_document(tiny_zoo, tiny_npz, tmp_pa
     assert isinstance(cfg, FinetuneConfig)
     assert (cfg.workers, cfg.compressor, cfg.hook_options) == (4, "spardl", {"teams": 2})
     assert not (out / "checkpoint.pt").exists()  # nothing ran
+
+
+def test_write_config_names_files_absolutely_and_a_resume_knows_a_file_however_spelt(
+    tiny_zoo, tiny_npz, tmp_path, monkeypatch
+):
+    """Relative paths given to ``zoopick train`` are written resolved, so OUT/run.json runs
+    from any directory; and a checkpoint's config names the same files as ``./data.npz``
+    or an absolute path (``same_run`` compares files, not strings)."""
+    from zoopick.training.config import FinetuneConfig
+
+    monkeypatch.chdir(tmp_path)
+    zoo, data = os.path.relpath(tiny_zoo), "./" + os.path.relpath(tiny_npz)
+    r = CliRunner().invoke(app, [
+        "train", "--zoo", zoo, "--data", data, "--out", "r2", "--model", "tiny-vit",
+        "--write-config",
+    ])  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    cfg = FinetuneConfig.from_json((tmp_path / "r2" / "run.json").read_text())
+    assert cfg.zoo == str(tiny_zoo.resolve()) and cfg.data == str(tiny_npz.resolve())
+    assert cfg.out == str((tmp_path / "r2").resolve())
+    spelt = cfg.model_copy(update={"data": data, "zoo": zoo})
+    assert spelt.same_run(cfg.model_dump(mode="json")) == []
+    moved = cfg.model_copy(update={"data": str(tmp_path / "elsewhere.npz"), "lr": 0.5})
+    assert moved.same_run(cfg.model_dump(mode="json")) == ["data", "lr"]
 
 
 def test_a_finished_worker_exits_with_its_code_and_its_output_flushed():

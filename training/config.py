@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, TextIO
 
 from pydantic import (
@@ -283,10 +284,25 @@ class FinetuneConfig(FinetuneOptions):
     def from_json(cls, text: str) -> FinetuneConfig:
         return cls.model_validate_json(text)
 
+    # fields that name files: one file however it is spelt (./zoo.yaml, an absolute path)
+    _PATHS = frozenset({"zoo", "data", "test_data", "init_from"})
+
     def same_run(self, other: Mapping[str, Any]) -> list[str]:
-        """Names of fields that differ from a saved config (ignoring the resumable ones)."""
+        """Names of fields that differ from a saved config (ignoring the resumable ones);
+        paths are compared as the files they name, resolved from the current directory."""
         mine = self.model_dump(mode="json")
-        return sorted(k for k in mine if k not in self._RESUMABLE and mine[k] != other.get(k))
+
+        def differs(key: str) -> bool:
+            a, b = mine[key], other.get(key)
+            if key in self._PATHS and isinstance(a, str) and isinstance(b, str):
+                return _resolved(a) != _resolved(b)
+            return a != b
+
+        return sorted(k for k in mine if k not in self._RESUMABLE and differs(k))
+
+
+def _resolved(path: str) -> Path:
+    return Path(path).expanduser().resolve()
 
 
 def default(name: str) -> Any:

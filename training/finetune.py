@@ -52,16 +52,11 @@ def _load_data(cfg: FinetuneConfig):
     split is never looked at. The training split is the same either way (same seed), which is
     what lets the final fine-tune start from a race checkpoint without having seen its test
     images."""
-    from zoopick.selection.data import load_dataset, split_dataset
+    from zoopick.selection.data import load_dataset, load_test_data, split_dataset
 
     train = load_dataset(cfg.data, max_per_class=cfg.max_per_class, seed=cfg.seed)
     if cfg.test_data:
-        # the training file itself as test data means its own test split (Keras layout
-        # x_test/y_test); testing on the training images would be a silent wrong answer
-        same = Path(cfg.test_data).resolve() == Path(cfg.data).resolve()
-        test = load_dataset(cfg.test_data, split="test" if same else "train")
-        if list(test.class_names) != list(train.class_names):
-            raise ValueError("test data classes differ from training data classes")
+        test = load_test_data(cfg.test_data, cfg.data, train.class_names)
     else:
         train, test = split_dataset(train, cfg.test_fraction, cfg.seed)
     if cfg.validation_fraction is not None:

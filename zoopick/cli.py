@@ -19,7 +19,7 @@ from zoopick.client.cli import register as register_client
 from zoopick.client.tables import PlainConsole
 from zoopick.client.tables import show as show_table
 from zoopick.service_cli import service_app
-from zoopick.training.config import FinetuneConfig, default
+from zoopick.training.config import FinetuneConfig, FinetuneOptions, default
 
 app = typer.Typer(
     name="zoopick",
@@ -41,6 +41,22 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     """Print ``error: message`` on one line of stderr and return the Exit to raise."""
     typer.echo(f"error: {' '.join(message.split())}", err=True)
     return typer.Exit(code)
+
+
+def field_interval(name: str) -> str:
+    """A fine-tune option's range as :class:`FinetuneOptions` states it (gt/ge/lt/le), for
+    ``--help``: "(0, 10]" where the run checks lr > 0 and lr <= 10. The check itself is the
+    options model's (a value outside exits 2 naming the option)."""
+    metadata = FinetuneOptions.model_fields[name].metadata
+
+    def bound(kind: str) -> float | None:
+        found = (getattr(m, kind) for m in metadata if getattr(m, kind, None) is not None)
+        return next(found, None)
+
+    gt, ge, lt, le = bound("gt"), bound("ge"), bound("lt"), bound("le")
+    low = f"({gt:g}" if gt is not None else f"[{ge:g}" if ge is not None else "(-inf"
+    high = f"{lt:g})" if lt is not None else f"{le:g}]" if le is not None else "inf)"
+    return f"{low}, {high}"
 
 
 def default_cache_dir() -> Path:
@@ -244,10 +260,15 @@ def train(
     compressor: Annotated[str, typer.Option(help="Comm hook: dense, topk, spardl ...")] = default(
         "compressor"
     ),
-    density: Annotated[float, typer.Option(min=0.0, max=1.0)] = default("density"),
+    density: Annotated[
+        float,
+        typer.Option(help=f"Fraction of gradient entries sent, in {field_interval('density')}."),
+    ] = default("density"),
     epochs: Annotated[int, typer.Option(min=1)] = default("epochs"),
     batch_size: Annotated[int, typer.Option(min=2)] = default("batch_size"),
-    lr: Annotated[float, typer.Option(min=0.0)] = default("lr"),
+    lr: Annotated[float, typer.Option(help=f"Learning rate, in {field_interval('lr')}.")] = default(
+        "lr"
+    ),
     optimizer: Annotated[str, typer.Option(help="sgd or adam")] = default("optimizer"),
     max_per_class: Annotated[int | None, typer.Option(min=1)] = None,
     hook_option: Annotated[
@@ -280,7 +301,7 @@ def train(
     """Fine-tune a zoo model on a dataset, data-parallel with a sparse comm hook."""
     from pydantic import ValidationError
 
-    from zoopick.selection.data import DatasetError, load_dataset
+    from zoopick.selection.data import DatasetError, load_dataset, load_test_data
     from zoopick.selection.zoo import ZooError, load_zoo
     from zoopick.training.backends import Backend, spawn
     from zoopick.training.config import (
@@ -310,13 +331,19 @@ def train(
     except ValueError as exc:
         raise fail(str(exc)) from None
     count = workers or (local_workers() if backend == "local" else DEFAULT_WORKERS)
+
+    def absolute(path: Path) -> str:
+        """The run's config names files absolutely: OUT/run.json (--write-config) then works
+        from any directory, and a checkpoint's config is the same file however it was spelt."""
+        return str(path.expanduser().resolve())
+
     try:
         cfg = FinetuneConfig(
-            zoo=str(zoo),
+            zoo=absolute(zoo),
             model=model,
-            data=str(data),
-            out=str(out),
-            test_data=str(test_data) if test_data else None,
+            data=absolute(data),
+            out=absolute(out),
+            test_data=absolute(test_data) if test_data else None,
             max_per_class=max_per_class,
             workers=count if min_workers is None else {"min": min_workers, "max": count},
             epochs=epochs,
@@ -335,7 +362,7 @@ def train(
         load_zoo(zoo)[model]
         train = load_dataset(data, max_per_class=max_per_class)
         if test_data:
-            load_dataset(test_data)
+            load_test_data(test_data, data, train.class_names)
     except (ZooError, DatasetError, ValueError) as exc:
         raise fail(str(exc)) from None
     problem = cfg.feeding_problem(train.class_counts().values(), test_share=not test_data)
