@@ -18,6 +18,7 @@ import json
 import lzma
 import os
 import posixpath
+import stat
 import tarfile
 import threading
 import unicodedata
@@ -31,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from zoopick.selection.archives import ZIP_ERRORS, MeteredStream, open_zip
 from zoopick.selection.errors import DatasetError, LimitExceeded
@@ -153,13 +154,41 @@ def _file_hashes(blobs: Sequence[bytes]) -> list[bytes]:
     return [hashlib.sha256(b).digest() for b in blobs]
 
 
-def _to_8bit(img: Image.Image) -> Image.Image:
-    """16-bit / 32-bit / float images scaled to 8 bits (``convert`` would clip them)."""
-    arr = np.asarray(img, dtype=np.float64)
-    top = 65535.0 if img.mode.startswith("I;16") or arr.max(initial=0) > 255 else 255.0
-    if img.mode == "F" and arr.max(initial=0) <= 1.0:
-        top = 1.0
-    return Image.fromarray(np.clip(np.rint(arr / top * 255), 0, 255).astype(np.uint8))
+def _to_8bit(img: Image.Image, where: str) -> Image.Image:
+    """16-bit, 32-bit integer and float images scaled to 8 bits (``convert`` would clip them),
+    by the mode's range, never by the image's own values: one bright pixel must not rescale
+    every other (and images of one dataset share a scale). Integer modes are 16-bit data
+    (Pillow opens 16-bit PNG and TIFF as ``I;16``, 16-bit PGM as ``I``): 0..65535 to 0..255.
+    Float images hold 0..1, as the npz path's floats do. Values outside the range, and NaN or
+    infinities, are refused rather than clipped into a silently different image. Works in
+    32 bits: a decode's memory stays within what :class:`_PixelGate` weighs it at."""
+    if img.mode == "F":
+        arr = np.asarray(img, dtype=np.float32)
+        if not np.isfinite(arr).all():
+            raise DatasetError(f"image {where}: float pixels that are NaN or infinite")
+        low, high = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
+        if low < 0 or high > 1:
+            raise DatasetError(
+                f"image {where}: float pixels must lie in [0, 1], found {low:g} to {high:g}"
+            )
+        return Image.fromarray(np.rint(arr * 255).astype(np.uint8))
+    arr = np.asarray(img)
+    low, high = (int(arr.min()), int(arr.max())) if arr.size else (0, 0)
+    if low < 0 or high > 65535:
+        raise DatasetError(
+            f"image {where}: integer pixels must lie in 0..65535 (16-bit), found {low} to {high}"
+        )
+    wide = arr.astype(np.uint32)
+    return Image.fromarray(((wide + 128) // 257).astype(np.uint8))  # round(v * 255 / 65535)
+
+
+def _upright(img: Image.Image) -> Image.Image:
+    """The image as a viewer shows it: EXIF orientation applied (a phone's portrait photo is
+    stored sideways with a tag saying so). An unreadable EXIF block leaves it as stored."""
+    try:
+        return ImageOps.exif_transpose(img)
+    except Exception:  # noqa: BLE001 - a broken tag is not a broken image
+        return img
 
 
 def _decode(
@@ -174,10 +203,11 @@ def _decode(
             if draft:
                 img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
             img.load()
-            if img.mode in ("I", "F") or img.mode.startswith("I;16"):
-                img = _to_8bit(img)
+            img = _upright(img)
+            if img.mode in WIDE_MODES or img.mode.startswith("I;16"):
+                img = _to_8bit(img, where)
             return img.convert("RGB")
-    except LimitExceeded:
+    except DatasetError:  # ours (a limit, pixels out of range), already naming the image
         raise
     except UnidentifiedImageError as exc:
         # PIL's own message names its in-memory buffer object (``<_io.BytesIO object at
@@ -201,11 +231,19 @@ def _plain(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+WIDE_MODES = ("I", "F")
+"""Pillow modes of more than 8 bits a channel (with ``I;16*``): scaled by :func:`_to_8bit`."""
+WIDE_WEIGHT = 4
+"""What a wide-mode pixel weighs at the gate, in 8-bit pixels: its decode holds the image
+(2 or 4 bytes), a 32-bit working copy and the 8-bit results, about four times an 8-bit one."""
+
+
 class _PixelGate:
     """Bounds the pixels decoded at once by :func:`_parallel`'s threads. A decode holds about
     4 bytes a pixel (the image and its RGB copy): eight threads on images of 4096 x 4096
     (the service's ``max_pixels``) would hold over 500 MB. A decode waits until its pixels
-    fit under ``cap`` beside those in flight (one always runs, whatever its size)."""
+    fit under ``cap`` beside those in flight (one always runs, whatever its size); a pixel of
+    16 bits or more counts :data:`WIDE_WEIGHT` times."""
 
     def __init__(self, cap: int | None) -> None:
         self.cap = cap
@@ -234,7 +272,10 @@ def _decode_pixels(data: bytes) -> int:
     try:
         with Image.open(io.BytesIO(data)) as img:
             pixels = img.width * img.height
-            return pixels // 64 if img.format == "JPEG" else pixels
+            if img.format == "JPEG":
+                return pixels // 64
+            wide = img.mode in WIDE_MODES or img.mode.startswith("I;16")
+            return pixels * WIDE_WEIGHT if wide else pixels
     except Exception:  # noqa: BLE001 - any failure is reported by the decode that follows
         return 0
 
@@ -341,6 +382,13 @@ def _check_names(names: Sequence[str], where: str, limits: DatasetLimits) -> Non
             raise DatasetError(
                 f"{where}: class name {name[:60]!r} contains a control character "
                 "(NUL, tab, newline, escape...)"
+            )
+        if any(unicodedata.category(ch) == "Cs" for ch in name):
+            # a folder name that is not UTF-8 (an archive from another system's encoding):
+            # decoded with surrogate escapes, it cannot be stored, shown or hashed as text
+            raise DatasetError(
+                f"{where}: class name {name[:60]!r} is not valid UTF-8 text; rename the "
+                "folder (or re-create the archive) with UTF-8 names"
             )
 
 
@@ -510,7 +558,8 @@ def _safe_member(name: str, where: str) -> str | None:
     """The member's normalised relative name, or None for directories. Absolute names and
     ``..`` components are refused: nothing may point outside the archive."""
     name = name.replace("\\", "/")
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+    drive = len(name) > 1 and name[1] == ":" and name[0].isascii() and name[0].isalpha()
+    if name.startswith("/") or drive:  # "C:/x" or "C:x"; a class "4:3" is a name
         raise DatasetError(f"{where}: unsafe archive member {name!r} (absolute path)")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
@@ -524,9 +573,21 @@ class _DirReader(_Reader):
         self.where = root.name
         self.limits = limits
         self._sizes: dict[str, int] = {}
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        # linked folders are followed as linked files are (a class folder that is a symlink
+        # would otherwise vanish without a word); a link back into a folder being walked
+        # would walk forever, and is refused
+        walking: dict[str, str] = {}
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
             dirnames[:] = [d for d in dirnames if not _ignored(d)]
             rel = Path(dirpath).relative_to(root)
+            real = os.path.realpath(dirpath)
+            for ancestor in rel.parents:
+                if walking.get(ancestor.as_posix()) == real:
+                    raise DatasetError(
+                        f"{self.where}: folder link {rel.as_posix()!r} leads back to "
+                        f"{ancestor.as_posix()!r}, a loop"
+                    )
+            walking[rel.as_posix()] = real
             for f in filenames:
                 p = Path(dirpath) / f
                 if p.is_file():
@@ -570,6 +631,13 @@ class _ZipReader(_Reader):
             for info in infos:
                 name = _safe_member(info.filename, self.where)
                 if name is not None and not info.is_dir():
+                    if stat.S_ISLNK(info.external_attr >> 16) and _is_image(name):
+                        # its data is the target's path, not an image
+                        raise DatasetError(
+                            f"{self.where}: member {info.filename!r} is a symbolic link; zip "
+                            "links are not followed: put the image itself in the archive"
+                        )
+                    _check_unique(self.members, name, info.filename, self.where)
                     self.members[name] = info
         except DatasetError:
             self.zf.close()
@@ -625,6 +693,7 @@ class _TarReader(_Reader):
             self.stream.close()
             raise DatasetError(f"{path.name}: not a readable tar archive: {_plain(exc)}") from exc
         self.members: dict[str, tarfile.TarInfo] = {}
+        links: dict[str, tuple[str, str]] = {}  # link -> (its target, its name as archived)
         count = 0
         bound = limits.stream_bytes()
         try:
@@ -636,10 +705,13 @@ class _TarReader(_Reader):
                 limits.check("max_members", count, f"{self.where}: archive entries")
                 name = _safe_member(info.name, self.where)
                 if info.issym() or info.islnk():
-                    _check_link(info, self.where)
-                    continue  # links are not followed
+                    target = _check_link(info, self.where)
+                    if name is not None:
+                        links[name] = (target, info.name)
+                    continue  # resolved once every member is known (a target may follow)
                 if not info.isfile() or name is None:
                     continue
+                _check_unique(self.members, name, info.name, self.where)
                 if bound is not None and info.offset_data + info.size > bound:
                     limits.check(
                         "max_total_bytes",
@@ -652,12 +724,47 @@ class _TarReader(_Reader):
                         "max_member_bytes", info.size, f"{self.where}: member {name} bytes"
                     )
                 self.members[name] = info
+            self._follow(links)
         except DatasetError:
             self.__exit__()
             raise
         except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
             self.__exit__()
             raise DatasetError(f"{path.name}: not a readable tar archive: {_plain(exc)}") from exc
+
+    def _follow(self, links: dict[str, tuple[str, str]]) -> None:
+        """An image that is a link (GNU tar stores a second path to one file as a hard link;
+        a symlink within the archive) reads its target's data: dropping it would silently
+        lose images, or a whole class. A link to a folder, to nothing in the archive, or
+        round in a loop is refused by name."""
+        folders = {posixpath.dirname(n) for n in self.members}
+        for folder in list(folders):
+            while folder:
+                folder = posixpath.dirname(folder)
+                folders.add(folder)
+        for name, (target, archived) in links.items():
+            if any(_ignored(p) for p in name.split("/")):
+                continue
+            seen = {name}
+            while target in links and target not in seen:  # a link to a link
+                seen.add(target)
+                target = links[target][0]
+            if target in self.members:
+                if _is_image(name):
+                    _check_unique(self.members, name, archived, self.where)
+                    self.members[name] = self.members[target]
+            elif target in seen:
+                raise DatasetError(f"{self.where}: link {archived!r} leads round in a loop")
+            elif target in folders:
+                raise DatasetError(
+                    f"{self.where}: link {archived!r} points to the folder {target!r}; links to "
+                    "folders are not followed: put the images themselves in the archive"
+                )
+            elif _is_image(name):
+                raise DatasetError(
+                    f"{self.where}: link {archived!r} points to {target!r}, which is not a "
+                    "file in the archive"
+                )
 
     def names(self) -> list[str]:
         return list(self.members)
@@ -669,8 +776,13 @@ class _TarReader(_Reader):
         # in archive order, so a compressed stream is only ever read forwards
         order = sorted(range(len(names)), key=lambda i: self.members[names[i]].offset_data)
         out: list[bytes] = [b""] * len(names)
+        last: tuple[tarfile.TarInfo, bytes] | None = None
         for i in order:
             info = self.members[names[i]]
+            if last is not None and last[0] is info:  # a link to the member just read
+                out[i] = last[1]
+                self._count(len(last[1]), names[i])
+                continue
             self.limits.check(
                 "max_member_bytes", info.size, f"{self.where}: member {names[i]} bytes"
             )
@@ -679,6 +791,7 @@ class _TarReader(_Reader):
                 if fh is None:
                     raise DatasetError(f"{self.where}: member {names[i]} is not a file")
                 out[i] = self._read_stream(fh, names[i], None)  # the stream meters the ratio
+                last = (info, out[i])
             except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
                 raise DatasetError(
                     f"{self.where}: cannot read member {names[i]}: {_plain(exc)}"
@@ -690,17 +803,29 @@ class _TarReader(_Reader):
         self.stream.close()
 
 
-def _check_link(info: tarfile.TarInfo, where: str) -> None:
-    """Refuse a link whose target lies outside the archive (symlinks are relative to their own
-    folder, hard links to the archive root)."""
+def _check_link(info: tarfile.TarInfo, where: str) -> str:
+    """The member a link points to, as a normalised name; a link whose target lies outside
+    the archive is refused (symlinks are relative to their own folder, hard links to the
+    archive root)."""
     target = info.linkname.replace("\\", "/")
     if target.startswith("/"):
         raise DatasetError(f"{where}: unsafe archive link {info.name!r} -> {target!r}")
     if info.issym():
-        target = posixpath.join(posixpath.dirname(info.name), target)
+        target = posixpath.join(posixpath.dirname(info.name.replace("\\", "/")), target)
     target = posixpath.normpath(target)
     if target == ".." or target.startswith("../"):
         raise DatasetError(f"{where}: unsafe archive link {info.name!r} -> {info.linkname!r}")
+    return "" if target == "." else target
+
+
+def _check_unique(members: dict[str, Any], name: str, archived: str, where: str) -> None:
+    """Refuse a second member of the same name (an archive may hold ``a/1.png`` twice, or as
+    ``a//1.png`` and ``./a/1.png``): which copy is the image would be a guess."""
+    if name in members:
+        raise DatasetError(
+            f"{where}: member {name!r} appears twice (again as {archived!r}); which copy is "
+            "the image is ambiguous"
+        )
 
 
 def _ignored(part: str) -> bool:
@@ -730,13 +855,24 @@ def _class_files(names: Iterable[str], where: str) -> dict[str, list[str]]:
                 continue
         break
     classes: dict[str, list[str]] = {}
+    spelt: dict[str, str] = {}
     for n in visible:
         if not n.startswith(prefix):
             continue
         rest = n[len(prefix) :]
         if "/" not in rest:
             continue  # files beside the class folders (README, labels.csv) are not images
-        cls = rest.split("/", 1)[0]
+        folder = rest.split("/", 1)[0]
+        # one spelling of a name whatever the file system wrote: macOS stores "café" as
+        # decomposed characters (NFD), Linux as composed (NFC); the same dataset zipped on
+        # either must have the same classes (and digest). Two folders that differ only in
+        # that form are two classes nobody could tell apart: refused.
+        cls = unicodedata.normalize("NFC", folder)
+        if spelt.setdefault(cls, folder) != folder:
+            raise DatasetError(
+                f"{where}: class folders {spelt[cls]!r} and {folder!r} are the same name in two "
+                "Unicode forms (composed and decomposed): merge or rename one"
+            )
         files = classes.setdefault(cls, [])
         if _is_image(rest):
             files.append(n)
@@ -836,14 +972,16 @@ def training_count(
 ) -> int:
     """Images left to train on from classes of these sizes, without loading them: each class
     capped at ``max_per_class``, less each split's held-out share in turn (:func:`split_count`,
-    the trainer's own rule). The one count a race's plan and a fine-tune's submission use."""
-    total = 0
-    for n in counts:
-        n = min(int(n), max_per_class) if max_per_class else int(n)
-        for fraction in fractions:
-            n -= split_count(n, fraction)
-        total += n
-    return total
+    the trainer's own rule), and 0 where a split finds no class of 2 images to split (the
+    trainer refuses that run). The one count a race's plan and a fine-tune's submission use."""
+    if max_per_class is not None and (isinstance(max_per_class, bool) or max_per_class < 1):
+        raise ValueError(f"max_per_class must be a positive integer, got {max_per_class!r}")
+    sizes = [min(int(n), max_per_class) if max_per_class else int(n) for n in counts]
+    for fraction in fractions:
+        if not any(n >= 2 for n in sizes):  # split_dataset refuses: nothing to split
+            return 0
+        sizes = [n - split_count(n, fraction) for n in sizes]
+    return sum(sizes)
 
 
 def split_dataset(

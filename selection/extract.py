@@ -46,7 +46,10 @@ __all__ = [
     "transform_key",
 ]
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
+"""Bumped when decoding changes what a dataset's pixels are (2: EXIF orientation applied,
+16-bit and float images scaled by their mode's range), so no cached output of the old pixels is
+served."""
 PREPROCESS_CACHE_ENTRIES = 4
 PREPROCESS_CACHE_BYTES = int(os.environ.get("ZOOPICK_PREPROCESS_CACHE_BYTES", 4 << 30))
 

@@ -100,8 +100,17 @@ class _Npz:
                 )
             elif key.startswith("y") and shape:  # one label per image
                 self.limits.check("max_members", shape[0], f"{self.where}: labels in {key!r}")
+                if int(np.prod(shape, dtype=object)) != shape[0]:  # before it is inflated
+                    raise DatasetError(
+                        f"{what}: labels must be a 1-D vector (or N x 1), got shape {shape}"
+                    )
             elif key == "class_names" and shape:
                 self.limits.check("max_classes", shape[0], f"{self.where}: class_names")
+                chars = dtype.itemsize // 4 if dtype.kind == "U" else dtype.itemsize
+                if dtype.kind in "US":  # the widest name, from the header alone
+                    self.limits.check(
+                        "max_class_name_chars", chars, f"{self.where}: class_names width"
+                    )
             size = dtype.itemsize * int(np.prod(shape, dtype=object))
             self.limits.check("max_total_bytes", size, f"{what} bytes")
             self.total += size

@@ -118,15 +118,19 @@ def tar_zeros(sizes: Sizes, compress: Callable[[int], bytes], opener: Callable) 
     return opener(tar_entries(PAD) + tar_header("a/zeros.bin", sizes.member_mib * MiB)) + body
 
 
-def tar_entry_flood(sizes: Sizes) -> bytes:
-    """``entries`` headers of empty files (one header repeated), gzip-compressed in chunks."""
-    header = tar_header("a/empty.png", 0)
+def tar_entry_flood(sizes: Sizes, *, repeated: bool = False) -> bytes:
+    """``entries`` headers of empty files, each of its own name (or, ``repeated``, one
+    header over and over), gzip-compressed in chunks."""
     comp = zlib.compressobj(6, zlib.DEFLATED, 31)  # gzip framing
-    parts, left, block = [], sizes.entries, 4096
-    while left > 0:
-        n = min(block, left)
-        parts.append(comp.compress(header * n))
-        left -= n
+    parts, done, block = [], 0, 4096
+    while done < sizes.entries:
+        n = min(block, sizes.entries - done)
+        if repeated:
+            headers = tar_header("a/empty.png", 0) * n
+        else:
+            headers = b"".join(tar_header(f"a/{i}.png", 0) for i in range(done, done + n))
+        parts.append(comp.compress(headers))
+        done += n
     parts.append(comp.compress(bytes(1024)) + comp.flush())
     return b"".join(parts)
 
@@ -312,6 +316,8 @@ def corpus(sizes: Sizes = Sizes()) -> list[Hostile]:  # noqa: B008 - frozen defa
         Hostile("xz-inside.tar.gz", lambda: tar_zeros(s, xz_zeros, lzma.compress), RATIO,
                 "an xz bomb named .tar.gz"),
         Hostile("entries.tar.gz", lambda: tar_entry_flood(s), flood, "a flood of tar headers"),
+        Hostile("repeats.tar.gz", lambda: tar_entry_flood(s, repeated=True), ("appears twice",),
+                "a flood of one tar header repeated"),
         Hostile("pax.tar.gz", lambda: tar_huge_metadata(tarfile.XHDTYPE)(s),
                 ("max_member_bytes", "max_total_bytes"), "a pax header of 1 GiB"),
         Hostile("longname.tar.gz", lambda: tar_huge_metadata(tarfile.GNUTYPE_LONGNAME)(s),

@@ -94,7 +94,7 @@ def test_compression_ratio_total_bytes_and_member_count(tmp_path):
     error, _ = load_measured(path, SERVICE)
     assert isinstance(error, LimitExceeded) and "max_compression_ratio" in str(error)
 
-    many = [(f"a/{i}.png", 8) for i in range(12)]
+    many = [(f"a/big{i}.png", 8) for i in range(12)]
     path = write(tmp_path, "total.zip", zip_bomb(many, PAD))
     limits = DatasetLimits(max_compression_ratio=None, max_total_bytes=64 * MiB)
     error, peak = load_measured(path, limits)
