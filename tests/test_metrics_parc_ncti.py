@@ -63,6 +63,41 @@ def test_parc_orders_signal_over_noise_and_subsamples():
         selection.score("parc", labels=y, features=np.ones_like(f))
 
 
+def _variants(f, y, seed=3):
+    """The same data, edited in ways neither score's definition sees: a constant added to
+    every feature, the rows in another order (labels with them), float32."""
+    order = np.random.default_rng(seed).permutation(len(y))
+    return [(f, y), (f + 10.0, y), (f[order], y[order]), (f.astype(np.float32), y)]
+
+
+@pytest.mark.parametrize("case", ["few images", "low rank"])
+def test_parc_and_ncti_ignore_directions_the_features_do_not_span(case):
+    """Fewer images than the PCA keeps (30 for PARC's 32, 50 for NCTI's 64) or features of
+    rank 20 in 128 columns: the PCA's last components are rounding noise (variance 1e-31),
+    which PARC's standardisation and NCTI's whitening had blown up into the score; it moved
+    with a feature offset, the row order and float32 input (PARC -3.2 to -1.2 and -5.3)."""
+    rng = np.random.default_rng(0)
+    if case == "few images":
+        (fp, yp), (fn, yn) = blobs(n_per=10, c=3, d=128), blobs(n_per=5, c=10, d=128)
+    else:
+        basis = np.linalg.qr(rng.standard_normal((128, 20)))[0].T  # 20 orthonormal rows
+        f, y = blobs(n_per=50, c=4, d=20, sep=1.0)
+        (fp, yp), (fn, yn) = (f @ basis, y), (f @ basis, y)
+    parcs = [selection.score("parc", labels=b, features=a) for a, b in _variants(fp, yp)]
+    assert parcs == pytest.approx([parcs[0]] * 4, rel=1e-5, abs=1e-6), parcs
+    parts = np.array(
+        [registry.score_parts("ncti", labels=b, features=a) for a, b in _variants(fn, yn)]
+    )
+    np.testing.assert_allclose(parts, np.repeat(parts[:1], 4, axis=0), rtol=1e-5)
+
+
+def test_parc_needs_features_that_vary_in_two_directions():
+    f, y = blobs(n_per=10, c=3, d=1)
+    line = f @ np.ones((1, 16))  # 16 columns, one direction
+    with pytest.raises(MetricError, match="vary in at least 2 directions"):
+        selection.score("parc", labels=y, features=line)
+
+
 # ---------------------------------------------------------------- NCTI
 
 

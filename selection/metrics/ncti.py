@@ -25,7 +25,9 @@ a model has nothing to be normalised against; its single-model value is the ``nc
 documented stand-in. Deviations: exact PCA always (sklearn's default solver, as the authors
 call it, turns randomized and unseeded above 500 features or samples, so the score varied
 from run to run) and
-PCA to ``min(64, D, n)`` when there are fewer than 64 features or samples.
+PCA to ``min(64, D, n)`` when there are fewer than 64 features or samples, keeping only the
+components that carry variance (``nleep.signal_components``: with n <= 64 samples, or features
+of lower rank, the rest is rounding noise that the discriminant would whiten into a score).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from sklearn.decomposition import PCA
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
 from zoopick.selection.metrics.leep import target_labels
-from zoopick.selection.metrics.nleep import pca_solver
+from zoopick.selection.metrics.nleep import pca_solver, signal_components
 from zoopick.selection.metrics.registry import MetricError, register
 
 PCA_DIM = 64
@@ -51,7 +53,7 @@ def ncti_components(labels: np.ndarray, features: np.ndarray) -> tuple[float, fl
     if not np.any(features.var(axis=0) > 0):
         raise MetricError("ncti: features have zero variance")
     pca = PCA(n_components=min(PCA_DIM, d, n), svd_solver=pca_solver(n, d))
-    x = pca.fit_transform(features)
+    x = signal_components(pca.fit_transform(features), pca.explained_variance_)
     shrink = max(float(np.exp(-pca.explained_variance_[:SHRINK_COMPONENTS].sum())), 1e-10)
     if shrink == 1e-10:
         clf = LinearDiscriminantAnalysis(solver="svd")

@@ -36,6 +36,22 @@ def pca_solver(n: int, d: int) -> str:
     return "covariance_eigh" if n >= d else "full"
 
 
+NULL_RTOL = 1e-10
+"""A principal component whose variance is below this share of the largest is numerical
+noise, not a direction of the features: what is left once the rank is used up (n samples
+span at most n - 1 centred directions; 20-dimensional features in 128 columns span 20)."""
+
+
+def signal_components(reduced: np.ndarray, variances: np.ndarray) -> np.ndarray:
+    """The columns of a PCA's output that carry variance (:data:`NULL_RTOL`).
+
+    Why: PARC standardises every component and NCTI's discriminant whitens them, so a null
+    component of variance 1e-31 is blown up to weigh as much as a real one; its rounding noise
+    then moved the score with a feature offset, the row order or float32 input."""
+    keep = variances > NULL_RTOL * float(variances.max(initial=0.0))
+    return reduced[:, keep]
+
+
 @register("nleep", needs={"features"})
 def nleep(
     *,

@@ -26,6 +26,7 @@ from scipy import stats
 from sklearn.decomposition import PCA
 
 from zoopick.selection.metrics.leep import target_labels
+from zoopick.selection.metrics.nleep import signal_components
 from zoopick.selection.metrics.registry import MetricError, register
 from zoopick.selection.metrics.sms import stratified_subsample
 
@@ -92,9 +93,13 @@ def parc(
         if dim < 1:
             raise MetricError(f"parc: dim must be >= 1 or None, got {dim}")
         k = min(int(dim), d, n)
-        x = PCA(
-            n_components=k, svd_solver="randomized", random_state=1919, iterated_power=1
-        ).fit_transform(x)
+        pca = PCA(n_components=k, svd_solver="randomized", random_state=1919, iterated_power=1)
+        x = signal_components(pca.fit_transform(x), pca.explained_variance_)
+        if x.shape[1] < 2:
+            raise MetricError(
+                "parc needs features that vary in at least 2 directions; these vary in "
+                f"{x.shape[1]}"
+            )
     sd = x.std(axis=0)
     x = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)  # StandardScaler: constant -> 0
     iu = np.triu_indices(n, k=1)  # built once: two int64 arrays of n^2/2
