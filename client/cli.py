@@ -10,11 +10,16 @@ Exit codes (a pipeline can branch on them):
 - 1: the job failed or was cancelled
 - 2: usage error or bad input (unknown dataset, metric or option; invalid file; 404/409/422)
 - 3: timed out waiting (``--timeout``); the job keeps running
-- 4: server unreachable (after retries), unauthorised, or a persisting server error
+- 4: server unreachable (after retries), unauthorised, a persisting server error, or an answer
+  that is not a zoopick server's
+- 130: interrupted (Ctrl-C) while waiting; the job keeps running
+- 141: stdout was closed before everything was written (``| head``), as a shell reports a
+  program that SIGPIPE ended
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -42,8 +47,11 @@ from .tables import PlainConsole, show, table, visible
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 done/succeeded, 1 job failed or cancelled, 2 usage or bad input, "
-    "3 timed out waiting, 4 server unreachable or unauthorised."
+    "3 timed out waiting, 4 server unreachable or unauthorised, 130 interrupted, "
+    "141 stdout closed."
 )
+EXIT_INTERRUPTED = 130
+EXIT_CLOSED_OUTPUT = 141
 
 err = PlainConsole(stderr=True, soft_wrap=True)
 out = PlainConsole(soft_wrap=True)
@@ -77,9 +85,54 @@ def register(app: typer.Typer) -> None:
     app.add_typer(zoo_app, name="zoo")
 
 
+class _PipeGuard:
+    """stdout, with a closed pipe (``zoopick jobs list | head -1``) turned into exit 141 and
+    nothing more: click turned it into exit 1, "the job failed", and lost what stderr said."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._closed()
+            return 0
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def _closed(self) -> None:
+        # what is still buffered goes nowhere at exit, instead of raising again there
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        raise typer.Exit(EXIT_CLOSED_OUTPUT)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_stdout() -> None:
+    """Install :class:`_PipeGuard` on ``sys.stdout`` (the commands' ``main``, once)."""
+    if not isinstance(sys.stdout, _PipeGuard):
+        sys.stdout = _PipeGuard(sys.stdout)  # type: ignore[assignment]
+
+
 def _client(url: str | None, key: str | None) -> Client:
-    attempts = os.environ.get("ZOOPICK_RETRIES", "")
-    policy = RetryPolicy(attempts=max(1, int(attempts))) if attempts.isdigit() else None
+    attempts = os.environ.get("ZOOPICK_RETRIES")
+    policy = None
+    if attempts is not None:
+        if not (attempts.isascii() and attempts.isdigit() and int(attempts) >= 1):
+            # "abc" or "-1" once meant the default 5 tries, without a word
+            typer.echo(
+                f"error: ZOOPICK_RETRIES={attempts!r}: give a whole number of tries, 1 or more",
+                err=True,
+            )
+            raise typer.Exit(EXIT_BAD_INPUT)
+        policy = RetryPolicy(attempts=int(attempts))
     return Client(url, key, retry=policy)
 
 
@@ -213,8 +266,10 @@ def datasets_delete(
 # -- jobs ----------------------------------------------------------------------------------
 
 
-def _wait(client: Client, job: Job, timeout: float | None) -> Job:
-    """Follow a job with a progress bar on stderr; JobFailed unless it succeeded."""
+def _wait(client: Client, job: Job | str, timeout: float | None) -> Job:
+    """Follow a job (or a job id: its first poll is the wait's, within ``timeout``) with a
+    progress bar on stderr; JobFailed unless it succeeded."""
+    jid, status = (job, "waiting") if isinstance(job, str) else (job.id, job.status)
     with Progress(
         TextColumn("job {task.fields[jid]}"),
         BarColumn(),
@@ -223,12 +278,19 @@ def _wait(client: Client, job: Job, timeout: float | None) -> Job:
         console=err,
         transient=True,
     ) as bar:
-        task = bar.add_task("job", total=1.0, jid=job.id[:8], status=job.status)
+        task = bar.add_task("job", total=1.0, jid=jid[:8], status=status)
 
         def update(j: Job) -> None:
             bar.update(task, completed=j.progress, status=j.status)
 
-        return client.wait_job(job.id, timeout=timeout, on_update=update, check=True)
+        try:
+            return client.wait_job(jid, timeout=timeout, on_update=update, check=True)
+        except KeyboardInterrupt:
+            err.print(
+                f"interrupted: job {jid} keeps running (zoopick jobs wait {jid})",
+                highlight=False,
+            )
+            raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _summary_line(job: Job) -> str:
@@ -266,7 +328,8 @@ def jobs_submit(
     select_by: Annotated[
         str | None,
         typer.Option(
-            "--select-by", help="Metric that picks [server: fsms if requested, else the first]."
+            "--select-by",
+            help="Metric that picks (server's default: fsms if requested, else the first).",
         ),
     ] = None,
     finetune_epochs: Annotated[
@@ -282,7 +345,7 @@ def jobs_submit(
             "--shortlist",
             min=2,
             help="Race the metric's K best models with short fine-tunes and choose the "
-            "winner [server: 3 when --budget is given].",
+            "winner (server's default: 3 when --budget is given).",
         ),
     ] = None,
     budget: Annotated[
@@ -290,7 +353,7 @@ def jobs_submit(
         typer.Option(
             "--budget",
             help="The race's training budget in epochs of the training data, summed over "
-            "every candidate [server: 3 when --shortlist is given].",
+            "every candidate (server's default: 3 when --shortlist is given).",
         ),
     ] = None,
     idempotency_key: Annotated[
@@ -332,7 +395,7 @@ def jobs_submit(
 
 
 def _wait_json(
-    client: Client, job: Job, timeout: float | None, as_json: bool
+    client: Client, job: Job | str, timeout: float | None, as_json: bool
 ) -> tuple[Job, JobFailed | None]:
     """``_wait``, the failure kept for the exit code; on a timeout, ``--json`` still prints
     the job as last seen (a pipeline reads stdout whatever the exit code)."""
@@ -373,7 +436,7 @@ def jobs_wait(
 ) -> None:
     """Wait for a job: exit 0 if it succeeded, 1 if it failed or was cancelled, 3 on timeout."""
     with _errors(), _client(url, api_key) as client:
-        job, failed = _wait_json(client, client.get_job(job_id), timeout, as_json)
+        job, failed = _wait_json(client, job_id, timeout, as_json)
     _finish(job, failed, as_json)
 
 

@@ -21,6 +21,7 @@ import httpx
 
 from .errors import (
     JobFailed,
+    ServerError,
     Unreachable,
     WaitTimeout,
     ZoopickError,
@@ -88,6 +89,38 @@ def _header_value(what: str, value: str) -> str:
     return value
 
 
+def _resource_id(kind: str, value: str) -> str:
+    """A job or dataset id as it goes into a URL path: a UUID, else a :class:`ZoopickError`
+    (exit 2). Put into the path as typed, ``../datasets`` had fetched the dataset list as if
+    it were a job, and ``<id>/cancel`` reached another endpoint."""
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        raise ZoopickError(f"{value!r} is not a {kind} id (a UUID)") from None
+
+
+def _parsed_items(items: Iterator[dict], parse: Callable[[dict], Any]) -> list[Any]:
+    """Each listed item through ``parse``; an item of another shape is a :class:`ServerError`."""
+    try:
+        return [parse(item) for item in items]
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ServerError(
+            f"a listed item is not what a zoopick server sends ({exc!r:.80})"
+        ) from None
+
+
+def _parsed(response: httpx.Response, parse: Callable[[Any], Any]) -> Any:
+    """``parse`` of a response's JSON; anything that is not the zoopick API's JSON (a proxy's
+    HTML page, another service) is a :class:`ServerError` saying so (exit 4), not a crash."""
+    try:
+        return parse(response.json())
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ServerError(
+            f"{response.request.url} did not answer as a zoopick server does "
+            f"({type(exc).__name__}: {str(exc)[:80]})"
+        ) from None
+
+
 class Client:
     """A zoopick server, as one tenant (its API key) sees it."""
 
@@ -104,6 +137,7 @@ class Client:
         key = api_key or os.environ.get("ZOOPICK_API_KEY")
         headers = {"Authorization": f"Bearer {_header_value('the API key', key)}"} if key else {}
         self.retry = retry or RetryPolicy()
+        self._timeout = timeout
         self._http = httpx.Client(
             base_url=self.url + API, headers=headers, timeout=timeout, transport=transport
         )
@@ -120,13 +154,27 @@ class Client:
     # -- the one place requests are made ---------------------------------------------------
 
     def _send(
-        self, method: str, path: str, *, idempotent: bool = True, stream: bool = False, **kw: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool = True,
+        stream: bool = False,
+        deadline: float | None = None,
+        **kw: Any,
     ) -> httpx.Response:
-        """Send with retries; returns a 2xx response or raises the matching error."""
+        """Send with retries; returns a 2xx response or raises the matching error. With a
+        ``deadline`` (``time.monotonic()``), no try waits past it: each try's timeout is cut
+        to the time left and no retry starts after it (a wait's ``--timeout`` holds even
+        against a server that accepts and never answers)."""
         attempt = 0
         while True:
             attempt += 1
             last = attempt >= self.retry.attempts
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                last = last or left <= self.retry.delay(attempt)
+                kw["timeout"] = max(0.5, min(self._timeout, left))
             try:
                 request = self._http.build_request(method, path, **kw)
             except ValueError as exc:  # e.g. NaN in a JSON body: no server would read it
@@ -168,16 +216,21 @@ class Client:
     def _pages(self, path: str, params: dict[str, Any], limit: int | None) -> Iterator[dict]:
         params = {k: v for k, v in params.items() if v is not None}
         seen = 0
+        tokens: set[str] = set()
         while True:
-            body = self._send("GET", path, params=params).json()
-            for item in body["items"]:
+            response = self._send("GET", path, params=params)
+            items, token = _parsed(response, lambda b: (list(b["items"]), b.get("next_page_token")))
+            for item in items:
                 if limit is not None and seen >= limit:
                     return
                 seen += 1
                 yield item
-            if not body.get("next_page_token"):
+            if not token:
                 return
-            params["page_token"] = body["next_page_token"]
+            if token in tokens:  # a server that hands out one page forever
+                raise ServerError(f"{response.request.url} repeated a page token: stopped")
+            tokens.add(token)
+            params["page_token"] = token
 
     # -- datasets --------------------------------------------------------------------------
 
@@ -197,19 +250,20 @@ class Client:
             # a retry after the body was sent could store the upload twice: retry only
             # what never reached the server
             response = self._send("POST", "/datasets", files=files, data=data, idempotent=False)
-        return Dataset.from_json(response.json())
+        return _parsed(response, Dataset.from_json)
 
     def get_dataset(self, dataset_id: str) -> Dataset:
-        return Dataset.from_json(self._send("GET", f"/datasets/{dataset_id}").json())
+        path = f"/datasets/{_resource_id('dataset', dataset_id)}"
+        return _parsed(self._send("GET", path), Dataset.from_json)
 
     def list_datasets(
         self, *, status: str | None = None, limit: int | None = None
     ) -> list[Dataset]:
         items = self._pages("/datasets", {"status": status}, limit)
-        return [Dataset.from_json(d) for d in items]
+        return _parsed_items(items, Dataset.from_json)
 
     def delete_dataset(self, dataset_id: str) -> None:
-        self._send("DELETE", f"/datasets/{dataset_id}")
+        self._send("DELETE", f"/datasets/{_resource_id('dataset', dataset_id)}")
 
     def wait_dataset(
         self, dataset_id: str, *, timeout: float = 600, interval: float = 1.0
@@ -259,12 +313,16 @@ class Client:
             body["finetune"] = finetune
         if selection is not None:
             body["selection"] = selection
+        if idempotency_key is not None and not idempotency_key.strip():
+            # an unset CI variable: a fresh key would make a new job on every re-run
+            raise ZoopickError("the idempotency key is empty; give one, or leave it out")
         key = _header_value("the idempotency key", idempotency_key or str(uuid.uuid4()))
         response = self._send("POST", "/jobs", json=body, headers={"Idempotency-Key": key})
-        return Job.from_json(response.json())
+        return _parsed(response, Job.from_json)
 
-    def get_job(self, job_id: str) -> Job:
-        return Job.from_json(self._send("GET", f"/jobs/{job_id}").json())
+    def get_job(self, job_id: str, *, deadline: float | None = None) -> Job:
+        path = f"/jobs/{_resource_id('job', job_id)}"
+        return _parsed(self._send("GET", path, deadline=deadline), Job.from_json)
 
     results = get_job
     """A job's results: its ranking, chosen model and training curve are part of it."""
@@ -272,10 +330,12 @@ class Client:
     def list_jobs(self, *, status: str | None = None, limit: int | None = None) -> list[Job]:
         """Jobs newest first, as summaries: their ``ranking`` is empty and ``training`` None
         (:meth:`get_job` for one job's results)."""
-        return [Job.from_json(d) for d in self._pages("/jobs", {"status": status}, limit)]
+        items = self._pages("/jobs", {"status": status}, limit)
+        return _parsed_items(items, Job.from_json)
 
     def cancel_job(self, job_id: str) -> Job:
-        return Job.from_json(self._send("POST", f"/jobs/{job_id}/cancel").json())
+        path = f"/jobs/{_resource_id('job', job_id)}/cancel"
+        return _parsed(self._send("POST", path), Job.from_json)
 
     def wait_job(
         self,
@@ -289,8 +349,17 @@ class Client:
         """Poll until the job is finished and return it. :class:`WaitTimeout` after
         ``timeout`` seconds; with ``check``, :class:`JobFailed` unless it succeeded."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        job: Job | None = None
         while True:
-            job = self.get_job(job_id)
+            try:
+                job = self.get_job(job_id, deadline=deadline)
+            except Unreachable as exc:
+                if deadline is None or time.monotonic() < deadline:
+                    raise
+                seen = f"; last seen {job.status}" if job is not None else ""
+                raise WaitTimeout(
+                    f"job {job_id}: no answer within {timeout:g}s ({exc}){seen}", job
+                ) from None
             if on_update is not None:
                 on_update(job)
             if job.done:
@@ -327,7 +396,8 @@ class Client:
         if retry_export:
             params["retry"] = "true"
         while True:
-            response = self._send("GET", f"/jobs/{job_id}/model", params=params, stream=True)
+            path = f"/jobs/{_resource_id('job', job_id)}/model"
+            response = self._send("GET", path, params=params, stream=True)
             params.pop("retry", None)  # the polls that follow wait for that export
             if response.status_code != 202:  # 202: the export is being made
                 break
@@ -340,6 +410,13 @@ class Client:
                 name = response.headers.get("content-disposition", "")
                 name = name.split("filename=")[-1].strip('"') if "filename=" in name else ""
                 dest = dest / (Path(name).name or f"{job_id}.safetensors")
+            if dest.is_symlink() or (dest.exists() and not dest.is_file()):
+                # the file is written beside it and renamed over it: a link, a FIFO or a
+                # device (/dev/full as root) would be replaced, not written through
+                raise ZoopickError(
+                    f"{dest} is a link or a special file, not a regular file: give a file or "
+                    "a folder to write the model to"
+                )
             total = int(response.headers.get("content-length") or 0)
             part = dest.with_name(dest.name + ".part")
             digest = hashlib.sha256()
@@ -353,19 +430,24 @@ class Client:
                         progress(done, total)
         except httpx.HTTPError as exc:
             raise Unreachable(f"download of job {job_id}'s model broke off: {exc}") from None
+        except OSError as exc:
+            raise ZoopickError(f"cannot write the model to {dest}: {exc.strerror or exc}") from None
         finally:
             response.close()
         expected = response.headers.get("digest", "").removeprefix("sha-256=")
         if expected and expected != digest.hexdigest():
             part.unlink(missing_ok=True)
             raise ZoopickError(f"downloaded model's SHA-256 does not match the server's {expected}")
-        part.replace(dest)
+        try:
+            part.replace(dest)
+        except OSError as exc:
+            raise ZoopickError(f"cannot write the model to {dest}: {exc.strerror or exc}") from None
         return dest
 
     # -- zoo -------------------------------------------------------------------------------
 
     def list_zoo(self) -> list[ZooModel]:
-        return [ZooModel.from_json(d) for d in self._pages("/zoo", {}, None)]
+        return _parsed_items(self._pages("/zoo", {}, None), ZooModel.from_json)
 
 
 __all__ = ["Client", "JobFailed"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from .cli import register
+from .cli import guard_stdout, register
 
 app = typer.Typer(
     name="zoopick-client",
@@ -20,4 +20,5 @@ register(app)
 
 
 def main() -> None:
+    guard_stdout()
     app()

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from zoopick.client.cli import guard_stdout
 from zoopick.client.cli import register as register_client
 from zoopick.client.tables import PlainConsole
 from zoopick.client.tables import show as show_table
@@ -414,6 +415,7 @@ def metrics() -> None:
 
 
 def main() -> None:
+    guard_stdout()
     app()
 
 
