@@ -204,7 +204,7 @@ def _decode(
                 img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
             img.load()
             img = _upright(img)
-            if img.mode in WIDE_MODES or img.mode.startswith("I;16"):
+            if _is_wide(img.mode):
                 img = _to_8bit(img, where)
             return img.convert("RGB")
     except DatasetError:  # ours (a limit, pixels out of range), already naming the image
@@ -231,8 +231,12 @@ def _plain(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-WIDE_MODES = ("I", "F")
-"""Pillow modes of more than 8 bits a channel (with ``I;16*``): scaled by :func:`_to_8bit`."""
+def _is_wide(mode: str) -> bool:
+    """A Pillow mode of more than 8 bits a channel (``I``, ``F``, ``I;16*``): scaled by
+    :func:`_to_8bit`, weighed :data:`WIDE_WEIGHT` times at the gate."""
+    return mode in ("I", "F") or mode.startswith("I;16")
+
+
 WIDE_WEIGHT = 4
 """What a wide-mode pixel weighs at the gate, in 8-bit pixels: its decode holds the image
 (2 or 4 bytes), a 32-bit working copy and the 8-bit results, about four times an 8-bit one."""
@@ -274,8 +278,7 @@ def _decode_pixels(data: bytes) -> int:
             pixels = img.width * img.height
             if img.format == "JPEG":
                 return pixels // 64
-            wide = img.mode in WIDE_MODES or img.mode.startswith("I;16")
-            return pixels * WIDE_WEIGHT if wide else pixels
+            return pixels * WIDE_WEIGHT if _is_wide(img.mode) else pixels
     except Exception:  # noqa: BLE001 - any failure is reported by the decode that follows
         return 0
 

@@ -286,6 +286,15 @@ class FinetuneConfig(FinetuneOptions):
 
     # fields that name files: one file however it is spelt (./zoo.yaml, an absolute path)
     _PATHS = frozenset({"zoo", "data", "test_data", "init_from"})
+    # the files a run reads and writes, named absolutely before it starts anywhere
+    _RUN_FILES = ("zoo", "data", "out", "test_data")
+
+    def with_absolute_paths(self) -> FinetuneConfig:
+        """This config with its files named absolutely (resolved from the current directory):
+        OUT/run.json then works from any directory, and Ray runs each worker in a folder of
+        its own."""
+        update = {k: str(_resolved(v)) for k in self._RUN_FILES if (v := getattr(self, k))}
+        return self.model_copy(update=update)
 
     def same_run(self, other: Mapping[str, Any]) -> list[str]:
         """Names of fields that differ from a saved config (ignoring the resumable ones);

@@ -108,11 +108,6 @@ def failure_reason(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _absolute(cfg: FinetuneConfig) -> dict[str, str]:
-    paths = {"zoo": cfg.zoo, "data": cfg.data, "out": cfg.out, "test_data": cfg.test_data}
-    return {k: str(Path(v).resolve()) for k, v in paths.items() if v}
-
-
 def _clear_stale_checkpoint(out: Path) -> None:
     """A run that does not resume starts over (as the local backend does): a checkpoint
     left in its folder must not be taken for one of its own by a restarted worker."""
@@ -135,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = FinetuneConfig.from_json(args.config.read_text())
     # Ray runs each worker in a folder of its own: every path must be absolute
-    cfg = cfg.model_copy(update=_absolute(cfg))
+    cfg = cfg.with_absolute_paths()
     out = Path(cfg.out)
 
     where = f"the Ray cluster at {args.address} (ZOOPICK_RAY_ADDRESS)"

@@ -332,19 +332,13 @@ def train(
     except ValueError as exc:
         raise fail(str(exc)) from None
     count = workers or (local_workers() if backend == "local" else DEFAULT_WORKERS)
-
-    def absolute(path: Path) -> str:
-        """The run's config names files absolutely: OUT/run.json (--write-config) then works
-        from any directory, and a checkpoint's config is the same file however it was spelt."""
-        return str(path.expanduser().resolve())
-
     try:
         cfg = FinetuneConfig(
-            zoo=absolute(zoo),
+            zoo=str(zoo),
             model=model,
-            data=absolute(data),
-            out=absolute(out),
-            test_data=absolute(test_data) if test_data else None,
+            data=str(data),
+            out=str(out),
+            test_data=str(test_data) if test_data else None,
             max_per_class=max_per_class,
             workers=count if min_workers is None else {"min": min_workers, "max": count},
             epochs=epochs,
@@ -356,7 +350,7 @@ def train(
             hook_options=hook_options,
             seed=seed,
             resume=resume,
-        )
+        ).with_absolute_paths()  # run.json works from any directory; a resume knows its files
     except ValidationError as exc:
         raise fail(describe(exc)) from None
     try:
