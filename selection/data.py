@@ -27,7 +27,8 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -64,6 +65,8 @@ class TargetDataset:
 
     ``images`` is either a uint8 array (N,H,W) / (N,H,W,C) or a list of encoded image files
     (bytes); ``sources`` names each image (its path inside the folder/archive) for messages.
+    ``limits`` are those it was loaded under: :meth:`image` decodes under the same
+    ``max_pixels``, so an image a load accepted (``max_pixels=None``) also decodes later.
     """
 
     name: str
@@ -73,6 +76,7 @@ class TargetDataset:
     images: np.ndarray | list[bytes] | None = field(default=None, repr=False)
     sources: list[str] | None = field(default=None, repr=False)
     _hashes: list[bytes] | None = field(default=None, repr=False, compare=False)
+    limits: DatasetLimits = field(default=DEFAULT_LIMITS, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -87,7 +91,7 @@ class TargetDataset:
                 arr = arr[..., 0]
             return Image.fromarray(arr).convert("RGB")
         where = self.sources[i] if self.sources else f"image {i}"
-        return _decode(self.images[i], where)
+        return _decode(self.images[i], where, limits=self.limits)
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> TargetDataset:
         """The images at ``indices`` (in that order), with their own digest."""
@@ -108,7 +112,14 @@ class TargetDataset:
             images, hashes = None, None
         sources = [self.sources[i] for i in idx] if self.sources is not None else None
         out = TargetDataset(
-            self.name, labels, list(self.class_names), "", images, sources, _hashes=hashes
+            self.name,
+            labels,
+            list(self.class_names),
+            "",
+            images,
+            sources,
+            _hashes=hashes,
+            limits=self.limits,
         )
         out.digest = out.compute_digest()
         return out
@@ -143,8 +154,10 @@ class TargetDataset:
         *,
         name: str = "arrays",
     ) -> TargetDataset:
-        """A dataset from in-memory arrays, validated like an ``.npz`` file."""
-        images, labels, names = _check_arrays(x, y, class_names, name)
+        """A dataset from in-memory arrays, validated like an ``.npz`` file, except that a
+        class of ``class_names`` may have no images (arrays in memory are often a test split,
+        which may lack one: :data:`_SPLIT_LIMITS`)."""
+        images, labels, names = _check_arrays(x, y, class_names, name, _SPLIT_LIMITS)
         ds = cls(name, labels, names, "", images)
         ds.digest = ds.compute_digest()
         return ds
@@ -196,9 +209,11 @@ def _decode(
 ) -> Image.Image:
     """Decode one encoded image to RGB; ``draft`` lets JPEG decode at reduced scale (enough to
     prove the whole file decodes, several times faster). The header's size is checked against
-    ``limits.max_pixels`` before any pixel is decoded."""
+    ``limits.max_pixels`` before any pixel is decoded (in Pillow's own check, which
+    :func:`_pillow_limits` makes ours for the decode)."""
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with _pillow_limits(limits, where), Image.open(io.BytesIO(data)) as img:
+            # checked in Image.open already (the scoped hook), and here for a Pillow without it
             limits.check("max_pixels", img.width * img.height, f"image {where} pixels")
             if draft:
                 img.draft("RGB", (max(1, img.width // 8), max(1, img.height // 8)))
@@ -216,10 +231,79 @@ def _decode(
     except (OSError, ValueError, SyntaxError) as exc:
         raise DatasetError(f"unreadable or corrupt image {where}: {_plain(exc)}") from exc
     except Image.DecompressionBombError as exc:
-        # Pillow refuses it in Image.open, before our own check: name our limit, not Pillow's
+        # only where the hook could not be scoped (a Pillow without it): its words are not ours
         raise LimitExceeded(
-            f"image {where} has more pixels than max_pixels ({limits.max_pixels}) allows"
+            f"image {where} is over Pillow's decompression-bomb limit "
+            f"(PIL.Image.MAX_IMAGE_PIXELS={Image.MAX_IMAGE_PIXELS}), beside max_pixels="
+            f"{limits.max_pixels}"
         ) from exc
+
+
+# ---- Pillow's pixel limit, made ours within a decode
+
+_PILLOW_SCOPE: ContextVar[tuple[DatasetLimits, str] | None] = ContextVar(
+    "zoopick_pillow_scope", default=None
+)
+
+
+@contextmanager
+def _pillow_limits(limits: DatasetLimits, where: str) -> Iterator[None]:
+    """Within the block, in this thread (or task) only, Pillow's decompression-bomb check
+    (``PIL.Image.MAX_IMAGE_PIXELS``, applied in ``Image.open`` and again by some formats'
+    ``load``) answers to ``limits.max_pixels`` instead: ``None`` switches both off, as the
+    limit's documentation promises; a number is checked in our words, naming the limit
+    (Pillow's message speaks of a "DOS attack" and of none of our settings).
+
+    Pillow has no per-call setting, and setting its global for a decode would switch the
+    check off for every other thread decoding meanwhile (the service decodes in worker
+    threads beside thumbnails and the caller's own code). So the check itself is wrapped, once
+    (:func:`_scoped_bomb_check`): outside this block it is Pillow's own, reading Pillow's
+    global as before; inside, a :class:`~contextvars.ContextVar` says whose limit applies."""
+    token = _PILLOW_SCOPE.set((limits, where))
+    try:
+        yield
+    finally:
+        _PILLOW_SCOPE.reset(token)
+
+
+def _scoped_bomb_check(size: tuple[int, int], *args: Any, **kwargs: Any) -> None:
+    """Pillow's ``_decompression_bomb_check``, answering to the limits of the decode running
+    in this context (:func:`_pillow_limits`), Pillow's own check everywhere else. A limit that
+    is set keeps Pillow's refusal too, in our words: a process that lowered
+    ``MAX_IMAGE_PIXELS`` below ``max_pixels`` chose the stricter bound; only ``None`` lifts
+    it. Pillow's warning below that refusal is not repeated: the limit here is ours."""
+    scope = _PILLOW_SCOPE.get()
+    if scope is None:
+        return _PILLOW_BOMB_CHECK(size, *args, **kwargs)
+    limits, where = scope
+    if limits.max_pixels is None:
+        return None
+    pixels = max(1, size[0]) * max(1, size[1])
+    limits.check("max_pixels", pixels, f"image {where} pixels")
+    ceiling = Image.MAX_IMAGE_PIXELS
+    if ceiling is not None and pixels > 2 * ceiling:
+        raise LimitExceeded(
+            f"image {where} pixels ({pixels:,}) are over {2 * ceiling:,}, the bound this process "
+            f"sets on every image (twice PIL.Image.MAX_IMAGE_PIXELS), below max_pixels="
+            f"{limits.max_pixels:,}; raise MAX_IMAGE_PIXELS, or set max_pixels=None for none"
+        )
+    return None
+
+
+def _install_scoped_bomb_check() -> Callable[..., None]:
+    """Put :func:`_scoped_bomb_check` in Pillow's place once (a reload of this module finds
+    it there and keeps Pillow's original); returns Pillow's own check. ``Image.open`` and
+    the format plugins look it up on the module at every call, so the wrapper sees them all."""
+    current = getattr(Image, "_decompression_bomb_check", None)
+    if current is None:  # a Pillow without the hook: _decode names its error in our words
+        return lambda *args, **kwargs: None
+    original = current.pillow if hasattr(current, "pillow") else current
+    _scoped_bomb_check.pillow = original  # type: ignore[attr-defined]
+    Image._decompression_bomb_check = _scoped_bomb_check  # type: ignore[assignment]
+    return original
+
+
+_PILLOW_BOMB_CHECK = _install_scoped_bomb_check()
 
 
 def _plain(exc: BaseException) -> str:
@@ -270,11 +354,12 @@ class _PixelGate:
                 self.cond.notify_all()
 
 
-def _decode_pixels(data: bytes) -> int:
+def _decode_pixels(data: bytes, limits: DatasetLimits, where: str) -> int:
     """Pixels decoding ``data`` will produce, from its header (JPEG at the 1/8 draft scale);
-    0 where the header does not open (the decode itself then names the problem)."""
+    0 where the header does not open or is over a limit (the decode itself then names the
+    problem)."""
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with _pillow_limits(limits, where), Image.open(io.BytesIO(data)) as img:
             pixels = img.width * img.height
             if img.format == "JPEG":
                 return pixels // 64
@@ -317,10 +402,9 @@ def load_dataset(
     class (adding a class does not change the others' picks).
     """
     path = Path(path).expanduser()
-    if max_per_class is not None and (
-        isinstance(max_per_class, bool) or not isinstance(max_per_class, int) or max_per_class < 1
-    ):
-        raise DatasetError(f"max_per_class must be a positive integer, got {max_per_class!r}")
+    if max_per_class is not None:
+        max_per_class = _whole(max_per_class, "max_per_class", least=1)
+    seed = _whole(seed, "seed", least=0)
     if split not in ("train", "test"):
         raise DatasetError(f"split must be 'train' or 'test', got {split!r}")
     if not path.exists():
@@ -358,6 +442,18 @@ def load_dataset(
         return _load_folder(reader, name, max_per_class, seed, limits)
 
 
+def _whole(value: Any, what: str, *, least: int) -> int:
+    """``value`` as a Python int of at least ``least`` (0 or 1): an int or a numpy integer (a count
+    read from an array or a config is often ``np.int64``), never a bool (``True`` is not a
+    count) nor a float. A negative seed would reach numpy's generator, whose refusal names
+    none of our arguments."""
+    exact = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if not exact or value < least:
+        kind = "a positive" if least > 0 else "a non-negative"
+        raise DatasetError(f"{what} must be {kind} integer, got {value!r}")
+    return int(value)
+
+
 def _subsample(labels: np.ndarray, names: Sequence[str], max_per_class: int | None, seed: int):
     """Sorted indices keeping at most ``max_per_class`` of each class; each class's pick is
     seeded by (seed, class name) only."""
@@ -373,9 +469,18 @@ def _subsample(labels: np.ndarray, names: Sequence[str], max_per_class: int | No
     return np.sort(np.concatenate(keep)) if keep else np.arange(0)
 
 
+_BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+"""Unicode's Bidi_Control characters: invisible, they reorder what follows them, so a name
+can display as another (``gnp.tac`` after U+202E shows as ``cat.png``)."""
+
+
 def _check_names(names: Sequence[str], where: str, limits: DatasetLimits) -> None:
     """Class names are shown and stored: bounded in length, free of control characters (a
-    NUL that PostgreSQL's text refuses, escape sequences that reach a terminal)."""
+    NUL that PostgreSQL's text refuses, escape sequences that reach a terminal), and each
+    one a name a person can tell from the others (:func:`_check_name_looks`,
+    :func:`_check_lookalikes`). One place for folder names and an npz's ``class_names``."""
     longest = max(names, key=len, default="")
     limits.check(
         "max_class_name_chars", len(longest), f"{where}: length of class name {longest[:40]!r}"
@@ -393,26 +498,94 @@ def _check_names(names: Sequence[str], where: str, limits: DatasetLimits) -> Non
                 f"{where}: class name {name[:60]!r} is not valid UTF-8 text; rename the "
                 "folder (or re-create the archive) with UTF-8 names"
             )
+        _check_name_looks(name, where)
+    _check_lookalikes(names, where)
+
+
+def _check_name_looks(name: str, where: str) -> None:
+    """A name must read as what it is: no bidi controls (they make it display as another),
+    not blank, no space at either end (``"cat "`` shows as ``"cat"``; Windows drops a
+    folder's trailing space on extracting, and a blank one has nothing to show). ``str.strip``
+    counts Unicode's spaces (NBSP, ideographic space) as spaces."""
+    bidi = sorted({f"U+{ord(ch):04X}" for ch in name if ch in _BIDI_CONTROLS})
+    if bidi:
+        raise DatasetError(
+            f"{where}: class name {name[:60]!r} contains bidirectional control characters "
+            f"({', '.join(bidi)}), which make it display as another text; rename it"
+        )
+    if not name.strip():
+        raise DatasetError(f"{where}: class name {name[:60]!r} is blank (empty or only spaces)")
+    if name != name.strip():
+        raise DatasetError(
+            f"{where}: class name {name[:60]!r} begins or ends with a space, and looks like "
+            f"{name.strip()[:60]!r}; remove the space"
+        )
+
+
+def _check_lookalikes(names: Sequence[str], where: str) -> None:
+    """Two names that differ only in letter case (``cat``/``Cat``) are one folder on a
+    case-insensitive file system (macOS, Windows): extracted there, one class's images land
+    in the other's folder. Compared case-folded, in one Unicode form (an npz may hold
+    ``café`` composed and decomposed); ordinary Unicode names (``猫``, ``café``) pass."""
+    seen: dict[str, str] = {}
+    for name in names:
+        key = unicodedata.normalize("NFC", unicodedata.normalize("NFD", name).casefold())
+        other = seen.setdefault(key, name)
+        if other == name:
+            continue
+        same_case = unicodedata.normalize("NFC", other) == unicodedata.normalize("NFC", name)
+        how = (
+            "are the same name in two Unicode forms (composed and decomposed)"
+            if same_case
+            else "differ only in letter case, and are one folder on a case-insensitive file "
+            "system (macOS, Windows)"
+        )
+        raise DatasetError(
+            f"{where}: class names {other[:60]!r} and {name[:60]!r} {how}; merge or rename one"
+        )
 
 
 def _check_classes(
     labels: np.ndarray, names: Sequence[str], where: str, limits: DatasetLimits = DEFAULT_LIMITS
 ) -> None:
-    present, counts = np.unique(labels, return_counts=True)
+    counts = np.bincount(labels, minlength=len(names))
+    present = np.flatnonzero(counts)
     if len(present) < 2:
         shown = [names[i] for i in present]
         raise DatasetError(f"{where}: need at least 2 classes with images, found {shown}")
     limits.check("max_classes", len(names), f"{where}: number of classes")
     _check_names(names, where, limits)
-    if limits.min_per_class > 1:
-        few = [str(names[c]) for c, n in zip(present, counts, strict=True)]
-        few = [c for c, n in zip(few, counts, strict=True) if n < limits.min_per_class]
-        if few:
-            shown = ", ".join(few[:5]) + (f" and {len(few) - 5} more" if len(few) > 5 else "")
-            raise LimitExceeded(
-                f"{where}: {len(few)} class(es) with fewer than {limits.min_per_class} images "
-                f"({shown}); the limit min_per_class={limits.min_per_class}"
-            )
+    _check_counts(counts, names, where, limits.min_per_class)
+
+
+def _check_counts(counts: np.ndarray, names: Sequence[str], where: str, least: int) -> None:
+    """Every class holds ``least`` (``min_per_class``) images, a class that an npz's
+    ``class_names`` declares and no label uses included: it has 0, short of any minimum, and
+    a target cannot be ranked or fine-tuned for a class it has no image of. ``least`` 0 lets
+    a declared class be empty, as a test split may lack one (:data:`_SPLIT_LIMITS`)."""
+    if least < 1:
+        return
+    empty = [str(names[c]) for c in np.flatnonzero(counts == 0)]
+    if empty:
+        raise LimitExceeded(
+            f"{where}: class_names declares {len(empty)} class(es) with no images "
+            f"({_listed(empty)}); every class needs at least {least}, the limit "
+            f"min_per_class={least}"
+        )
+    few = [str(names[c]) for c in np.flatnonzero(counts < least)]
+    if few:
+        shown = ", ".join(few[:5]) + (f" and {len(few) - 5} more" if len(few) > 5 else "")
+        raise LimitExceeded(
+            f"{where}: {len(few)} class(es) with fewer than {least} images "
+            f"({shown}); the limit min_per_class={least}"
+        )
+
+
+def _listed(names: Sequence[str], shown: int = 5) -> str:
+    """The first ``shown`` names, quoted (a blank or spaced name stays visible), and how many
+    more there are."""
+    head = ", ".join(repr(n[:60]) for n in names[:shown])
+    return head + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
 
 
 # ---- npz
@@ -841,7 +1014,8 @@ def _is_image(name: str) -> bool:
 
 def _class_files(names: Iterable[str], where: str) -> dict[str, list[str]]:
     """Class folder -> sorted image files (recursively), after unwrapping single top-level
-    folders; hidden entries and __MACOSX are ignored."""
+    folders; hidden entries, __MACOSX and other files beside the class folders (a README)
+    are ignored, and an image beside them is refused (:func:`_refuse_stray`)."""
     visible = [n for n in names if not any(_ignored(p) for p in n.split("/"))]
     prefix = ""
     while True:
@@ -849,22 +1023,25 @@ def _class_files(names: Iterable[str], where: str) -> dict[str, list[str]]:
         top_dirs = {n.split("/", 1)[0] for n in below if "/" in n}
         top_images = [n for n in below if "/" not in n and _is_image(n)]
         if len(top_dirs) == 1 and not top_images:
+            # a lone folder holding folders wraps the classes (a zip of the dataset's folder),
+            # even with images beside those folders: as the only class it could never load,
+            # as a wrapper its stray images are named below
             (only,) = top_dirs
-            inner = [n[len(only) + 1 :] for n in below if n.startswith(only + "/")]
-            if any("/" in n for n in inner) and not any(
-                "/" not in n and _is_image(n) for n in inner
-            ):
+            if any("/" in n[len(only) + 1 :] for n in below if n.startswith(only + "/")):
                 prefix += only + "/"
                 continue
         break
     classes: dict[str, list[str]] = {}
     spelt: dict[str, str] = {}
+    stray: list[str] = []
     for n in visible:
         if not n.startswith(prefix):
             continue
         rest = n[len(prefix) :]
-        if "/" not in rest:
-            continue  # files beside the class folders (README, labels.csv) are not images
+        if "/" not in rest:  # beside the class folders: a README or labels.csv is no image
+            if _is_image(rest):
+                stray.append(n)
+            continue
         folder = rest.split("/", 1)[0]
         # one spelling of a name whatever the file system wrote: macOS stores "café" as
         # decomposed characters (NFD), Linux as composed (NFC); the same dataset zipped on
@@ -883,6 +1060,7 @@ def _class_files(names: Iterable[str], where: str) -> dict[str, list[str]]:
         raise DatasetError(
             f"{where}: no class folders found (expected one sub-folder of images per class)"
         )
+    _refuse_stray(sorted(stray), where)
     empty = sorted(c for c, f in classes.items() if not f)
     if empty:
         raise DatasetError(
@@ -890,6 +1068,17 @@ def _class_files(names: Iterable[str], where: str) -> dict[str, list[str]]:
             f"(image extensions: {', '.join(sorted(IMAGE_EXTENSIONS))})"
         )
     return {c: sorted(classes[c]) for c in sorted(classes)}
+
+
+def _refuse_stray(images: Sequence[str], where: str) -> None:
+    """Images beside the class folders belong to no class: skipping them would lose them
+    without a word (a class's images extracted one level too high, a cover picture), and
+    which class they were meant for is a guess. Named, so they can be moved or deleted."""
+    if images:
+        raise DatasetError(
+            f"{where}: {len(images)} image file(s) beside the class folders, in no class "
+            f"({_listed(images)}); move each into its class's folder, or delete it"
+        )
 
 
 def _load_folder(
@@ -922,13 +1111,19 @@ def _load_folder(
 
     def check(i: int) -> None:
         budget.check(where)
-        with gate.hold(_decode_pixels(blobs[i])):
-            _decode(blobs[i], f"{where}/{files[i]}", draft=True, limits=limits)
+        source = f"{where}/{files[i]}"
+        with gate.hold(_decode_pixels(blobs[i], limits, source)):
+            _decode(blobs[i], source, draft=True, limits=limits)
 
     _parallel(check, len(blobs))
-    ds = TargetDataset(name, labels, class_names, "", blobs, files)
+    ds = TargetDataset(name, labels, class_names, "", blobs, files, limits=limits)
     ds.digest = ds.compute_digest()
     return ds
+
+
+_SPLIT_LIMITS = replace(DEFAULT_LIMITS, min_per_class=0)
+"""The defaults, less ``min_per_class``: test data may lack a class of the training data's
+``class_names`` (a small test split often does); training data may not."""
 
 
 def load_test_data(
@@ -941,7 +1136,7 @@ def load_test_data(
     Classes that differ from ``class_names`` (names or order) are a :class:`DatasetError`.
     One function, so ``zoopick train`` refuses what its workers would fail on."""
     same = Path(path).expanduser().resolve() == Path(train_path).expanduser().resolve()
-    test = load_dataset(path, split="test" if same else "train")
+    test = load_dataset(path, split="test" if same else "train", limits=_SPLIT_LIMITS)
     if list(test.class_names) != list(class_names):
         raise DatasetError(
             f"test data classes differ from training data classes: {_preview(test.class_names)}"
@@ -995,6 +1190,7 @@ def split_dataset(
     Both parts keep the original order."""
     if not 0 < test_fraction < 1:
         raise DatasetError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    seed = _whole(seed, "seed", least=0)
     test_idx = []
     for c, cname in enumerate(ds.class_names):
         members = np.flatnonzero(ds.labels == c)

@@ -42,14 +42,17 @@ class DatasetLimits:
     max_members: int | None = 1_000_000
     """Entries of an archive (files, folders, links alike) or images of an npz."""
     max_pixels: int | None = 64 * 1024 * 1024
-    """Pixels (width x height) of one image, read from its header before decoding."""
+    """Pixels (width x height) of one image, read from its header before decoding. It stands
+    in for Pillow's own bound (``PIL.Image.MAX_IMAGE_PIXELS``) while a dataset's image is
+    decoded: ``None`` lifts both; a number keeps Pillow's too, if lower, in our words."""
     max_classes: int | None = 100_000
     """Classes of a dataset (every metric's memory grows with it)."""
     max_class_name_chars: int | None = 200
     """Characters of one class name (a folder's name or an npz's ``class_names`` entry): the
     names are stored, listed and shown with the dataset, so their size is bounded too."""
     min_per_class: int = 1
-    """Images every class must have."""
+    """Images every class must have, a class that an npz's ``class_names`` declares without
+    images included (it has 0). 0 lets such a class be empty, as a test split may be."""
     max_cpu_seconds: float | None = None
     """CPU seconds (of the loading process, threads included) one load may spend reading,
     inflating and decoding: the backstop for inputs cheap in bytes and costly in work."""

@@ -21,7 +21,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from zoopick.service.db.models import Dataset, DatasetStatus
 from zoopick.service.db.session import session_scope
 from zoopick.service.db.types import utcnow
-from zoopick.service.inputs import quoted
 from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -119,16 +118,7 @@ def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Se
     try:
         loaded = load_dataset(path, limits=settings.dataset_limits())
         labels = loaded.labels
-        counts = _counts(loaded)
-        empty = [name for name, n in counts.items() if n == 0]
-        if empty:
-            # the library lets a file declare classes it has no images of (a test split may
-            # lack one); a target to rank and fine-tune for may not
-            raise DatasetError(
-                f"{path.name}: class_names declares {len(empty)} class(es) with no images "
-                f"({quoted(empty, 5)}); every class needs at least "
-                f"{settings.dataset_min_per_class} (ZOOPICK_DATASET_MIN_PER_CLASS)"
-            )
+        counts = _counts(loaded)  # no class is empty: min_per_class (>= 1) refuses that
         values = {
             "status": DatasetStatus.ready.value,
             "classes": [str(c) for c in loaded.class_names],

@@ -259,13 +259,24 @@ def check_idempotency_key(key: str | None) -> None:
         )
 
 
+def same_request(request: dict[str, Any]) -> dict[str, Any]:
+    """A stored or submitted body in the form a replay compares: ``metrics`` and ``models``
+    without repeats (the job runs each once, see ``_resolve``), so a pipeline that re-sends
+    ``fsms,fsms`` as ``fsms`` under its key gets its job back, not a conflict."""
+    out = dict(request)
+    for name in ("metrics", "models"):
+        if isinstance(out.get(name), list):
+            out[name] = list(dict.fromkeys(out[name]))
+    return out
+
+
 def replay(session: Session, tenant_id: uuid.UUID, key: str | None, body: JobCreate) -> Job | None:
     """The job an earlier submission with this ``Idempotency-Key`` created, or None; the
     same key with another body is refused."""
     if not key:
         return None
     job = session.scalar(select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key))
-    if job is not None and job.request != body.model_dump(mode="json"):
+    if job is not None and same_request(job.request) != same_request(body.model_dump(mode="json")):
         raise Rejected(
             "idempotency-key-reused",
             "this Idempotency-Key was already used with a different request body",

@@ -9,6 +9,7 @@ import io
 import os
 import tarfile
 import unicodedata
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -249,3 +250,194 @@ def test_training_count_is_zero_where_the_trainer_cannot_split():
     for bad in (0, -1, True):
         with pytest.raises(ValueError, match="max_per_class"):
             training_count([10, 10], max_per_class=bad)
+
+
+# -- Pillow's pixel bound --------------------------------------------------------------------
+
+
+def _many(per_class: int, size: int) -> dict[str, bytes]:
+    return {
+        f"{c}/{i}.png": _png(40 * k, (size, size))
+        for k, c in enumerate("ab")
+        for i in range(per_class)
+    }
+
+
+def test_max_pixels_none_lifts_pillows_own_bound_for_our_decodes_only(tmp_path, monkeypatch):
+    """Pillow refuses images over twice ``Image.MAX_IMAGE_PIXELS`` whatever our limit says:
+    lowered to 100 here, 32 x 32 images stand for legit images beyond Pillow's default.
+    ``max_pixels=None`` (no limit) loads them (in threads: 80 images) and decodes them again
+    later; Pillow's global is untouched and still applies outside our decodes."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    root = _folder(tmp_path / "big", _many(40, 32))
+    ds = load_dataset(root, limits=DatasetLimits(max_pixels=None))
+    assert ds.class_counts() == {"a": 40, "b": 40}
+    assert ds.image(0).size == (32, 32) and ds.subset([1]).image(0).size == (32, 32)
+    assert Image.MAX_IMAGE_PIXELS == 100
+    with pytest.raises(Image.DecompressionBombError):
+        Image.open(io.BytesIO(_png(0, (32, 32))))
+    # a limit that is set: ours refuses in its own words, and Pillow's lower bound too
+    for limit, needle in ((500, "over the limit max_pixels=500"), (10_000, "MAX_IMAGE_PIXELS")):
+        with pytest.raises(LimitExceeded, match=needle) as caught:
+            load_dataset(root, limits=DatasetLimits(max_pixels=limit))
+        assert "a/0.png" in str(caught.value) and "max_pixels" in str(caught.value)
+        assert "DOS" not in str(caught.value) and "Image size" not in str(caught.value)
+    # between once and twice Pillow's bound Pillow only warns: not in our decodes either
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 600)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        for limit in (None, 10_000):
+            assert len(load_dataset(root, limits=DatasetLimits(max_pixels=limit))) == 80
+        with pytest.raises(Image.DecompressionBombWarning):
+            Image.open(io.BytesIO(_png(0, (32, 32))))
+
+
+def test_pillows_bound_is_lifted_in_the_decoding_thread_only(monkeypatch):
+    """The scope is per thread: another thread decoding meanwhile keeps Pillow's bound."""
+    import threading
+
+    from zoopick.selection import data
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    png, seen = _png(0, (32, 32)), []
+
+    def other() -> None:
+        try:
+            Image.open(io.BytesIO(png))
+            seen.append("opened")
+        except Image.DecompressionBombError:
+            seen.append("refused")
+
+    with data._pillow_limits(DatasetLimits(max_pixels=None), "x.png"):
+        assert Image.open(io.BytesIO(png)).size == (32, 32)
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert seen == ["refused"]
+
+
+# -- classes, seeds, counts ------------------------------------------------------------------
+
+
+def _npz_named(path: Path, names: list[str], labels: tuple[int, ...], **extra) -> Path:
+    x = np.zeros((len(labels), 4, 4), np.uint8)
+    np.savez(path, x=x, y=np.array(labels), class_names=np.array(names), **extra)
+    return path
+
+
+def test_a_declared_class_without_images_is_short_of_min_per_class(tmp_path):
+    """An npz's class_names may name a class no label uses: it has 0 images, refused by the
+    library as by the service (its message), unless min_per_class=0 allows it, as test data
+    (a test split may lack a class) and in-memory arrays do."""
+    path = _npz_named(tmp_path / "n.npz", ["a", "b", "never"], (0, 0, 1, 1))
+    for least in (1, 2):
+        with pytest.raises(LimitExceeded, match=f"min_per_class={least}") as caught:
+            load_dataset(path, limits=DatasetLimits(min_per_class=least))
+        assert "1 class(es) with no images ('never')" in str(caught.value)
+    with pytest.raises(LimitExceeded, match="'never'"):
+        load_dataset(path)  # the default, min_per_class=1
+    lenient = load_dataset(path, limits=DatasetLimits(min_per_class=0))
+    assert lenient.class_counts() == {"a": 2, "b": 2, "never": 0}
+    from zoopick.selection.data import TargetDataset, load_test_data
+
+    x = np.zeros((6, 4, 4), np.uint8)
+    keras = tmp_path / "k.npz"
+    np.savez(
+        keras,
+        x_train=x,
+        y_train=np.arange(6) % 3,
+        x_test=x[:4],
+        y_test=np.array([0, 1, 0, 1]),
+        class_names=np.array(["a", "b", "c"]),
+    )
+    train = load_dataset(keras)
+    assert load_test_data(keras, keras, train.class_names).class_counts()["c"] == 0
+    arrays = TargetDataset.from_arrays(x[:4], np.array([0, 1, 0, 1]), ["a", "b", "c"])
+    assert arrays.class_counts()["c"] == 0
+
+
+LOOKALIKES = [
+    (["cat", "Cat"], ["'Cat'", "'cat'", "differ only in letter case"]),
+    ([" cat", "dog"], ["' cat'", "begins or ends with a space"]),
+    (["cat ", "dog"], ["'cat '", "begins or ends with a space"]),
+    (["cat\xa0", "dog"], [r"'cat\xa0'", "begins or ends with a space"]),
+    (["\xa0\xa0", "dog"], [r"'\xa0\xa0'", "blank"]),
+    (["   ", "dog"], ["'   '", "blank"]),
+    (["ca\u202et", "dog"], [r"'ca\u202et'", "U+202E"]),
+    (["\u2066cat\u2069", "dog"], ["U+2066, U+2069", "bidirectional"]),
+    (["cat\u200e", "dog"], ["U+200E"]),
+    (["cat\u200f", "dog"], ["U+200F"]),
+]
+
+
+@pytest.mark.parametrize(("names", "needles"), LOOKALIKES)
+def test_lookalike_class_names_are_refused_by_name(tmp_path, names, needles):
+    """Folder names (a zip made on Linux holds 'cat' and 'Cat'; extracted on macOS or
+    Windows they are one folder) and an npz's class_names alike."""
+    with zipfile.ZipFile(tmp_path / "d.zip", "w") as zf:
+        for name in names:
+            zf.writestr(f"{name}/0.png", _png(1))
+    _npz_named(tmp_path / "d.npz", names, (0, 1, 0, 1))
+    for path in (tmp_path / "d.zip", tmp_path / "d.npz"):
+        with pytest.raises(DatasetError) as caught:
+            load_dataset(path)
+        for needle in needles:
+            assert needle in str(caught.value), (path.name, str(caught.value))
+
+
+def test_ordinary_unicode_class_names_load(tmp_path):
+    names = ["猫", "café", "Straße", "кот", "a b"]  # a space inside a name is a name
+    ds = load_dataset(_folder(tmp_path / "u", {f"{n}/0.png": _png(1) for n in names}))
+    assert sorted(ds.class_names) == sorted(names)
+    assert load_dataset(_npz_named(tmp_path / "u.npz", names, (0, 1, 2, 3, 4))).class_names == names
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    with pytest.raises(DatasetError, match="two Unicode forms"):
+        load_dataset(_npz_named(tmp_path / "forms.npz", [nfc, nfd], (0, 1)))
+
+
+def test_an_image_beside_the_class_folders_is_refused_by_name(tmp_path):
+    """An image at the ImageFolder's root belongs to no class: named, not skipped. A README,
+    .DS_Store, AppleDouble and __MACOSX files there are still ignored, in a folder as in a
+    zip whose top folder wraps the classes."""
+    junk = {
+        "README.txt": b"about",
+        ".DS_Store": b"junk",
+        "._cover.jpg": b"resource fork",
+        "__MACOSX/._a": b"junk",
+        "labels.csv": b"a,b",
+    }
+    root = _folder(tmp_path / "ds", {**FILES, **junk})
+    assert load_dataset(root).class_counts() == {"cat": 2, "fox": 1}
+    (root / "cover.jpg").write_bytes(_encoded(Image.new("RGB", (4, 4)), "JPEG"))
+    with pytest.raises(DatasetError, match=r"beside the class folders.*'cover\.jpg'"):
+        load_dataset(root)
+    with zipfile.ZipFile(tmp_path / "wrapped.zip", "w") as zf:
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                zf.write(path, f"ds/{path.relative_to(root).as_posix()}")
+    with pytest.raises(DatasetError, match=r"beside the class folders.*'ds/cover\.jpg'"):
+        load_dataset(tmp_path / "wrapped.zip")
+
+
+def test_seed_and_max_per_class_take_integers_numpy_ones_included(tmp_path):
+    """A negative seed is named (numpy's own refusal named none of our arguments, and
+    without max_per_class it passed unseen); a numpy integer count is a count, a bool or
+    float is not."""
+    root = _folder(tmp_path / "d", FILES)
+    for call in (
+        lambda: load_dataset(root, seed=-1),
+        lambda: load_dataset(root, max_per_class=1, seed=-1),
+        lambda: split_dataset(load_dataset(root), 0.5, -1),
+    ):
+        with pytest.raises(DatasetError, match="seed must be a non-negative integer, got -1"):
+            call()
+    plain = load_dataset(root, max_per_class=1, seed=3)
+    numpy = load_dataset(root, max_per_class=np.int64(1), seed=np.int64(3))
+    assert numpy.digest == plain.digest and numpy.class_counts() == {"cat": 1, "fox": 1}
+    full = load_dataset(root)
+    assert split_dataset(full, 0.5, np.int32(7))[1].digest == split_dataset(full, 0.5, 7)[1].digest
+    for bad in (True, np.bool_(True), 1.0, np.float64(1.0), 0, np.int64(-2)):
+        with pytest.raises(DatasetError, match="max_per_class must be a positive integer"):
+            load_dataset(root, max_per_class=bad)
+    with pytest.raises(DatasetError, match="seed must be"):
+        load_dataset(root, seed=1.5)

@@ -44,7 +44,13 @@ class SelectionOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    shortlist: int = Field(3, ge=2, le=64, description="How many of the metric's best models race.")
+    shortlist: int = Field(
+        3,
+        ge=2,
+        le=64,
+        description="How many of the metric's best models race, at most: a job with fewer "
+        "models races them all (the job's `race.shortlist` lists the racers).",
+    )
     budget_epochs: float = Field(
         3.0,
         gt=0,

@@ -317,6 +317,14 @@ def test_idempotency_key_returns_the_same_job(client, service_app, alice, bob, z
     assert first.json()["id"] == again.json()["id"]
     assert again.headers["location"] == first.headers["location"]
     assert_problem(submit(client, alice, ds, models=zoo[:1], key="k-1"), 422, "Idempotency-Key")
+    # the same request with repeats (the job runs each model and metric once) is the same job
+    repeats = submit(client, alice, ds, models=[*zoo, *zoo], key="k-1").json()
+    assert repeats["id"] == first.json()["id"]
+    with_metrics = submit(client, alice, ds, models=zoo, metrics=["logme", "logme"], key="k-m")
+    assert (
+        submit(client, alice, ds, models=zoo, metrics=["logme"], key="k-m").json()["id"]
+        == (with_metrics.json()["id"])
+    )
     other = submit(client, alice, ds, models=zoo, key="k-2")
     assert other.json()["id"] != first.json()["id"]
     # keys are per tenant: bob's k-1 is his own job
