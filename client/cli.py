@@ -1,8 +1,10 @@
 """``zoopick datasets|jobs|model|zoo``: the client's command line, for people and pipelines.
 
-Settings: ``--url`` / ``--api-key``, else ``ZOOPICK_URL`` / ``ZOOPICK_API_KEY``. With
-``--json`` only the machine-readable result goes to stdout; progress bars and messages go to
-stderr either way.
+Settings: ``--url`` / ``--api-key``, else ``ZOOPICK_URL`` / ``ZOOPICK_API_KEY``. An option
+given empty is refused (exit 2, naming it); an empty variable counts as unset, as a shell
+reads it (a CI template's unset variable), with a note on stderr saying what is used. With
+``--json`` only the machine-readable result goes to stdout, also when a wait ends short of
+success (the dataset or job as last seen); progress bars and messages go to stderr either way.
 
 Exit codes (a pipeline can branch on them):
 
@@ -20,10 +22,11 @@ Exit codes (a pipeline can branch on them):
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
@@ -39,9 +42,9 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from .errors import EXIT_BAD_INPUT, JobFailed, WaitTimeout, ZoopickError
-from .http import Client
-from .models import Job
+from .errors import EXIT_BAD_INPUT, JobFailed, ZoopickError
+from .http import DEFAULT_URL, Client, regular_file
+from .models import Dataset, Job
 from .retry import RetryPolicy
 from .tables import PlainConsole, show, table, visible
 
@@ -116,12 +119,42 @@ class _PipeGuard:
 
 
 def guard_stdout() -> None:
-    """Install :class:`_PipeGuard` on ``sys.stdout`` (the commands' ``main``, once)."""
+    """Install :class:`_PipeGuard` on ``sys.stdout`` (the commands' ``main``, once), and
+    have stdout and stderr write what their encoding cannot carry as escapes (``\\xe9``):
+    on an ASCII stream (``PYTHONIOENCODING=ascii``, a CI log) a dataset or model name with
+    an accent ended a table in a traceback. Rich draws its tables and bars in ASCII there."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")
     if not isinstance(sys.stdout, _PipeGuard):
         sys.stdout = _PipeGuard(sys.stdout)  # type: ignore[assignment]
 
 
+def _refuse_empty(*given: tuple[str, str | None]) -> None:
+    """Exit 2 naming the first option given empty (``--select-by ""``, ``--api-key "$UNSET"``):
+    each had meant its default without a word (for ``--api-key``, ZOOPICK_API_KEY's key).
+    Click reads an empty environment variable as unset, so only a typed option gets here."""
+    for option, value in given:
+        if value is not None and not value.strip():
+            typer.echo(f"error: {option} is empty: give a value, or leave the option out", err=True)
+            raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _note_empty_settings(url: str | None, key: str | None) -> None:
+    """An empty ``ZOOPICK_URL`` or ``ZOOPICK_API_KEY`` (a CI template's unset variable) counts
+    as unset, as a shell reads it, but not silently: a note on stderr says what is used."""
+    if url is None and os.environ.get("ZOOPICK_URL") == "":
+        err.print(f"note: ZOOPICK_URL is empty: using {DEFAULT_URL}", highlight=False)
+    if key is None and os.environ.get("ZOOPICK_API_KEY") == "":
+        err.print("note: ZOOPICK_API_KEY is empty: sending no API key", highlight=False)
+
+
 def _client(url: str | None, key: str | None) -> Client:
+    """The client of ``--url`` / ``--api-key``, else ZOOPICK_URL / ZOOPICK_API_KEY; an empty
+    option is refused (exit 2), an empty variable is unset (with a note)."""
+    _refuse_empty(("--url", url), ("--api-key", key))
+    _note_empty_settings(url, key)
     attempts = os.environ.get("ZOOPICK_RETRIES")
     policy = None
     if attempts is not None:
@@ -191,7 +224,10 @@ def datasets_upload(
     api_key: Key = None,
     as_json: AsJson = False,
 ) -> None:
-    """Upload a dataset; prints its id (with --json, the dataset)."""
+    """Upload a dataset; prints its id (with --json, the dataset). Once it is uploaded, it is
+    printed whatever follows: with --wait, also when it turns out invalid (exit 2), the wait
+    times out (3) or the server goes away (4), as last seen."""
+    _refuse_empty(("--name", name))
     with _errors(), _client(url, api_key) as client:
         with _bytes_progress(f"uploading {path.name}") as bar:
             task = bar.add_task("upload", total=None)
@@ -202,13 +238,30 @@ def datasets_upload(
             ds = client.upload_dataset(path, name=name, progress=progress)
         err.print(f"uploaded {path.name} as dataset {ds.id} ({ds.status})", highlight=False)
         if wait and ds.status != "ready":
-            with err.status("validating..."):
-                ds = client.wait_dataset(ds.id, timeout=600 if timeout is None else timeout)
+            ds = _wait_dataset(client, ds, 600 if timeout is None else timeout, as_json)
             err.print(f"dataset {ds.id} is ready: {ds.num_samples} images", highlight=False)
-    if as_json:
-        _emit(ds.raw)
-    else:
-        out.print(ds.id)
+    _show_uploaded(ds, as_json)
+
+
+def _show_uploaded(ds: Dataset, as_json: bool) -> None:
+    _emit(ds.raw) if as_json else out.print(ds.id)
+
+
+def _wait_dataset(client: Client, ds: Dataset, timeout: float, as_json: bool) -> Dataset:
+    """Wait for ``ds`` to be validated. However the wait ends short of ``ready`` (invalid,
+    timed out, the server gone, Ctrl-C), the dataset as last seen is printed before the
+    error's exit: its id went to stderr only, and a pipeline reading stdout got nothing."""
+    seen = [ds]
+    try:
+        with err.status("validating..."):
+            return client.wait_dataset(ds.id, timeout=timeout, on_update=seen.append)
+    except ZoopickError:
+        _show_uploaded(seen[-1], as_json)
+        raise
+    except KeyboardInterrupt:
+        _show_uploaded(seen[-1], as_json)
+        err.print(f"interrupted: dataset {ds.id} is still being validated", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 @datasets_app.command("list")
@@ -220,6 +273,7 @@ def datasets_list(
     as_json: AsJson = False,
 ) -> None:
     """Your datasets, newest first."""
+    _refuse_empty(("--status", status))
     with _errors(), _client(url, api_key) as client:
         items = client.list_datasets(status=status, limit=limit)
     if as_json:
@@ -266,9 +320,15 @@ def datasets_delete(
 # -- jobs ----------------------------------------------------------------------------------
 
 
-def _wait(client: Client, job: Job | str, timeout: float | None) -> Job:
+def _wait(
+    client: Client,
+    job: Job | str,
+    timeout: float | None,
+    seen: Callable[[Job], None] | None = None,
+) -> Job:
     """Follow a job (or a job id: its first poll is the wait's, within ``timeout``) with a
-    progress bar on stderr; JobFailed unless it succeeded."""
+    progress bar on stderr, ``seen`` called with each state polled; JobFailed unless it
+    succeeded."""
     jid, status = (job, "waiting") if isinstance(job, str) else (job.id, job.status)
     with Progress(
         TextColumn("job {task.fields[jid]}"),
@@ -282,15 +342,17 @@ def _wait(client: Client, job: Job | str, timeout: float | None) -> Job:
 
         def update(j: Job) -> None:
             bar.update(task, completed=j.progress, status=j.status)
+            if seen is not None:
+                seen(j)
 
         try:
             return client.wait_job(jid, timeout=timeout, on_update=update, check=True)
         except KeyboardInterrupt:
-            err.print(
-                f"interrupted: job {jid} keeps running (zoopick jobs wait {jid})",
-                highlight=False,
-            )
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+            raise _Interrupted(jid) from None
+
+
+class _Interrupted(Exception):
+    """Ctrl-C during a wait (exit 130, the job keeps running); ``args[0]`` is its id."""
 
 
 def _summary_line(job: Job) -> str:
@@ -371,6 +433,7 @@ def jobs_submit(
 
     Without --wait prints the job id (with --json, the job). With --wait, exits 0 if the job
     succeeded, 1 if it failed or was cancelled, 3 on --timeout."""
+    _refuse_empty(("--dataset", dataset), ("--select-by", select_by), ("--compressor", compressor))
     given = {"epochs": finetune_epochs, "compressor": compressor, "density": density}
     given.update(workers=workers, lr=lr)
     finetune = {k: v for k, v in given.items() if v is not None} or None
@@ -397,15 +460,26 @@ def jobs_submit(
 def _wait_json(
     client: Client, job: Job | str, timeout: float | None, as_json: bool
 ) -> tuple[Job, JobFailed | None]:
-    """``_wait``, the failure kept for the exit code; on a timeout, ``--json`` still prints
-    the job as last seen (a pipeline reads stdout whatever the exit code)."""
+    """``_wait``, the failure kept for the exit code. However else the wait ends (timed out,
+    the server gone, Ctrl-C), ``--json`` still prints the job as last seen before the exit
+    (a pipeline reads stdout whatever the exit code): the submitted job, else the last poll's;
+    nothing when no state of it was ever seen (``jobs wait`` on a server that never
+    answered: the caller has the id it gave)."""
+    last: list[Job] = [job] if isinstance(job, Job) else []
     try:
-        return _wait(client, job, timeout), None
+        return _wait(client, job, timeout, last.append), None
     except JobFailed as exc:
         return exc.job, exc
-    except WaitTimeout as exc:
-        if as_json and exc.job is not None:
-            _emit(exc.job.raw)
+    except (ZoopickError, _Interrupted) as exc:
+        if as_json and last:
+            _emit(last[-1].raw)
+        if isinstance(exc, _Interrupted):
+            jid = exc.args[0]
+            err.print(
+                f"interrupted: job {jid} keeps running (zoopick jobs wait {jid})",
+                highlight=False,
+            )
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         raise
 
 
@@ -449,6 +523,7 @@ def jobs_list(
     as_json: AsJson = False,
 ) -> None:
     """Your jobs, newest first."""
+    _refuse_empty(("--status", status))
     with _errors(), _client(url, api_key) as client:
         items = client.list_jobs(status=status, limit=limit)
     if as_json:
@@ -530,6 +605,50 @@ def jobs_results(
     with _errors(), _client(url, api_key) as client:
         job = client.results(job_id)
     _emit(job.raw) if as_json else _print_results(job)
+
+
+@jobs_app.command("log")
+def jobs_log(
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="File or folder to write (default: stdout)."),
+    ] = None,
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """A fine-tune job's training log: what the trainer printed.
+
+    Exit 2 when the job fine-tunes nothing or its run has written no log yet."""
+    if output is not None and not output.parent.exists():
+        err.print(f"error: folder {output.parent} does not exist", highlight=False)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    with _errors(), _client(url, api_key) as client:
+        text = client.get_job_log(job_id)
+        if output is not None:
+            path = _write_text(output, f"train-{job_id}.log", text, "the log")
+            err.print(f"log written to {path}", highlight=False)
+            return
+    # a terminal gets control characters as escapes (as every name the CLI shows); a pipe
+    # or a file gets the log as the trainer wrote it
+    sys.stdout.write(visible(text) if sys.stdout.isatty() else text)
+    sys.stdout.flush()
+
+
+def _write_text(dest: Path, name: str, text: str, what: str) -> Path:
+    """Write ``text`` to ``dest`` (a folder: to ``name`` in it) through a ``.part`` file
+    renamed over it, never through a link or into a special file."""
+    if dest.is_dir():
+        dest = dest / name
+    regular_file(dest, what)
+    part = dest.with_name(dest.name + ".part")
+    try:
+        part.write_text(text, encoding="utf-8")
+        part.replace(dest)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise ZoopickError(f"cannot write {what} to {dest}: {exc.strerror or exc}") from None
+    return dest
 
 
 # -- model and zoo -------------------------------------------------------------------------

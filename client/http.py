@@ -1,6 +1,7 @@
 """``Client``: every call of the REST API a pipeline needs, with retries and typed results.
 
-Configuration comes from the arguments, else ``ZOOPICK_URL`` and ``ZOOPICK_API_KEY``. Errors
+Configuration comes from the arguments, else ``ZOOPICK_URL`` and ``ZOOPICK_API_KEY`` (an
+empty variable counts as unset; an empty argument is refused), else the local server. Errors
 raise the exception of :mod:`zoopick.client.errors` that names the problem; transient
 failures are retried (:mod:`zoopick.client.retry`), and a job submission carries an
 ``Idempotency-Key`` so that a retry never makes a second job.
@@ -67,16 +68,54 @@ def _plain_reason(exc: Exception) -> str:
     return text[:1].lower() + text[1:] if text else "no answer"
 
 
+def _redacted(url: str) -> str:
+    """``url`` with any ``user:password@`` written as ``***@``: an error message is printed,
+    often into a CI log, and must not carry a password."""
+    return re.sub(r"^([^/?#]*://)?[^?#]*@", r"\1***@", url, count=1)
+
+
 def _checked_url(url: str) -> str:
-    """``url`` if it can address a server (an http(s) URL with a host), else a
-    :class:`ZoopickError` naming it (a usage error, exit 2)."""
+    """``url`` if it can address a zoopick server, else a :class:`ZoopickError` naming what
+    is wrong (a usage error, exit 2) before any request. The API's path is appended to the
+    URL, so a query or fragment would swallow it (``http://h?x=1`` sent every request to
+    ``/?x=1/api/v1/...``); ``user:password@`` would go as Basic auth in place of the API
+    key's Bearer header; port 99999 failed only when connecting, as "unreachable" (exit 4).
+    A path prefix (``http://host/zoopick``, behind a proxy) is kept: the API is under it."""
+    shown = f"the server URL {_redacted(url)!r}"
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
+        raise ZoopickError(f"{shown} contains a space or a control character")
+    if "?" in url or "#" in url:
+        raise ZoopickError(f"{shown} has a query or fragment (? or #): give the server's URL only")
+    if "@" in url:  # refused before parsing: a parser's error could quote the password
+        raise ZoopickError(
+            f"{shown} carries a user name or password (user:password@): give the API key "
+            "with --api-key or ZOOPICK_API_KEY instead"
+        )
+    if "://" not in url:
+        raise ZoopickError(f"{shown} must start with http:// or https://")
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError) as exc:
-        raise ZoopickError(f"the server URL {url!r} is not a URL: {exc}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ZoopickError(f"the server URL {url!r} must be http:// or https:// and name a host")
+        raise ZoopickError(f"{shown} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise ZoopickError(f"{shown} has scheme {parsed.scheme!r}: use http:// or https://")
+    if not parsed.host:
+        raise ZoopickError(f"{shown} names no host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ZoopickError(f"{shown} has port {parsed.port}: a port is 1 to 65535")
     return url
+
+
+def _given(what: str, value: str | None, env: str) -> str | None:
+    """An argument as given, else the environment variable ``env``; ``None`` when neither is.
+    An explicit empty argument is a :class:`ZoopickError` (``api_key=""`` had meant
+    "ZOOPICK_API_KEY's key" without a word); an empty environment variable is unset, as a
+    shell reads it (CI templates often set variables empty)."""
+    if value is not None:
+        if not value.strip():
+            raise ZoopickError(f"{what} is empty: give one, or leave it out")
+        return value
+    return os.environ.get(env) or None
 
 
 def _header_value(what: str, value: str) -> str:
@@ -97,6 +136,18 @@ def _resource_id(kind: str, value: str) -> str:
         return str(uuid.UUID(str(value)))
     except ValueError:
         raise ZoopickError(f"{value!r} is not a {kind} id (a UUID)") from None
+
+
+def regular_file(dest: Path, what: str) -> Path:
+    """``dest`` unless it is a link or a special file (:class:`ZoopickError`): a download is
+    written beside it and renamed over it, so a link, a FIFO or a device (``/dev/full`` as
+    root) would be replaced, not written through."""
+    if dest.is_symlink() or (dest.exists() and not dest.is_file()):
+        raise ZoopickError(
+            f"{dest} is a link or a special file, not a regular file: give a file or a folder "
+            f"to write {what} to"
+        )
+    return dest
 
 
 def _parsed_items(items: Iterator[dict], parse: Callable[[dict], Any]) -> list[Any]:
@@ -133,8 +184,9 @@ class Client:
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.url = _checked_url((url or os.environ.get("ZOOPICK_URL") or DEFAULT_URL).rstrip("/"))
-        key = api_key or os.environ.get("ZOOPICK_API_KEY")
+        given = _given("the server URL", url, "ZOOPICK_URL") or DEFAULT_URL
+        self.url = _checked_url(given).rstrip("/")
+        key = _given("the API key", api_key, "ZOOPICK_API_KEY")
         headers = {"Authorization": f"Bearer {_header_value('the API key', key)}"} if key else {}
         self.retry = retry or RetryPolicy()
         self._timeout = timeout
@@ -252,9 +304,9 @@ class Client:
             response = self._send("POST", "/datasets", files=files, data=data, idempotent=False)
         return _parsed(response, Dataset.from_json)
 
-    def get_dataset(self, dataset_id: str) -> Dataset:
+    def get_dataset(self, dataset_id: str, *, deadline: float | None = None) -> Dataset:
         path = f"/datasets/{_resource_id('dataset', dataset_id)}"
-        return _parsed(self._send("GET", path), Dataset.from_json)
+        return _parsed(self._send("GET", path, deadline=deadline), Dataset.from_json)
 
     def list_datasets(
         self, *, status: str | None = None, limit: int | None = None
@@ -266,22 +318,41 @@ class Client:
         self._send("DELETE", f"/datasets/{_resource_id('dataset', dataset_id)}")
 
     def wait_dataset(
-        self, dataset_id: str, *, timeout: float = 600, interval: float = 1.0
+        self,
+        dataset_id: str,
+        *,
+        timeout: float = 600,
+        interval: float = 1.0,
+        on_update: Callable[[Dataset], None] | None = None,
     ) -> Dataset:
         """Poll until the dataset is ``ready`` (returned) or ``invalid`` (:class:`BadRequest`
-        naming why); :class:`WaitTimeout` after ``timeout`` seconds."""
+        naming why); :class:`WaitTimeout` after ``timeout`` seconds, which bound every request
+        of the wait (as :meth:`wait_job`'s). ``on_update`` sees each state polled: what a
+        caller still knows of the dataset when the wait ends in an error."""
         from .errors import BadRequest
 
         deadline = time.monotonic() + timeout
+        seen: Dataset | None = None
         while True:
-            ds = self.get_dataset(dataset_id)
+            try:
+                ds = self.get_dataset(dataset_id, deadline=deadline)
+            except Unreachable as exc:
+                if time.monotonic() < deadline:
+                    raise
+                last = f"; last seen {seen.status}" if seen is not None else ""
+                raise WaitTimeout(
+                    f"dataset {dataset_id}: no answer within {timeout:g}s ({exc}){last}"
+                ) from None
+            seen = ds
+            if on_update is not None:
+                on_update(ds)
             if ds.status == "ready":
                 return ds
             if ds.status == "invalid":
                 raise BadRequest(f"dataset {ds.id} is invalid: {ds.error}")
             if time.monotonic() >= deadline:
                 raise WaitTimeout(f"dataset {ds.id} still {ds.status} after {timeout:g}s")
-            time.sleep(interval)
+            time.sleep(max(0.05, min(interval, deadline - time.monotonic())))
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -332,6 +403,13 @@ class Client:
         (:meth:`get_job` for one job's results)."""
         items = self._pages("/jobs", {"status": status}, limit)
         return _parsed_items(items, Job.from_json)
+
+    def get_job_log(self, job_id: str) -> str:
+        """The log of a fine-tune job's training run: what the trainer printed, oldest first
+        (bounded by the server). :class:`NotFound` when the job fine-tunes nothing or its run
+        has written no log yet."""
+        response = self._send("GET", f"/jobs/{_resource_id('job', job_id)}/log")
+        return response.text
 
     def cancel_job(self, job_id: str) -> Job:
         path = f"/jobs/{_resource_id('job', job_id)}/cancel"
@@ -410,13 +488,7 @@ class Client:
                 name = response.headers.get("content-disposition", "")
                 name = name.split("filename=")[-1].strip('"') if "filename=" in name else ""
                 dest = dest / (Path(name).name or f"{job_id}.safetensors")
-            if dest.is_symlink() or (dest.exists() and not dest.is_file()):
-                # the file is written beside it and renamed over it: a link, a FIFO or a
-                # device (/dev/full as root) would be replaced, not written through
-                raise ZoopickError(
-                    f"{dest} is a link or a special file, not a regular file: give a file or "
-                    "a folder to write the model to"
-                )
+            regular_file(dest, "the model")
             total = int(response.headers.get("content-length") or 0)
             part = dest.with_name(dest.name + ".part")
             digest = hashlib.sha256()

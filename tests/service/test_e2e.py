@@ -251,8 +251,9 @@ def test_running_job_is_cancelled_between_models(stack):
     assert len(scored) <= 1  # stopped after the model that was running
 
 
-def test_job_with_finetuning_stores_curve_and_model(stack):
-    """Score, pick, fine-tune with 2 CPU workers (gloo) and spardl; then download the model."""
+def test_job_with_finetuning_stores_curve_and_model(stack, tmp_path):
+    """Score, pick, fine-tune with 2 CPU workers (gloo) and spardl; then download the model
+    and, with the CLI, the training log."""
     pytest.importorskip("zoopick.training.launch", reason="training not written yet")
     client = stack["client"]
     gpu = gpu_worker(stack)
@@ -279,6 +280,34 @@ def test_job_with_finetuning_stores_curve_and_model(stack):
     from safetensors.torch import load as load_safetensors
 
     assert load_safetensors(model.content)
+    _the_cli_downloads_the_log(stack, jid, tmp_path)
+
+
+def _the_cli_downloads_the_log(stack, jid: str, tmp_path: Path) -> None:
+    """``zoopick jobs log``: the training log the API serves (``GET /jobs/{id}/log``), on
+    stdout or into a file, byte for byte."""
+    import subprocess
+    import sys
+
+    client = stack["client"]
+    served = client.get(f"/jobs/{jid}/log")
+    assert served.status_code == 200 and served.text.strip(), served.text
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
+    env.update(
+        ZOOPICK_URL=str(client.base_url).rstrip("/").removesuffix(API),
+        ZOOPICK_API_KEY=client.headers["authorization"].removeprefix("Bearer "),
+    )
+    zoopick = str(Path(sys.executable).parent / "zoopick")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [zoopick, "jobs", "log", *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+    shown = cli(jid)
+    assert shown.returncode == 0 and shown.stdout == served.text, shown.stderr
+    saved = cli(jid, "-o", str(tmp_path))
+    assert saved.returncode == 0 and saved.stdout == "", saved.stderr
+    assert (tmp_path / f"train-{jid}.log").read_text(encoding="utf-8") == served.text
 
 
 def trainer_processes(run_dir) -> list[str]:
