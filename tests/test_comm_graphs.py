@@ -50,14 +50,99 @@ def test_graphs_accepted_and_off_by_default(name):
     assert comm.get(name).options["cuda_graphs"] is False
 
 
-def test_recorder_sums_numbers_and_keeps_tensors():
-    rec = graphs.StatsRecorder()
-    count = torch.tensor(3)
+def test_recorder_sums_numbers_and_adds_tensors_to_the_totals():
+    from zoopick.training.comm.stats import FIELDS
+
+    totals = torch.zeros(len(FIELDS), dtype=torch.float64)
+    rec = graphs.StatsRecorder(totals)
     with rec.timer("select_s"):
-        rec.add(bytes_sent=10, nnz=count)
-        rec.add(bytes_sent=5, numel=7)
+        rec.add(bytes_sent=10, nnz=torch.tensor(3))
+        rec.add(bytes_sent=5, numel=7, nnz=torch.tensor(2))
     assert rec.numbers == {"bytes_sent": 15, "numel": 7}
-    assert rec.tensors == [("nnz", count)]
+    assert totals.tolist() == [5.0 if f == "nnz" else 0.0 for f in FIELDS]
+
+
+def test_running_totals_are_counted_once_an_iteration():
+    """What a CUDA graph adds to its running totals (``StatsRecorder`` inside the graph; here
+    the same adds done directly, on the CPU) reaches the record of the iteration it was added
+    in, once, and the totals start that iteration's successor from zero."""
+    from zoopick.training.comm.stats import FIELDS, CommStats
+
+    totals = torch.zeros(len(FIELDS), dtype=torch.float64)
+    stats = CommStats()
+    stats.follow(totals)
+    stats.follow(totals)  # one vector is followed once
+    recorder = graphs.StatsRecorder(totals)
+    for it, per_replay in enumerate([(3, 4), (5,), ()]):
+        stats.begin(it, torch.device("cpu"))
+        for count in per_replay:  # one replay of a bucket's graph each
+            recorder.add(nnz=torch.tensor(count), bytes_sent=torch.tensor(2.5))
+            stats.add(buckets=1)
+        stats.finish()
+        assert not totals.any()
+    assert [r["nnz"] for r in stats] == [7, 5, 0]
+    assert [r["bytes_sent"] for r in stats] == [5.0, 2.5, 0.0]
+    assert [r["buckets"] for r in stats] == [2, 1, 0]
+    assert stats.cumulative["nnz"] == 12 and stats.cumulative["bytes_sent"] == 7.5
+
+
+class _ClockEvent:
+    """Stands in for ``torch.cuda.Event`` on a CPU, on a device clock that only a replay
+    moves (``_StepGraph``): recorded at the clock's reading, always complete."""
+
+    now = 0.0  # ms
+    made = 0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        type(self).made += 1
+        self.at: float | None = None
+
+    def record(self) -> None:
+        self.at = type(self).now
+
+    def query(self) -> bool:
+        return self.at is not None
+
+    def synchronize(self) -> None:
+        assert self.at is not None
+
+    def elapsed_time(self, end: _ClockEvent) -> float:
+        return end.at - self.at
+
+
+class _StepGraph:
+    """A graph whose replay takes ``ms`` on the device clock."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def replay(self) -> None:
+        _ClockEvent.now += self.ms
+
+
+@pytest.mark.parametrize(("every", "pairs"), [(16, 3), (1, 40)])
+def test_replays_are_timed_one_in_time_every(monkeypatch, every, pairs):
+    """Every replay's time reaches ``select_s`` (a timed one's from its events, the others'
+    from the last timed one), while only one replay in ``TIME_EVERY`` makes a pair of
+    events: 40 replays of a 2 ms graph are 80 ms from 3 pairs (or 40 with ``TIME_EVERY``
+    1, every replay timed as an eager step is)."""
+    monkeypatch.setattr(torch.cuda, "Event", _ClockEvent)
+    monkeypatch.setattr(graphs, "TIME_EVERY", every)
+    monkeypatch.setattr(_ClockEvent, "made", 0)
+    st, _ = comm.make_hook("spardl", density=0.05)
+    totals = torch.zeros(len(comm.stats.FIELDS), dtype=torch.float64)
+    entry = graphs._Graph(_StepGraph(2.0), torch.zeros(1), None, graphs.StatsRecorder(totals))
+    for it in range(10):
+        st.stats.begin(it, torch.device("cuda"))
+        for _ in range(4):  # four calls an iteration, as four buckets would be
+            graphs.BucketGraphs._replay(st, entry)
+        st.stats.finish()
+    st.stats.resolve()
+    assert st.stats.cumulative["select_s"] == pytest.approx(0.080)
+    assert _ClockEvent.made == 2 * pairs
+    per_iteration = [rec["select_s"] for rec in st.stats]
+    assert per_iteration == pytest.approx([0.008] * 10)
 
 
 # -- the captured step on the CPU ---------------------------------------------------------------
@@ -193,7 +278,7 @@ def test_graphs_replay_the_eager_steps(world_of_one, monkeypatch, key):
 
     name, options, triton = CUDA_CONFIGS[key]
     monkeypatch.setattr(select, "CUDA_TRITON", triton)
-    eager_outs, eager_res, _ = _run_buckets(name, options, graphed=False)
+    eager_outs, eager_res, eager = _run_buckets(name, options, graphed=False)
     outs, res, st = _run_buckets(name, options, graphed=True)
     for it, (a, b) in enumerate(zip(eager_outs, outs, strict=True)):
         for x, y in zip(a, b, strict=True):
@@ -207,6 +292,9 @@ def test_graphs_replay_the_eager_steps(world_of_one, monkeypatch, key):
     st.stats.resolve()  # a graphed run's stats count every bucket of every iteration
     assert st.stats.cumulative["buckets"] == 2 * ITERS
     assert st.stats.cumulative["numel"] == ITERS * sum(torch.Size(s).numel() for s in SHAPES)
+    eager.stats.resolve()  # the counts the device makes (running totals in the graphs)
+    for field in ("nnz", "bytes_sent", "bytes_recv"):
+        assert st.stats.cumulative[field] == eager.stats.cumulative[field], field
     if triton:  # the kernels' cached tables that a graph reads are kept by the graph
         from zoopick.training.comm import triton_kernels as tk
 

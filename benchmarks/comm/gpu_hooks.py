@@ -14,7 +14,9 @@ stream), ``+triton`` turns ``select.CUDA_TRITON`` on for that run (the fused ker
 ``training/comm/triton_kernels.py``; spardl and gaussiank use them, other hooks ignore it),
 ``+graph`` sets ``cuda_graphs=True`` (each bucket's steady state replayed as a CUDA graph,
 ``training/comm/graphs.py``; its *select* is then the whole replay's time, and the row counts
-the graphs captured and replayed, and the buckets whose capture failed and ran eagerly).
+the graphs captured and replayed, and the buckets whose capture failed and ran eagerly);
+``+timeall`` times every replay with CUDA events (``graphs.TIME_EVERY = 1``, as before
+session 21) where the default times one in ``graphs.TIME_EVERY``.
 
 Per recipe and bucket size every label gets its own DDP replica, all alive at once; each is
 warmed (``--warmup`` chunks; Triton compiles in the first), then the replicas run in
@@ -77,6 +79,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from zoopick.training.comm import graphs as graphs_mod  # noqa: E402
 from zoopick.training.comm import make_hook, select, triton_kernels  # noqa: E402
 
 HOOKS = (
@@ -121,6 +124,7 @@ class HostClock:
 
     def __init__(self) -> None:
         self.total = 0.0
+        self.calls = 0
 
     def wrap(self, fn):
         @functools.wraps(fn)  # DDP reads a hook's signature (``bucket``) through this
@@ -130,12 +134,51 @@ class HostClock:
                 return fn(*args, **kwargs)
             finally:
                 self.total += time.perf_counter() - t0
+                self.calls += 1
 
         return timed
 
 
 REPLAY_CLOCK = HostClock()
 """Around every ``torch.cuda.CUDAGraph.replay`` of this process (installed by ``main``)."""
+
+PHASE_CLOCKS: dict[str, HostClock] = {}
+"""Host time inside the parts of a hook call that run 10-14x noop's host time per bucket in
+run F's graphed labels (issue 19), each around every call of this process (installed by
+``install_phase_clocks``): where that time goes, per iteration and run."""
+
+
+def install_phase_clocks() -> float:
+    """Wrap the parts of a hook call in :data:`PHASE_CLOCKS` and return what one wrapper
+    itself costs on this host, in microseconds a call (a wrapped empty function, timed):
+    each phase's time includes it once a call, nested phases (``graph run`` holds ``event
+    record`` and the replay) once per level."""
+    from zoopick.training.comm import graphs as graphs_mod
+    from zoopick.training.comm import hostread, stats, store
+    from zoopick.training.comm import state as state_mod
+
+    def wrap(name: str, owner: Any, attr: str, kind: str = "function") -> None:
+        clock = PHASE_CLOCKS.setdefault(name, HostClock())
+        fn = getattr(owner, attr)
+        if kind == "classmethod":
+            setattr(owner, attr, classmethod(clock.wrap(fn.__func__)))
+        elif kind == "staticmethod":
+            setattr(owner, attr, staticmethod(clock.wrap(fn)))
+        else:
+            setattr(owner, attr, clock.wrap(fn))
+
+    wrap("layout", store.BucketLayout, "of", "classmethod")
+    wrap("unused check", state_mod, "_unused_slots")
+    wrap("graph run", graphs_mod.BucketGraphs, "run")
+    wrap("stats finish", stats.CommStats, "finish")
+    wrap("deferred read", hostread.Deferred, "__init__")
+    if hasattr(torch.cuda, "Event"):
+        wrap("event record", torch.cuda.Event, "record")
+    probe = HostClock().wrap(lambda: None)
+    t0 = time.perf_counter()
+    for _ in range(10_000):
+        probe()
+    return (time.perf_counter() - t0) / 10_000 * 1e6
 
 
 def attach(ddp: DDP, label: str, density: float, clock: HostClock | None = None):
@@ -148,7 +191,7 @@ def attach(ddp: DDP, label: str, density: float, clock: HostClock | None = None)
         ddp.register_comm_hook(None, timed(noop_hook))
         return None
     name, *variants = label.split("+")
-    unknown = set(variants) - {"async", "triton", "graph"}
+    unknown = set(variants) - {"async", "triton", "graph", "timeall"}
     if unknown:
         raise SystemExit(f"unknown hook variant(s) {sorted(unknown)} in {label!r}")
     options: dict[str, Any] = {"async_comm": True} if "async" in variants else {}
@@ -219,6 +262,9 @@ class Run:
     clock: HostClock = field(default_factory=HostClock)  # around this run's hook calls
     hook_host: list[float] = field(default_factory=list)  # per iteration
     replay_host: list[float] = field(default_factory=list)  # per iteration
+    # per phase of PHASE_CLOCKS: (seconds, calls) per iteration
+    phase_host: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    time_every: int = 16  # graphs.TIME_EVERY for this run's steps (``+timeall``: 1)
     syncs: Counter[str] = field(default_factory=Counter)
     peak_mb: float = 0.0
     before: dict[str, float] = field(default_factory=dict)
@@ -228,17 +274,22 @@ class Run:
         """One training iteration. ``select.CUDA_TRITON`` is process-wide and the hooks read it
         when DDP calls them, inside ``backward()``: every step sets its own run's value."""
         select.CUDA_TRITON = self.triton
+        graphs_mod.TIME_EVERY = self.time_every
         xs, ys = self.data
         x, y = xs[self.i % len(xs)], ys[self.i % len(ys)]
         self.i += 1
         with torch.autocast(self.autocast, dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(self.ddp(x), y)
         hooked, replayed = self.clock.total, REPLAY_CLOCK.total
+        phases = {n: (c.total, c.calls) for n, c in PHASE_CLOCKS.items()}
         t0 = time.perf_counter()
         loss.backward()
         self.host_backward.append(time.perf_counter() - t0)
         self.hook_host.append(self.clock.total - hooked)
         self.replay_host.append(REPLAY_CLOCK.total - replayed)
+        for n, (total, calls) in phases.items():
+            clock = PHASE_CLOCKS[n]
+            self.phase_host.setdefault(n, []).append((clock.total - total, clock.calls - calls))
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
@@ -256,7 +307,8 @@ def build(label: str, args, recipe: dict[str, Any], bucket_mb: float, init, data
     state = attach(ddp, label, args.density, clock)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     triton = "triton" in label.split("+")
-    return Run(label, ddp, opt, state, triton, data, device.type, clock=clock)
+    every = 1 if "timeall" in label.split("+") else graphs_mod.TIME_EVERY_DEFAULT
+    return Run(label, ddp, opt, state, triton, data, device.type, clock=clock, time_every=every)
 
 
 def chunk(run: Run, args, cuda: bool, timed: bool) -> None:
@@ -314,6 +366,7 @@ def measure(runs: list[Run], args, device: torch.device) -> None:
         run.host_backward.clear()
         run.hook_host.clear()
         run.replay_host.clear()
+        run.phase_host.clear()
         if run.state is not None:
             run.state.stats.resolve()
             run.before = dict(run.state.stats.cumulative)
@@ -339,6 +392,13 @@ def row_of(run: Run, args, device: torch.device, bucket_mb: float) -> dict[str, 
         "host_backward_ms": 1000 * statistics.median(run.host_backward),
         "hook_host_ms": 1000 * statistics.median(run.hook_host),
         "replay_host_ms": 1000 * statistics.median(run.replay_host),
+        "phase_host": {
+            n: {
+                "ms": 1000 * statistics.median(t for t, _ in v),
+                "calls": statistics.median(c for _, c in v),
+            }
+            for n, v in run.phase_host.items()
+        },
         "peak_mem_mb": run.peak_mb,
         "syncs": sum(run.syncs.values()),
         "sync_sites": dict(run.syncs),
@@ -532,6 +592,7 @@ def main(argv: list[str] | None = None) -> None:
     device, args.backend = start(args.dry_run)
     if hasattr(torch.cuda, "CUDAGraph"):  # the graphed hooks' launches, timed on the host
         torch.cuda.CUDAGraph.replay = REPLAY_CLOCK.wrap(torch.cuda.CUDAGraph.replay)
+    args.clock_us = install_phase_clocks()
     args.out = args.out or Path("/tmp/gpu_dry" if args.dry_run else "benchmarks/results")
     args.bucket_mb = [float(x) for x in str(args.bucket_mb).split(",")]
     args.bandwidth_gbs = copy_bandwidth(device)
@@ -613,6 +674,7 @@ def report(result: dict[str, Any]) -> str:
             block = [x for x in result["rows"] if x["recipe"] == name and x["bucket_mb"] == mb]
             if block:
                 lines += ["", *_table(name, mb, block)]
+    lines += ["", *_host_phases(result["rows"], o.get("clock_us", 0.0))]
     lines += ["", *_where(result["rows"])]
     return "\n".join(lines) + "\n"
 
@@ -648,6 +710,39 @@ def _table(name: str, mb: float, block: list[dict[str, Any]]) -> list[str]:
             for g in [x["graphs"]]
         )
         lines += ["", f"CUDA graphs (`+graph`, buckets over the whole run): {counts}."]
+    return lines
+
+
+def _host_phases(rows: list[dict[str, Any]], clock_us: float) -> list[str]:
+    """Where each run's host time inside the hooks goes (``PHASE_CLOCKS``): ms an iteration
+    and calls an iteration per phase, medians over the timed iterations."""
+    names = sorted({n for r in rows for n in r.get("phase_host", {})})
+    if not names:
+        return []
+    lines = [
+        "## Where the hooks' host time goes",
+        "",
+        "Host wall time an iteration inside each part of the hook calls (ms, and calls in "
+        "brackets), beside *hook host* (all of it) and *replay host* (`CUDAGraph.replay`). "
+        f"Each timed call includes the timing wrapper's own cost, {clock_us:.2f} us a call "
+        "on this host (a wrapped empty function); *graph run* includes its event records and "
+        "replay. `+timeall`: every replay timed by CUDA events, as before session 21.",
+        "",
+        "| recipe | MB | hook | hook host | replay host | " + " | ".join(names) + " |",
+        "|---|---|---|---|---|" + "---|" * len(names),
+    ]
+    for r in rows:
+        ph = r.get("phase_host", {})
+        cells = [
+            f"{_ms(ph[n]['ms'])} ({ph[n]['calls']:g})" if n in ph and ph[n]["calls"] else "—"
+            for n in names
+        ]
+        lines.append(
+            f"| {r['recipe']} | {r['bucket_mb']:g} | {r['hook']} | "
+            f"{_ms(r.get('hook_host_ms', 0.0))} | {_ms(r.get('replay_host_ms', 0.0))} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return lines
 
 

@@ -25,9 +25,12 @@ What a graph may capture, and why the conditions below hold it to the eager resu
   returned as a new tensor back into the persistent flat (``static=True`` of the driver's
   step), so the next replay reads what this one wrote.
 * **Stats.** The amounts the step adds are recorded once at capture (sizes and byte counts
-  are fixed; a count the device computes is a tensor in the graph's pool, rewritten by each
-  replay and read after it through ``hostread.Deferred``, as eagerly). The replay is timed as
-  a whole into ``select_s`` (selection and any collectives are one graph).
+  are fixed), but a count the device computes is added, inside the graph, to a device
+  vector of running totals that the stats read once an iteration (``CommStats.follow``):
+  a replay does no host work for it, where reading each replay's count had cost a pinned
+  copy, an event and its record per bucket. The replay is timed as
+  a whole into ``select_s`` (selection and any collectives are one graph), but not every
+  replay: see ``TIME_EVERY``.
 
 A bucket runs eagerly for its first ``WARM_CALLS`` steady calls (lazy initialisation, the
 Triton compile and the persistent flats happen there, not in the capture), is captured on the
@@ -51,13 +54,26 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zoopick.training.comm import triton_kernels
+from zoopick.training.comm.stats import FIELDS
 
 if TYPE_CHECKING:
     from zoopick.training.comm.state import HookState
     from zoopick.training.comm.store import BucketLayout
 
+_FIELD_AT = {name: i for i, name in enumerate(FIELDS)}
+
 WARM_CALLS = 2
 """Eager steady calls of a bucket before it is captured."""
+
+TIME_EVERY_DEFAULT = 16
+TIME_EVERY = TIME_EVERY_DEFAULT
+"""One replay in this many of a graph is timed with a pair of CUDA events; the others add
+the time its last timed replay took (a replay is the same work every call). Timing every
+replay cost more host time than the replay itself: each event is a new Python object, and
+recording it looks the current stream up in Python (``torch.cuda.current_stream``), twice
+a bucket, on the thread that also launches the backward pass (issue 19: run F's graphed
+hooks spent 10-14x noop's host time per bucket, about all of their added time). With 1,
+every replay is timed, as eager steps are."""
 
 MAX_GRAPHS = 64
 """Graphs kept per state; a rebuild only adds keys, so past this all are dropped. (The
@@ -70,17 +86,18 @@ Step = Callable[["HookState", torch.Tensor, "BucketLayout", float, bool], None]
 
 
 class StatsRecorder:
-    """Stands in for ``CommStats`` during a capture: keeps what the step adds, to be added
-    again after every replay (see the module doc)."""
+    """Stands in for ``CommStats`` during a capture: keeps the numbers the step adds, to be
+    added again after every replay, and adds its tensor amounts to ``totals`` (one element
+    per field of ``stats.FIELDS``), in the graph being captured (see the module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, totals: torch.Tensor) -> None:
         self.numbers: dict[str, float] = {}
-        self.tensors: list[tuple[str, torch.Tensor]] = []
+        self.totals = totals
 
     def add(self, **amounts: Any) -> None:
         for key, value in amounts.items():
             if isinstance(value, torch.Tensor):
-                self.tensors.append((key, value))
+                self.totals[_FIELD_AT[key]].add_(value.detach())
             else:
                 self.numbers[key] = self.numbers.get(key, 0) + value
 
@@ -99,6 +116,11 @@ class _Graph:
     # tables the capture read: held so that a buffer the state later replaces (a larger
     # scratch, a rebuilt block table) or a cache evicts is never freed under the graph
     kept: tuple[Any, ...] = ()
+    # replay timing (``TIME_EVERY``): the events of the last timed replay until the device
+    # passes them, what that replay took, and how many replays until the next timed one
+    probe: tuple[Any, Any] | None = None
+    seconds: float | None = None
+    untimed: int = 0
 
 
 @dataclass
@@ -110,6 +132,8 @@ class BucketGraphs:
     failed: set[tuple[Any, ...]] = field(default_factory=set)
     captures: int = 0  # how many graphs were captured (tests, benchmarks)
     replays: int = 0
+    # per device: the running totals the graphs' tensor amounts go to (``StatsRecorder``)
+    totals: dict[torch.device, torch.Tensor] = field(default_factory=dict)
 
     def clear(self) -> None:
         self.graphs.clear()
@@ -153,14 +177,37 @@ class BucketGraphs:
             entry = self._capture(state, buf, layout, density, step, key)
             if entry is None:
                 return False
-        with state.stats.timer("select_s"):
-            entry.graph.replay()
+        self._replay(state, entry)
         self.replays += 1
         if entry.recorded.numbers:
             state.stats.add(**entry.recorded.numbers)
-        for name, value in entry.recorded.tensors:
-            state.stats.add(**{name: value})
         return True
+
+    @staticmethod
+    def _replay(state: HookState, entry: _Graph) -> None:
+        """Replay ``entry``, into ``select_s``: every ``TIME_EVERY``-th replay timed by CUDA
+        events (added once the device has passed them, like any timed block), the others
+        adding the last timed replay's time, read here when its end event has completed
+        (a query, never a wait). Replays before the first reading add nothing."""
+        stats = state.stats
+        probe = entry.probe
+        if probe is not None and probe[1].query():
+            entry.seconds = probe[0].elapsed_time(probe[1]) / 1000.0
+            entry.probe = None
+        if entry.untimed <= 0:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            entry.graph.replay()
+            end.record()
+            stats.add_elapsed("select_s", start, end)
+            entry.probe = (start, end)
+            entry.untimed = TIME_EVERY - 1
+            return
+        entry.graph.replay()
+        entry.untimed -= 1
+        if entry.seconds is not None:
+            stats.add(select_s=entry.seconds)
 
     @staticmethod
     def _flats(state: HookState, layout: BucketLayout) -> tuple[Any, Any]:
@@ -186,7 +233,11 @@ class BucketGraphs:
             return None  # not persistent yet: the next eager call makes them so
         if len(self.graphs) >= MAX_GRAPHS:
             self.clear()
-        recorder = StatsRecorder()
+        totals = self.totals.get(buf.device)
+        if totals is None:  # made outside any capture: a graph adds to it, never zeroes it
+            totals = torch.zeros(len(FIELDS), dtype=torch.float64, device=buf.device)
+            self.totals[buf.device] = totals
+        recorder = StatsRecorder(totals)
         stats, state.stats = state.stats, recorder  # type: ignore[assignment]
         graph = torch.cuda.CUDAGraph()
         try:
@@ -211,6 +262,7 @@ class BucketGraphs:
             return None
         kept = (*state.device_buffers(), *tables)
         entry = _Graph(graph, residual, momentum, recorder, kept)
+        stats.follow(totals)
         self.graphs[key] = entry
         self.captures += 1
         return entry

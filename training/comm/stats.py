@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -93,8 +94,11 @@ class CommStats(list):
         self._device: torch.device | None = None
         # (record, field, start event, end event) not yet added to their record
         self._pending: list[tuple[dict[str, float], str, object, object]] = []
-        # (record, field, value) given as tensors, not yet added to their record
-        self._deferred: list[tuple[dict[str, float], str, Deferred]] = []
+        # (record, field, value) given as tensors, not yet added to their record; field None:
+        # a vector of every field (FIELDS order), a running total's snapshot (``follow``)
+        self._deferred: list[tuple[dict[str, float], str | None, Deferred]] = []
+        # device vectors (FIELDS order) that CUDA graphs add their replays' amounts to
+        self._running: list[torch.Tensor] = []
 
     def begin(self, iteration: int, device: torch.device) -> dict[str, float]:
         """Open the record for ``iteration`` unless one is already open."""
@@ -109,6 +113,9 @@ class CommStats(list):
             return
         rec = self.current
         dev = self._device
+        for totals in self._running:  # this iteration's replays' amounts, then from zero
+            self._deferred.append((rec, None, Deferred(totals)))
+            totals.zero_()
         # on a CPU nothing is waited for; on an accelerator only the values whose copies
         # have already landed are read, so pending values stay bounded without a stall
         self._read_deferred(only_ready=dev is not None and dev.type != "cpu")
@@ -120,6 +127,15 @@ class CommStats(list):
         if len(self) > self.keep:
             del self[: len(self) - self.keep]
         self._resolve(block=False)
+
+    def follow(self, totals: torch.Tensor) -> None:
+        """Count ``totals`` too: a device vector with one element per field (``FIELDS``
+        order) that work the host does not see adds to (a CUDA graph's replays add their
+        tensor amounts to it in the graph itself, ``graphs.py``: no host work a replay). Each
+        ``finish`` adds what it holds to the record being closed, read like any tensor
+        amount, and sets it back to zero behind that read on the device."""
+        if not any(t is totals for t in self._running):
+            self._running.append(totals)
 
     def add(self, **amounts: float) -> None:
         if self.current is None:
@@ -137,9 +153,11 @@ class CommStats(list):
                 left.append((rec, field, value))
                 continue
             amount = value.get()
-            rec[field] += amount
-            if rec is not self.current:  # already summed into the cumulative total
-                self.cumulative[field] += amount
+            parts = zip(FIELDS, amount, strict=True) if field is None else [(field, amount)]
+            for name, part in parts:
+                rec[name] += part
+                if rec is not self.current:  # already summed into the cumulative total
+                    self.cumulative[name] += part
         self._deferred = left
 
     def _sync(self) -> None:
@@ -166,7 +184,7 @@ class CommStats(list):
                 yield
             finally:
                 end.record()
-                self._pending.append((rec, field, start, end))
+                self.add_elapsed(field, start, end)
             return
         self._sync()
         t0 = time.perf_counter()
@@ -175,6 +193,15 @@ class CommStats(list):
         finally:
             self._sync()
             self.add(**{field: time.perf_counter() - t0})
+
+    def add_elapsed(self, field: str, start: Any, end: Any) -> None:
+        """Add to ``field`` of the current record the time between two recorded CUDA
+        events, once the device has passed them (what :meth:`timer` does on CUDA; a CUDA
+        graph's timed replays hand their events here too, ``graphs.py``)."""
+        rec = self.current
+        if rec is None:
+            raise RuntimeError("CommStats.add_elapsed outside an iteration")
+        self._pending.append((rec, field, start, end))
 
     def _resolve(self, block: bool) -> None:
         """Add the elapsed times of completed event pairs (all of them with ``block``)."""
