@@ -11,8 +11,15 @@ that the kernels themselves cost little, on the device selection path
 same run: torch's ``noop_hook``, which returns its bucket. Wall time per call, median of
 ``--calls`` after ``--warmup``, with ``--repeats`` interleaved repeats (min of the medians).
 
+A label ``name+graph`` (``cuda_graphs=True``) runs the graphed path's host code, the code
+a replayed bucket runs on a GPU host, with CPU stand-ins for what only CUDA has
+(:func:`graph_proxy`): a bucket is "captured" by running its step once, eagerly, and a
+"replay" does nothing, so the figure is the hook's host work around a replay, without the
+replay's launch and without the cost of the CUDA events a timed replay records (one call in
+``graphs.TIME_EVERY``).
+
 This is an estimate of host work on this machine's CPU, labelled as such: the GPU host's
-figures are ``gpu_host.py``'s, which this does not replace.
+figures are ``gpu_host.py``'s and ``gpu_hooks.py``'s, which this does not replace.
 
     python benchmarks/comm/host_overhead.py --out benchmarks/results
 """
@@ -25,6 +32,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -35,22 +44,86 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from zoopick.training.comm import SimpleBucket, make_hook, select  # noqa: E402
 
-HOOKS = "noop,topk,gaussiank,spardl,dfs,exdyna"
+HOOKS = "noop,topk,gaussiank,spardl,dfs,exdyna,spardl+graph,gaussiank+graph"
+
+
+class _StandInGraph:
+    """``torch.cuda.CUDAGraph`` on a CPU: the capture ran the step eagerly; a replay is free."""
+
+    def replay(self) -> None:
+        pass
+
+
+class _StandInEvent:
+    """``torch.cuda.Event`` on a CPU: recorded, always complete, no time between two."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        pass
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _StandInEvent) -> float:
+        return 0.0
+
+
+@contextmanager
+def graph_proxy() -> Iterator[None]:
+    """Within the block, ``graphs.BucketGraphs`` takes CPU buckets: its own code runs as on
+    a GPU host, with the CUDA parts stood in for (see the module doc)."""
+    from zoopick.training.comm import graphs
+
+    eligible = graphs.BucketGraphs._eligible
+    saved = (torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.Event)
+
+    @contextmanager
+    def capture(graph, **_options):  # the step runs eagerly once, as the capture's call
+        yield
+
+    class _OnCuda:  # the predicate's one device question, answered yes for a CPU bucket
+        is_cuda = True
+
+    def cpu_eligible(state, buf, unused, density):
+        return eligible(state, _OnCuda(), unused, density)
+
+    graphs.BucketGraphs._eligible = staticmethod(cpu_eligible)
+    torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.Event = (
+        _StandInGraph, capture, _StandInEvent,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        graphs.BucketGraphs._eligible = staticmethod(eligible)
+        torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.Event = saved
 
 
 def time_hook(label: str, args, params: list[torch.Tensor], grads: list[torch.Tensor]) -> float:
     """Median wall microseconds per hook call over ``--calls`` calls on a fresh state."""
-    if label == "noop":
+    name, *variants = label.split("+")
+    if name == "noop":
         state, hook = None, noop_hook
     else:
-        state, hook = make_hook(label, density=args.density)
-    bucket = SimpleBucket(params)
+        state, hook = make_hook(name, density=args.density, cuda_graphs="graph" in variants)
+    # not the last bucket of an iteration: the stats' per-iteration close is 1 call in many
+    bucket = SimpleBucket(params, is_last=False)
     times = []
-    for _ in range(args.warmup + args.calls):
-        bucket.set_gradients(grads)
-        t0 = time.perf_counter()
-        hook(state, bucket).wait()
-        times.append(time.perf_counter() - t0)
+    with graph_proxy() if "graph" in variants else nullcontext():
+        for i in range(args.warmup + args.calls):
+            bucket.set_gradients(grads)
+            if state is not None and i % 4 == 0:  # an iteration of four buckets
+                state.stats.finish()
+                state.iteration += 1
+            t0 = time.perf_counter()
+            hook(state, bucket).wait()
+            times.append(time.perf_counter() - t0)
+    if state is not None and "graph" in variants:
+        assert state.graphs.replays >= args.calls, "the graphed path did not run"
     return 1e6 * statistics.median(times[args.warmup :])
 
 
@@ -93,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.params} parameters of {args.numel} elements per bucket, density "
         f"{args.density}, device selection path on this machine's CPU, one thread; median "
         f"of {args.calls} calls, best of {args.repeats} interleaved repeats. An estimate of "
-        "host work, not a GPU measurement.",
+        "host work, not a GPU measurement. `+graph`: the graphed path's host code around a "
+        "replay, with CPU stand-ins for the graph and its events (the script's docstring).",
         "",
         "| hook | us per call | added over noop |",
         "|---|---|---|",

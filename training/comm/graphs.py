@@ -150,14 +150,7 @@ class BucketGraphs:
     ) -> bool:
         """Replay (or capture, then replay) this bucket's step; False when the call must run
         eagerly instead (the caller then runs ``step`` itself)."""
-        if (
-            not buf.is_cuda
-            or unused
-            or density is None
-            or density != state.density
-            or not state.graphable()
-            or state.stats.sync_cuda
-        ):
+        if not self._eligible(state, buf, unused, density):
             return False
         key = (layout.key, buf.data_ptr(), buf.dtype, density)
         entry = self.graphs.get(key)
@@ -179,9 +172,21 @@ class BucketGraphs:
                 return False
         self._replay(state, entry)
         self.replays += 1
-        if entry.recorded.numbers:
-            state.stats.add(**entry.recorded.numbers)
         return True
+
+    @staticmethod
+    def _eligible(
+        state: HookState, buf: torch.Tensor, unused: list[tuple[int, int]], density: float | None
+    ) -> bool:
+        """Whether this call's step is the steady state a graph replays (the module doc)."""
+        return (
+            buf.is_cuda
+            and not unused
+            and density is not None
+            and density == state.density
+            and state.graphable()
+            and not state.stats.sync_cuda
+        )
 
     @staticmethod
     def _replay(state: HookState, entry: _Graph) -> None:
@@ -190,6 +195,7 @@ class BucketGraphs:
         adding the last timed replay's time, read here when its end event has completed
         (a query, never a wait). Replays before the first reading add nothing."""
         stats = state.stats
+        numbers = entry.recorded.numbers  # what the captured step added, every replay again
         probe = entry.probe
         if probe is not None and probe[1].query():
             entry.seconds = probe[0].elapsed_time(probe[1]) / 1000.0
@@ -203,11 +209,15 @@ class BucketGraphs:
             stats.add_elapsed("select_s", start, end)
             entry.probe = (start, end)
             entry.untimed = TIME_EVERY - 1
+            if numbers:
+                stats.add(**numbers)
             return
         entry.graph.replay()
         entry.untimed -= 1
         if entry.seconds is not None:
-            stats.add(select_s=entry.seconds)
+            stats.add(**numbers, select_s=entry.seconds)
+        elif numbers:
+            stats.add(**numbers)
 
     @staticmethod
     def _flats(state: HookState, layout: BucketLayout) -> tuple[Any, Any]:
