@@ -148,6 +148,8 @@ def _note_empty_settings(url: str | None, key: str | None) -> None:
         err.print(f"note: ZOOPICK_URL is empty: using {DEFAULT_URL}", highlight=False)
     if key is None and os.environ.get("ZOOPICK_API_KEY") == "":
         err.print("note: ZOOPICK_API_KEY is empty: sending no API key", highlight=False)
+    if os.environ.get("ZOOPICK_RETRIES") == "":
+        err.print("note: ZOOPICK_RETRIES is empty: using the default tries", highlight=False)
 
 
 def _client(url: str | None, key: str | None) -> Client:
@@ -155,7 +157,7 @@ def _client(url: str | None, key: str | None) -> Client:
     option is refused (exit 2), an empty variable is unset (with a note)."""
     _refuse_empty(("--url", url), ("--api-key", key))
     _note_empty_settings(url, key)
-    attempts = os.environ.get("ZOOPICK_RETRIES")
+    attempts = os.environ.get("ZOOPICK_RETRIES") or None  # empty: unset, as the others
     policy = None
     if attempts is not None:
         if not (attempts.isascii() and attempts.isdigit() and int(attempts) >= 1):
@@ -610,8 +612,8 @@ def jobs_results(
 @jobs_app.command("log")
 def jobs_log(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
-    output: Annotated[
-        Path | None,
+    out: Annotated[
+        str | None,
         typer.Option("--output", "-o", help="File or folder to write (default: stdout)."),
     ] = None,
     url: Url = None,
@@ -620,6 +622,7 @@ def jobs_log(
     """A fine-tune job's training log: what the trainer printed.
 
     Exit 2 when the job fine-tunes nothing or its run has written no log yet."""
+    output = _output_path(out)
     if output is not None and not output.parent.exists():
         err.print(f"error: folder {output.parent} does not exist", highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT)
@@ -633,6 +636,15 @@ def jobs_log(
     # or a file gets the log as the trainer wrote it
     sys.stdout.write(visible(text) if sys.stdout.isatty() else text)
     sys.stdout.flush()
+
+
+def _output_path(given: str | None) -> Path | None:
+    """``-o``'s path; given empty (``-o "$UNSET"``) it is refused (exit 2), where a ``Path``
+    option had read it as ``.`` and written into the current folder without a word."""
+    if given is None:
+        return None
+    _refuse_empty(("--output", given))
+    return Path(given).expanduser()
 
 
 def _write_text(dest: Path, name: str, text: str, what: str) -> Path:
@@ -663,7 +675,7 @@ class ModelFormat(StrEnum):
 @model_app.command("download")
 def model_download(
     job_id: Annotated[str, typer.Argument(metavar="JOB")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="File or folder to write.")],
+    out: Annotated[str, typer.Option("--output", "-o", help="File or folder to write.")],
     format: Annotated[  # noqa: A002 - the option's name
         ModelFormat,
         typer.Option(
@@ -684,6 +696,8 @@ def model_download(
     api_key: Key = None,
 ) -> None:
     """Download a succeeded job's fine-tuned model, checked by its SHA-256."""
+    output = _output_path(out)
+    assert output is not None  # a required option
     if output.parent and not output.parent.exists():
         err.print(f"error: folder {output.parent} does not exist", highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT)

@@ -102,7 +102,13 @@ class Settings(BaseSettings):
     # jobs
     max_models_per_job: int = Field(64, gt=0)
     max_active_jobs_per_tenant: int = Field(16, gt=0)
-    max_epochs: int = Field(100, gt=0)
+    max_epochs: int = Field(
+        100,
+        gt=0,
+        description="Most epochs of each training stage of a job: finetune.epochs, and a "
+        "race's selection.budget_epochs (summed over its candidates and rungs); a job that "
+        "races and then fine-tunes may train up to twice this.",
+    )
     max_train_workers: int = Field(8, gt=0)
     max_batch_size: int = Field(
         1024,

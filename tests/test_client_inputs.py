@@ -280,6 +280,8 @@ def test_a_server_url_with_a_path_prefix_still_works():
         (("zoo", "list", "--api-key", ""), "--api-key"),
         (("jobs", "list", "--status", ""), "--status"),
         (("datasets", "upload", "NPZ", "--name", ""), "--name"),
+        (("model", "download", JOB, "-o", ""), "--output"),  # had written into "."
+        (("jobs", "log", JOB, "-o", ""), "--output"),
     ],
 )
 def test_an_option_given_empty_is_refused_naming_it(args, option, npz):
@@ -302,16 +304,20 @@ def test_an_empty_url_option_is_refused_and_not_replaced_by_the_variable():
 
 def test_empty_variables_count_as_unset_with_a_note():
     """ZOOPICK_API_KEY="" (a CI template's unset variable) sends no key, and says so;
-    ZOOPICK_URL="" is the default server, and says so."""
+    ZOOPICK_URL="" is the default server and ZOOPICK_RETRIES="" the default tries, and
+    each says so."""
     with server(lambda h: problem(h, 401, "missing API key")) as (url, seen):
         done = cli("zoo", "list", "--url", url, ZOOPICK_API_KEY="")
     assert done.returncode == 4, done.stderr
     assert "note: ZOOPICK_API_KEY is empty: sending no API key" in done.stderr
     assert seen.requests == [("GET", f"{API}/zoo", None)]
     # an id that is not one is refused before any request: no server needed
-    done = cli("jobs", "status", "not-an-id", ZOOPICK_URL="", ZOOPICK_API_KEY="k")
+    done = cli(
+        "jobs", "status", "not-an-id", ZOOPICK_URL="", ZOOPICK_API_KEY="k", ZOOPICK_RETRIES=""
+    )
     assert done.returncode == 2 and "is not a job id" in done.stderr, done.stderr
     assert "note: ZOOPICK_URL is empty: using http://127.0.0.1:8000" in done.stderr
+    assert "note: ZOOPICK_RETRIES is empty: using the default tries" in done.stderr
 
 
 def test_the_python_client_refuses_empty_arguments_and_reads_empty_variables_as_unset(
