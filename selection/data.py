@@ -522,24 +522,39 @@ def _check_name_looks(name: str, where: str) -> None:
         )
 
 
+def _lookalike_key(name: str) -> str:
+    """What a person sees of a name, and what a file system keeps of it: compatibility forms
+    folded (full-width ``ｃａｔ``, ligatures), letter case folded, invisible format characters
+    (zero-width space, joiner, BOM, soft hyphen: Unicode category Cf) dropped, and trailing
+    dots dropped (Windows strips them from a folder name)."""
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
+    visible = "".join(ch for ch in folded if unicodedata.category(ch) != "Cf")
+    return visible.rstrip(".")
+
+
 def _check_lookalikes(names: Sequence[str], where: str) -> None:
-    """Two names that differ only in letter case (``cat``/``Cat``) are one folder on a
-    case-insensitive file system (macOS, Windows): extracted there, one class's images land
-    in the other's folder. Compared case-folded, in one Unicode form (an npz may hold
-    ``café`` composed and decomposed); ordinary Unicode names (``猫``, ``café``) pass."""
+    """Two names that look alike are two classes a person cannot tell apart, and often one
+    folder: ``cat``/``Cat`` on a case-insensitive file system (macOS, Windows), where one
+    class's images land in the other's folder on extracting; ``cat.``/``cat`` on Windows.
+    Compared by :func:`_lookalike_key`; ordinary Unicode names (``猫``, ``café``) pass."""
     seen: dict[str, str] = {}
     for name in names:
-        key = unicodedata.normalize("NFC", unicodedata.normalize("NFD", name).casefold())
-        other = seen.setdefault(key, name)
+        other = seen.setdefault(_lookalike_key(name), name)
         if other == name:
             continue
-        same_case = unicodedata.normalize("NFC", other) == unicodedata.normalize("NFC", name)
-        how = (
-            "are the same name in two Unicode forms (composed and decomposed)"
-            if same_case
-            else "differ only in letter case, and are one folder on a case-insensitive file "
-            "system (macOS, Windows)"
-        )
+        nfc = [unicodedata.normalize("NFC", n) for n in (other, name)]
+        if nfc[0] == nfc[1]:
+            how = "are the same name in two Unicode forms (composed and decomposed)"
+        elif nfc[0].casefold() == nfc[1].casefold():
+            how = (
+                "differ only in letter case, and are one folder on a case-insensitive file "
+                "system (macOS, Windows)"
+            )
+        else:
+            how = (
+                "look alike (they differ only in character width or compatibility form, "
+                "letter case, invisible characters or trailing dots)"
+            )
         raise DatasetError(
             f"{where}: class names {other[:60]!r} and {name[:60]!r} {how}; merge or rename one"
         )

@@ -367,6 +367,11 @@ LOOKALIKES = [
     (["\u2066cat\u2069", "dog"], ["U+2066, U+2069", "bidirectional"]),
     (["cat\u200e", "dog"], ["U+200E"]),
     (["cat\u200f", "dog"], ["U+200F"]),
+    (["cat", "ｃａｔ"], ["'ｃａｔ'", "look alike"]),  # full width
+    (["cat", "ca\u200bt"], [r"'ca\u200bt'", "look alike"]),  # a zero-width space
+    (["cat", "\ufeffcat"], ["look alike"]),  # a byte-order mark
+    (["cat.", "cat"], ["'cat.'", "look alike"]),  # one folder on Windows
+    (["ﬁsh", "FISH"], ["'ﬁsh'", "'FISH'"]),  # a ligature (case folding expands it)
 ]
 
 
@@ -386,10 +391,12 @@ def test_lookalike_class_names_are_refused_by_name(tmp_path, names, needles):
 
 
 def test_ordinary_unicode_class_names_load(tmp_path):
-    names = ["猫", "café", "Straße", "кот", "a b"]  # a space inside a name is a name
+    # a space inside a name is a name; a dot inside one too; an emoji's joiner is no look-alike
+    names = ["猫", "café", "Straße", "кот", "a b", "v1.2", "👩\u200d🔬"]
     ds = load_dataset(_folder(tmp_path / "u", {f"{n}/0.png": _png(1) for n in names}))
     assert sorted(ds.class_names) == sorted(names)
-    assert load_dataset(_npz_named(tmp_path / "u.npz", names, (0, 1, 2, 3, 4))).class_names == names
+    labels = tuple(range(len(names)))
+    assert load_dataset(_npz_named(tmp_path / "u.npz", names, labels)).class_names == names
     nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
     with pytest.raises(DatasetError, match="two Unicode forms"):
         load_dataset(_npz_named(tmp_path / "forms.npz", [nfc, nfd], (0, 1)))
