@@ -1187,8 +1187,8 @@ def training_count(
     capped at ``max_per_class``, less each split's held-out share in turn (:func:`split_count`,
     the trainer's own rule), and 0 where a split finds no class of 2 images to split (the
     trainer refuses that run). The one count a race's plan and a fine-tune's submission use."""
-    if max_per_class is not None and (isinstance(max_per_class, bool) or max_per_class < 1):
-        raise ValueError(f"max_per_class must be a positive integer, got {max_per_class!r}")
+    if max_per_class is not None:  # as load_dataset takes it (2.5 had capped at 2.5 images)
+        max_per_class = _whole(max_per_class, "max_per_class", least=1)
     sizes = [min(int(n), max_per_class) if max_per_class else int(n) for n in counts]
     for fraction in fractions:
         if not any(n >= 2 for n in sizes):  # split_dataset refuses: nothing to split

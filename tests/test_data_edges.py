@@ -247,9 +247,10 @@ def test_training_count_is_zero_where_the_trainer_cannot_split():
     assert training_count([10, 10], max_per_class=2, fractions=(0.2, 0.1)) == 0
     assert training_count([10, 10], max_per_class=2, fractions=(0.2,)) == len(train) == 2
     assert training_count([10, 10], max_per_class=3, fractions=(0.2, 0.1)) == 2
-    for bad in (0, -1, True):
-        with pytest.raises(ValueError, match="max_per_class"):
+    for bad in (0, -1, True, 2.5, 3.0):
+        with pytest.raises(DatasetError, match="max_per_class"):
             training_count([10, 10], max_per_class=bad)
+    assert training_count([10, 10], max_per_class=np.int64(3)) == 6
 
 
 # -- Pillow's pixel bound --------------------------------------------------------------------
