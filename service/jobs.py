@@ -284,6 +284,16 @@ def replay(session: Session, tenant_id: uuid.UUID, key: str | None, body: JobCre
     return job
 
 
+def _still_there(session: Session, dataset_id: uuid.UUID) -> None:
+    """The job's dataset, read again under the tenant's lock just before the job is inserted:
+    a deletion commits under the same lock (``DELETE /datasets/{id}``), so one that came
+    after ``_resolve`` read it is seen here (422), not left to a foreign key (a 500) or to
+    ``ON DELETE SET NULL`` (a job that fails later on a deleted dataset)."""
+    if session.scalar(select(Dataset.id).where(Dataset.id == dataset_id)) is None:
+        session.rollback()
+        raise Rejected("unknown-dataset", f"unknown dataset {str(dataset_id)!r}")
+
+
 def submit(
     session: Session,
     tenant_id: uuid.UUID,
@@ -306,6 +316,7 @@ def submit(
     try:
         # count and insert under the tenant's lock, or concurrent submits all pass the count
         with quotas.tenant_lock(session, tenant_id):
+            _still_there(session, body.dataset_id)
             active = quotas.active_jobs(session, tenant_id)
             if active >= settings.max_active_jobs_per_tenant:
                 session.rollback()
@@ -331,6 +342,7 @@ def submit(
         session.rollback()
         winner = replay(session, tenant_id, idempotency_key, body)
         if winner is None:
+            _still_there(session, body.dataset_id)  # deleted by another process meanwhile
             raise
         return winner
 

@@ -208,7 +208,10 @@ class Settings(BaseSettings):
         2.0, gt=0, description="Wait before the second try; doubled before each next one."
     )
     webhook_timeout_seconds: float = Field(
-        10.0, gt=0, description="Connect and read timeout of one webhook request."
+        10.0,
+        gt=0,
+        description="Time one webhook try may take, from connecting to the receiver's status "
+        "line (its body is not read).",
     )
 
     # MLflow (zoopick[mlflow]): each finished job logged as one run (zoopick.service.tracking)

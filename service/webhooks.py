@@ -183,8 +183,14 @@ class Outcome:
 
 
 def _request(delivery: WebhookDelivery, secret: str, settings: Settings) -> int:
-    """One signed POST to the delivery's URL; the response status (raises on no answer)."""
-    import httpx
+    """One signed POST to the delivery's URL; the response status (raises on no answer).
+
+    ``webhook_timeout_seconds`` bounds the whole try, from connecting to the status line
+    (``TimeoutError`` past it): httpx's timeouts are per read, so a receiver that sends its
+    answer a byte every few seconds had held a worker for the task's whole time limit, every
+    other task waiting behind it. The response's body is never read (the status is the
+    answer), so a receiver's gigabyte costs no memory."""
+    import asyncio
 
     target = netguard.resolve(delivery.url, netguard.networks(settings.webhook_allow_networks))
     url, headers, extensions = netguard.pinned_request(target)
@@ -199,11 +205,24 @@ def _request(delivery: WebhookDelivery, secret: str, settings: Settings) -> int:
             SIGNATURE_HEADER: f"t={stamp},v1={signature(secret, stamp, body)}",
         }
     )
-    with httpx.Client(follow_redirects=False, timeout=settings.webhook_timeout_seconds) as client:
+    timeout = settings.webhook_timeout_seconds
+    post = _post(url, body, headers, extensions, timeout)
+    return asyncio.run(asyncio.wait_for(post, timeout))
+
+
+async def _post(
+    url: str, body: bytes, headers: dict[str, str], extensions: dict[str, str], timeout: float
+) -> int:
+    """The POST of :func:`_request`: its status, the body left unread."""
+    import httpx
+
+    async with httpx.AsyncClient(follow_redirects=False, timeout=timeout) as client:
         request = client.build_request(
             "POST", url, content=body, headers=headers, extensions=extensions
         )
-        return client.send(request).status_code
+        response = await client.send(request, stream=True)
+        await response.aclose()  # the status line and headers are all a webhook answers
+        return response.status_code
 
 
 def deliver(session: Session, delivery_id: uuid.UUID, settings: Settings) -> Outcome:

@@ -212,15 +212,19 @@ def get_dataset(ds: DatasetDep) -> DatasetOut:
 @router.delete("/{dataset_id}", status_code=204, responses=ERRORS, summary="Delete a dataset")
 def delete_dataset(ds: DatasetDep, session: SessionDep, settings: SettingsDep) -> Response:
     """Delete the dataset and its files; refused (409) while a job still uses it. Finished
-    jobs keep their results, with ``dataset_id`` cleared."""
-    active = pipeline.active_jobs_for_dataset(session, ds.id)
-    if active:
-        raise Problem(
-            409,
-            f"dataset is used by {active} unfinished job(s); cancel them first",
-            kind="dataset-in-use",
-        )
-    session.delete(ds)
-    session.commit()
+    jobs keep their results, with ``dataset_id`` cleared. Checked and deleted under the
+    tenant's lock, the one a job's submission inserts under: a job submitted meanwhile either
+    counts here (409) or finds the dataset gone (422), never a job on a deleted dataset."""
+    with quotas.tenant_lock(session, ds.tenant_id):
+        active = pipeline.active_jobs_for_dataset(session, ds.id)
+        if active:
+            session.rollback()
+            raise Problem(
+                409,
+                f"dataset is used by {active} unfinished job(s); cancel them first",
+                kind="dataset-in-use",
+            )
+        session.delete(ds)
+        session.commit()
     store.remove_files(settings, ds.id)
     return Response(status_code=204)

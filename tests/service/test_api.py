@@ -332,6 +332,30 @@ def test_idempotency_key_returns_the_same_job(client, service_app, alice, bob, z
     assert submit(client, bob, ds_b, models=zoo, key="k-1").json()["id"] != first.json()["id"]
 
 
+def test_a_dataset_deleted_while_its_job_is_submitted_is_unknown_not_a_500(
+    client, service_app, alice, zoo, monkeypatch
+):
+    """A deletion that commits after the submission read the dataset and before it inserts
+    the job (an outside probe raced DELETE /datasets against POST /jobs: a 500 from the
+    foreign key, or a job left on a deleted dataset): the submission reads it again under
+    the tenant's lock and answers 422, and no job is made."""
+    from zoopick.service import jobs as use_cases
+
+    ds = ready_dataset(service_app, "alice")
+    resolve = use_cases._resolve
+
+    def resolve_then_delete(session, tenant_id, body, settings):
+        columns = resolve(session, tenant_id, body, settings)
+        with session_scope(service_app.state.sessionmaker) as other:  # the other request
+            other.delete(other.get(Dataset, uuid.UUID(ds)))
+        return columns
+
+    monkeypatch.setattr(use_cases, "_resolve", resolve_then_delete)
+    before = client.get(f"{API}/jobs", headers=alice.headers).json()["items"]
+    assert_problem(submit(client, alice, ds, models=zoo), 422, "unknown dataset", ds)
+    assert client.get(f"{API}/jobs", headers=alice.headers).json()["items"] == before
+
+
 def test_cancel_a_queued_job(client, service_app, alice, zoo):
     ds = ready_dataset(service_app, "alice")
     job = submit(client, alice, ds, models=zoo).json()

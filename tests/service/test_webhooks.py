@@ -4,6 +4,7 @@ time), and, on the live stack (whose settings allow 127.0.0.1), delivered to a r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -180,6 +181,99 @@ def test_delivery_to_a_loopback_address_is_refused_at_send_time(
         assert "job.failed" in table and "refused" in table and "loopback" in table
     finally:
         seen.close()
+
+
+class RawReceiver:
+    """A TCP server on 127.0.0.1 that reads a request and answers with ``answer(sock)``, in a
+    thread per connection; ``sent`` counts the bytes it managed to send."""
+
+    def __init__(self, answer) -> None:
+        import socket
+
+        self.sent = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
+        self.answer = answer
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn) -> None:
+        with conn:
+            conn.recv(65536)
+            with contextlib.suppress(OSError):  # the client hung up: what the test expects
+                self.answer(self, conn)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _trickle(rx: RawReceiver, conn) -> None:
+    """A status line a byte every 0.3 s (each read comes well within any read timeout)."""
+    for ch in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n":
+        conn.sendall(bytes([ch]))
+        rx.sent += 1
+        time.sleep(0.3)
+
+
+def _flood(rx: RawReceiver, conn) -> None:
+    """200 at once, then a body announced as 2 GB, sent for as long as the client reads."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2000000000\r\n\r\n")
+    chunk = b"\0" * 65536
+    while rx.sent < 2_000_000_000:
+        conn.sendall(chunk)
+        rx.sent += len(chunk)
+
+
+def _pending_delivery(factory, tenant_name: str, url: str) -> uuid.UUID:
+    """A failed job of its own with one pending delivery of its end to ``url``."""
+    with session_scope(factory) as session:
+        tenant = get_or_create_tenant(session, tenant_name)
+        job = Job(tenant_id=tenant.id, request={}, models=["a"], metrics=["sms"],
+                  select_by="sms", webhook={"url": url, "phases": False})  # fmt: skip
+        session.add(job)
+        session.flush()
+        assert pipeline.transition(session, job.id, JobStatus.scoring)
+        assert pipeline.transition(session, job.id, JobStatus.failed, error="boom")
+        [delivery] = webhooks.deliveries(session, job.id)
+        return delivery.id
+
+
+@pytest.mark.parametrize("answer", [_trickle, _flood], ids=["trickling", "flooding"])
+def test_one_try_is_bounded_in_time_and_reads_no_body(service_app, service_settings, answer):
+    """A receiver that sends its answer a byte at a time (each read within httpx's timeout)
+    had held a worker for the task's time limit, every task behind it waiting; one that
+    answers a 2 GB body had it read into the worker's memory. A try now ends at
+    ``webhook_timeout_seconds`` whatever the receiver does, and only the status is read."""
+    settings = service_settings.model_copy(
+        update={"webhook_allow_networks": ["127.0.0.1/32"], "webhook_timeout_seconds": 1.5}
+    )
+    rx = RawReceiver(answer)
+    try:
+        factory = service_app.state.sessionmaker
+        delivery_id = _pending_delivery(factory, f"hooks-{uuid.uuid4().hex[:6]}", rx.url)
+        start = time.monotonic()
+        with session_scope(factory) as session:
+            outcome = webhooks.deliver(session, delivery_id, settings)
+        took = time.monotonic() - start
+        with factory() as session:
+            row = session.get(WebhookDelivery, delivery_id)
+            status, error = row.status, row.error
+    finally:
+        rx.close()
+    assert took < 5, took
+    if answer is _trickle:
+        assert not outcome.done and status == "pending" and "TimeoutError" in error, error
+        assert rx.sent < 10  # it was cut off part-way through the status line
+    else:
+        assert outcome.done and status == "delivered"
+        assert rx.sent < 64 * 2**20  # the body went unread (socket buffers hold a little)
 
 
 # -- delivered by the worker --------------------------------------------------------------------
