@@ -56,6 +56,40 @@ def json_depth(body: bytes) -> int:
     return int(np.cumsum(steps).max())
 
 
+class _NotStrict(ValueError):
+    pass
+
+
+def _no_constants(name: str) -> None:
+    raise _NotStrict(f"{name} is not a JSON value (JSON has no NaN or Infinity)")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    seen: dict[str, object] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _NotStrict(f"the key {key[:100]!r} appears twice in one JSON object")
+        seen[key] = value
+    return seen
+
+
+def not_strict_json(body: bytes) -> str | None:
+    """Why ``body`` is JSON the API refuses although Python's parser (FastAPI's) reads it,
+    or None: ``NaN`` and ``Infinity``, which are no JSON (a NaN ``lr`` was then refused as
+    "not less than or equal to 10"), and a key given twice in one object, which the parser
+    reads as its last value without a word (``{"epochs": 500, "epochs": 1}`` ran 1 epoch).
+    A body that is no JSON at all is left to the route, which names where it breaks."""
+    import json
+
+    try:
+        json.loads(body, parse_constant=_no_constants, object_pairs_hook=_unique_keys)
+    except _NotStrict as exc:
+        return str(exc)
+    except ValueError:  # not JSON (or not UTF-8): FastAPI's own message
+        return None
+    return None
+
+
 def _is_json(scope: Scope) -> bool:
     """JSON, or no content type at all (FastAPI parses a body without one as JSON)."""
     for name, value in scope["headers"]:
@@ -138,8 +172,9 @@ class BodyBounds:
             if _is_json(scope):
                 chunks.append(chunk)
                 if not message.get("more_body", False):
-                    depth = json_depth(b"".join(chunks))
+                    body = b"".join(chunks)
                     chunks.clear()
+                    depth = json_depth(body)
                     if depth > JSON_MAX_DEPTH:
                         raise BodyRefused(
                             422,
@@ -147,6 +182,9 @@ class BodyBounds:
                             f"({depth})",
                             "json-too-deep",
                         )
+                    problem = not_strict_json(body)
+                    if problem:
+                        raise BodyRefused(422, problem, "json-not-strict")
             return message
 
         await self.app(scope, bounded, send)

@@ -119,7 +119,8 @@ MAX_PART = 100
 in both)."""
 
 
-def _describe(err: dict[str, Any]) -> str:
+def describe(err: dict[str, Any]) -> str:
+    """One validation error as ``where: what`` (pydantic's ``Value error, `` prefix off)."""
     loc = ".".join(str(part) for part in err.get("loc", ()) if part != "body") or "request"
     msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     return f"{loc}: {msg}"
@@ -164,7 +165,7 @@ def install(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         every = exc.errors()
         errors = [_bounded(e) for e in every[:MAX_ERRORS]]
-        detail = "; ".join(_describe(e) for e in errors) or "invalid request"
+        detail = "; ".join(describe(e) for e in errors) or "invalid request"
         if len(every) > len(errors):
             detail += f"; and {len(every) - len(errors):,} more errors"
         return problem_response(

@@ -12,7 +12,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from zoopick.app.api.deps import CallerDep, JobDep, SessionDep, SettingsDep
-from zoopick.app.problems import Problem, responses
+from zoopick.app.problems import Problem, describe, responses
 from zoopick.service import webhooks
 from zoopick.service.db.models import Tenant
 from zoopick.service.inputs import NoNulModel
@@ -81,8 +81,8 @@ def put_webhook(
         try:
             webhooks.WebhookOptions(url=body.url, phases=body.phases)
         except ValueError as exc:
-            reason = exc.errors()[0]["msg"] if hasattr(exc, "errors") else str(exc)
-            raise Problem(422, f"url: {reason}", kind="invalid-webhook") from None
+            reason = describe(exc.errors()[0]) if hasattr(exc, "errors") else f"url: {exc}"
+            raise Problem(422, reason, kind="invalid-webhook") from None
         refused = webhooks.check_url(body.url, settings)
         if refused:
             raise Problem(422, f"url: {refused}", kind="invalid-webhook")

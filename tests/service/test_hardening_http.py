@@ -180,6 +180,24 @@ def test_deeply_nested_json_is_a_4xx_on_every_body(client, alice, admin, depth):
         assert_problem(resp, 422, "nested deeper than")
 
 
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (b'{"dataset_id": "%s", "finetune": {"lr": NaN}}', "NaN is not a JSON value"),
+        (b'{"dataset_id": "%s", "finetune": {"lr": -Infinity}}', "-Infinity is not a JSON"),
+        (b'{"dataset_id": "%s", "finetune": {"epochs": 500, "epochs": 1}}', "'epochs' appears"),
+        (b'{"dataset_id": "%s", "dataset_id": "%s"}', "'dataset_id' appears twice"),
+    ],
+)
+def test_json_that_python_reads_but_json_has_not_is_refused(client, alice, text, needle):
+    """NaN and Infinity are no JSON (a NaN ``lr`` had been refused as "not less than or
+    equal to 10"), and a key given twice is read as its last value without a word."""
+    ds = ready_dataset(client.app, alice.name)
+    body = text.replace(b"%s", ds.encode())
+    resp = client.post(f"{API}/jobs", content=body, headers={**alice.headers, **JSON})
+    assert_problem(resp, 422, needle)
+
+
 def test_nesting_inside_strings_does_not_count(client, alice):
     resp = client.post(
         f"{API}/jobs",
