@@ -26,6 +26,7 @@ from zoopick.service.db.models import (
     EpochMetric,
     Job,
     JobStatus,
+    RaceEntry,
     Score,
     TrainingRun,
 )
@@ -51,7 +52,9 @@ def sources_of(target: JobStatus) -> list[str]:
 
 def transition(session: Session, job_id: uuid.UUID, to: JobStatus, **values: Any) -> bool:
     """Move the job to ``to`` if the state machine allows it from where it is now; returns
-    whether it moved. Terminal states stamp ``finished_at`` and drop the lease."""
+    whether it moved. Terminal states stamp ``finished_at`` and drop the lease, and cancel
+    the race candidates no task has started (``queued``: none ever will; a running one's
+    task settles it). They had stayed ``queued`` in a cancelled job's race."""
     now = utcnow()
     values = {"status": to.value, "updated_at": now, **values}
     if to in TERMINAL:
@@ -63,6 +66,12 @@ def transition(session: Session, job_id: uuid.UUID, to: JobStatus, **values: Any
     if to is S.scoring:
         stmt = stmt.values(started_at=func.coalesce(Job.started_at, now))
     moved = session.execute(stmt).rowcount == 1
+    if moved and to in TERMINAL:
+        session.execute(
+            update(RaceEntry)
+            .where(RaceEntry.job_id == job_id, RaceEntry.status == "queued")
+            .values(status="cancelled", updated_at=now)
+        )
     if moved:  # its webhook's event, in the same transaction (an outbox row)
         webhooks.enqueue(session, job_id, to)
         tracking.enqueue(session, job_id, to)  # and its MLflow run, once it ended

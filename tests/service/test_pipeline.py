@@ -77,6 +77,26 @@ def test_cancel_if_queued_only_touches_queued_jobs(factory, job):
     assert status(factory, job) == "failed"
 
 
+@pytest.mark.parametrize("end", [S.cancelled, S.failed])
+def test_a_race_ended_with_its_job_leaves_no_candidate_queued(factory, job, end):
+    """Candidates no task started are cancelled with the job (an outside probe saw them
+    'queued' for good in a cancelled race); a running one is its task's to settle, and a
+    settled one keeps its outcome."""
+    from zoopick.service.db.models import RaceEntry
+
+    with factory.begin() as s:
+        assert pipeline.transition(s, job, S.scoring)
+        assert pipeline.transition(s, job, S.racing)
+        for model, rung, state in (("a", 0, "done"), ("b", 0, "running"), ("a", 1, "queued")):
+            s.add(RaceEntry(job_id=job, model_id=model, rung=rung, status=state, target_steps=4))
+    with factory.begin() as s:
+        assert pipeline.transition(s, job, end, **({"error": "boom"} if end is S.failed else {}))
+    with factory() as s:
+        rows = s.scalars(select(RaceEntry).where(RaceEntry.job_id == job)).all()
+        states = {(e.model_id, e.rung): e.status for e in rows}
+    assert states == {("a", 0): "done", ("b", 0): "running", ("a", 1): "cancelled"}
+
+
 def test_lease_is_exclusive_until_it_expires(factory, job):
     with factory.begin() as s:
         assert pipeline.claim_lease(s, job, "w1", 60)
