@@ -261,12 +261,17 @@ def check_idempotency_key(key: str | None) -> None:
 
 def same_request(request: dict[str, Any]) -> dict[str, Any]:
     """A stored or submitted body in the form a replay compares: ``metrics`` and ``models``
-    without repeats (the job runs each once, see ``_resolve``), so a pipeline that re-sends
-    ``fsms,fsms`` as ``fsms`` under its key gets its job back, not a conflict."""
+    without repeats (the job runs each once, see ``_resolve``), and ``select_by`` as the job
+    resolves it when the body names none, so a pipeline that re-sends ``fsms,fsms`` as
+    ``fsms``, or names the default ``select_by`` it had left out, gets its job back under its
+    key, not a conflict."""
     out = dict(request)
     for name in ("metrics", "models"):
         if isinstance(out.get(name), list):
             out[name] = list(dict.fromkeys(out[name]))
+    metrics = out.get("metrics")
+    if out.get("select_by") is None and isinstance(metrics, list) and metrics:
+        out["select_by"] = default_select_by(metrics)
     return out
 
 
