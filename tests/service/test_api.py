@@ -321,10 +321,11 @@ def test_idempotency_key_returns_the_same_job(client, service_app, alice, bob, z
     repeats = submit(client, alice, ds, models=[*zoo, *zoo], key="k-1").json()
     assert repeats["id"] == first.json()["id"]
     with_metrics = submit(client, alice, ds, models=zoo, metrics=["logme", "logme"], key="k-m")
-    assert (
-        submit(client, alice, ds, models=zoo, metrics=["logme"], key="k-m").json()["id"]
-        == (with_metrics.json()["id"])
-    )
+    again = submit(client, alice, ds, models=zoo, metrics=["logme"], key="k-m")
+    assert again.json()["id"] == with_metrics.json()["id"]
+    # naming the select_by the job resolved to when the first body named none: the same job
+    named = submit(client, alice, ds, models=zoo, metrics=["logme"], select_by="logme", key="k-m")
+    assert named.json()["id"] == with_metrics.json()["id"]
     other = submit(client, alice, ds, models=zoo, key="k-2")
     assert other.json()["id"] != first.json()["id"]
     # keys are per tenant: bob's k-1 is his own job
