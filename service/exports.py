@@ -9,11 +9,20 @@ until a request asks for it again (``retry``: the cause, say ``onnx`` missing on
 may have been fixed since). While an export is being made, ``export/<format>.pending`` says
 so: the requests that come meanwhile get their 202 without sending another task (30 parallel
 requests queued 30 exports of one model ahead of every other tenant's work).
+
+What a tenant reads of a failure names no server path (the zoo hides checkpoint paths from
+tenants the same way): the worker's log keeps the exception as it was, the error file holds
+:func:`public_text` of it, and the failure's kind says whose fault it was: ``export-failed``
+(the export could not be made from this job, say its dataset was deleted) or
+``model-file-damaged`` (the trainer's file on the server cannot be read: the server's fault).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +31,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from zoopick.service.db.models import Artefact, Job
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("safetensors", "timm", "onnx")
 KIND = {"safetensors": "model", "timm": "model-timm", "onnx": "model-onnx"}
@@ -50,10 +61,61 @@ def artefact(session: Session, job: Job, fmt: str) -> Artefact | None:
     return art if art is not None and Path(art.path).is_file() else None
 
 
+EXPORT_FAILED = "export-failed"
+"""A failure's kind: the export could not be made (the request's or the job's doing)."""
+MODEL_FILE_DAMAGED = "model-file-damaged"
+"""A failure's kind: a model file stored on the server cannot be read, or is not the one
+recorded (the server's fault, not the request's)."""
+MODEL_FILE = "the fine-tuned model file"
+"""What a tenant reads for the trainer's file, in place of its server path."""
+SERVER_FILE = "a server file"
+"""What a tenant reads for any other absolute path on the server."""
+MAX_ERROR_CHARS = 2000
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~/-])/[^\s'\"`,;:()\[\]{}<>]+")
+"""An absolute POSIX path in an exception's text (not the slash of ``and/or`` or ``1/2``)."""
+
+
+def public_text(text: str, model_path: str | Path) -> str:
+    """``text`` (an exception's message) with no server path left in it: the trainer's file
+    is named :data:`MODEL_FILE`, any other absolute path :data:`SERVER_FILE`. Where the
+    service keeps its files is the server's business, as a zoo checkpoint's path is."""
+    model = Path(model_path)
+    for path in sorted({str(model), str(model.resolve())}, key=len, reverse=True):
+        text = text.replace(path, MODEL_FILE)
+    return _ABSOLUTE_PATH.sub(SERVER_FILE, text)[:MAX_ERROR_CHARS]
+
+
+def record_failure(model_path: str | Path, fmt: str, kind: str, detail: str) -> None:
+    """Remember why ``fmt``'s export of the model at ``model_path`` failed, as a tenant may
+    read it (:func:`public_text`), for :func:`state` to report until :func:`forget_failure`."""
+    record = {"kind": kind, "detail": public_text(detail, model_path)}
+    error_file(model_path, fmt).write_text(json.dumps(record))
+
+
 @dataclass(frozen=True)
 class ExportState:
     ready: Artefact | None = None
     error: str | None = None
+    kind: str = EXPORT_FAILED
+    """Whose fault ``error`` is: :data:`EXPORT_FAILED` or :data:`MODEL_FILE_DAMAGED`."""
+
+
+def _failure(model: Artefact, fmt: str) -> ExportState | None:
+    """The recorded failure of ``fmt``'s export, if any. An error file of an earlier version
+    is plain text that may quote server paths: it is cleaned the same way on the way out."""
+    try:
+        text = error_file(model.path, fmt).read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(text)
+        kind, detail = str(record["kind"]), str(record["detail"])
+    except (ValueError, TypeError, KeyError):
+        kind, detail = EXPORT_FAILED, text
+    if kind not in (EXPORT_FAILED, MODEL_FILE_DAMAGED):
+        kind = EXPORT_FAILED
+    return ExportState(error=public_text(detail, model.path), kind=kind)
 
 
 def state(session: Session, job: Job, model: Artefact, fmt: str) -> ExportState:
@@ -61,10 +123,27 @@ def state(session: Session, job: Job, model: Artefact, fmt: str) -> ExportState:
     art = artefact(session, job, fmt)
     if art is not None:
         return ExportState(ready=art)
-    failed = error_file(model.path, fmt)
-    if failed.is_file():
-        return ExportState(error=failed.read_text(errors="replace")[:2000])
-    return ExportState()
+    return _failure(model, fmt) or ExportState()
+
+
+class DamagedFile(Exception):
+    """A stored model file is not the one recorded when it was made."""
+
+
+def served_stat(art: Artefact) -> os.stat_result:
+    """The stat of ``art``'s file, which is about to be sent with the digest recorded when it
+    was made: a file whose size differs (truncated, replaced) would arrive with a digest it
+    does not match, so it raises :class:`DamagedFile` instead (one stat, which the response
+    reuses; a same-sized replacement is left to the client's digest check). The path and
+    both sizes go to the server log only. ``FileNotFoundError`` if it was removed."""
+    st = os.stat(art.path)
+    if st.st_size != art.size_bytes:
+        log.error(
+            "job %s: stored model file %s is %d bytes, %d recorded when it was made (%s)",
+            art.job_id, art.path, st.st_size, art.size_bytes, art.kind,
+        )  # fmt: skip
+        raise DamagedFile(art.kind)
+    return st
 
 
 def forget_failure(model: Artefact, fmt: str) -> bool:

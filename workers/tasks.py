@@ -775,7 +775,9 @@ def log_mlflow(self, job_id: str) -> str:
 def export_model(self, job_id: str, fmt: str) -> str:
     """The job's fine-tuned model as ``fmt`` (``timm`` or ``onnx``), stored beside it and
     recorded as an artefact; a failure is written where the API reads it
-    (``service.exports.error_file``)."""
+    (``service.exports.record_failure``: in words that name no server path, and saying whether
+    the stored model file is damaged, which is the server's fault and not the request's)."""
+    from zoopick.selection.zoo import ZooError
     from zoopick.service import exports
 
     jid = uuid.UUID(job_id)
@@ -801,9 +803,18 @@ def export_model(self, job_id: str, fmt: str) -> str:
             if not classes:
                 raise ValueError("the job's dataset was deleted: its class names are unknown")
             out = _export(entry, weights, classes, fmt, folder)
+        except ZooError as exc:  # the trainer's file cannot be read: the server's fault
+            log.exception(
+                "export of job %s as %s: its model file %s is damaged", job_id, fmt, weights
+            )
+            exports.record_failure(weights, fmt, exports.MODEL_FILE_DAMAGED, _unreadable(exc))
+            return "failed"
         except Exception as exc:  # noqa: BLE001 - the reason is the API's answer to the user
             log.exception("export of job %s as %s failed", job_id, fmt)
-            exports.error_file(weights, fmt).write_text(f"{type(exc).__name__}: {exc}"[:2000])
+            # the log keeps the text as it is; the tenant's copy names no server path
+            exports.record_failure(
+                weights, fmt, exports.EXPORT_FAILED, f"{type(exc).__name__}: {exc}"
+            )
             return "failed"
         digest, size = training_runner.file_digest(out)
         with session_scope(factory()) as session:
@@ -811,6 +822,17 @@ def export_model(self, job_id: str, fmt: str) -> str:
         return "exported"
     finally:
         exports.export_settled(weights, fmt)  # after the outcome is where the API reads it
+
+
+def _unreadable(exc: BaseException) -> str:
+    """Why the trainer's file could not be read, for the tenant: the reader's own words (a
+    ``ZooError`` wraps them with the file's path) after the file's neutral name."""
+    from zoopick.service.exports import MODEL_FILE
+
+    cause = exc.__cause__ or exc
+    lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
+    why = lines[0] if lines else type(cause).__name__
+    return f"{MODEL_FILE} cannot be read ({why})"
 
 
 def _export(entry: Any, weights: str, classes: list[str], fmt: str, folder: Path) -> Path:

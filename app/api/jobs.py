@@ -4,6 +4,7 @@ download the fine-tuned model. A thin adapter over the service core's use cases
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -33,7 +34,7 @@ from zoopick.app.api.schemas import (
 )
 from zoopick.app.problems import Problem, responses
 from zoopick.service import exports, jobs, pipeline, progress, race, run_log
-from zoopick.service.db.models import TERMINAL, Job, JobStatus
+from zoopick.service.db.models import TERMINAL, Artefact, Job, JobStatus
 from zoopick.service.settings import Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -259,7 +260,7 @@ def cancel_job(
             "description": "safetensors, a tar of the timm folder, or ONNX",
         },
         202: {"description": "The export to this format is being made: ask again"},
-        **ERRORS,
+        **responses(400, 404, 409, 422, 500),
     },
     summary="Download the fine-tuned model",
 )
@@ -280,10 +281,17 @@ def download_model(
         Query(
             description="make a failed timm or onnx export again (once its cause is fixed, "
             "e.g. onnx installed on the workers): 202 and a new export instead of the 422 "
-            "that reports the failure; no effect on an export that has not failed"
+            "(or 500) that reports the failure; no effect on an export that has not failed"
         ),
     ] = False,
 ) -> Response:
+    """The job's model file, with its SHA-256 as ``Digest`` and ``ETag`` (``HEAD``: the same
+    headers, no body). A failed export answers 422 (``export-failed``: it cannot be made from
+    this job, say its dataset was deleted) or 500 (``model-file-damaged``: a model file stored
+    on the server cannot be read, or its size is not the one recorded, so the digest sent with
+    it would not match). A damaged file is the server's fault, not the request's, and asking
+    again does not mend it, hence a 500 and not a 4xx, nor a 503 that clients retry on their
+    own. Neither names a server path; the server log has the details."""
     if not job.finetune:
         raise Problem(404, "this job does not fine-tune a model", kind="no-model")
     if job.status != JobStatus.succeeded.value:
@@ -298,35 +306,78 @@ def download_model(
         if export.error and retry and exports.forget_failure(art, format):
             export = exports.ExportState()
         if export.error:
-            raise Problem(
-                422,
-                f"the {format} export failed: {export.error} (once the cause is fixed, "
-                "ask again with retry=true)",
-                kind="export-failed",
-            )
+            raise export_failure(format, export)
         if export.ready is None:
-            state = request.app.state
-            if exports.claim_export(art, format):  # else one is in the making
-                try:
-                    state.dispatcher.export_model(str(job.id), format)
-                except BaseException:
-                    exports.export_settled(art.path, format)  # not sent: the next one sends
-                    raise
-            return JSONResponse(
-                {"status": "exporting", "format": format},
-                status_code=202,
-                headers={
-                    "Retry-After": str(state.settings.retry_after_seconds),
-                    "Location": str(request.url),
-                },
-            )
+            return _exporting(job, art, format, request)
         art = export.ready
     return FileResponse(
         art.path,
         media_type=exports.MEDIA_TYPE[format],
         filename=f"{job.chosen_model or 'model'}-{job.id}{exports.SUFFIX[format]}",
         headers={"Digest": f"sha-256={art.digest}", "ETag": f'"{art.digest}"'},
+        stat_result=_intact(art),
     )
+
+
+def export_failure(fmt: str, export: exports.ExportState) -> Problem:
+    """A recorded failure of ``fmt``'s export as the API answers it (see ``download_model``)."""
+    again = "once the cause is fixed, ask again with retry=true"
+    if export.kind == exports.MODEL_FILE_DAMAGED:
+        return Problem(
+            500,
+            f"the {fmt} export failed: {export.error}. The model file stored on the server is "
+            f"damaged: the server's fault, not the request's; report it to the service's "
+            f"operators ({again})",
+            kind=exports.MODEL_FILE_DAMAGED,
+        )
+    return Problem(
+        422, f"the {fmt} export failed: {export.error} ({again})", kind=exports.EXPORT_FAILED
+    )
+
+
+def _exporting(job: Job, art: Artefact, fmt: str, request: Request) -> JSONResponse:
+    """202 while ``fmt``'s export is made (this request sends it unless one is in the
+    making). ``Location`` is this URL without ``retry``: a client that follows it polls the
+    export this request started, where keeping ``retry=true`` made it start the export again
+    on every poll once it failed, and never see the failure."""
+    state = request.app.state
+    if exports.claim_export(art, fmt):  # else one is in the making
+        try:
+            state.dispatcher.export_model(str(job.id), fmt)
+        except BaseException:
+            exports.export_settled(art.path, fmt)  # not sent: the next one sends
+            raise
+    return JSONResponse(
+        {"status": "exporting", "format": fmt},
+        status_code=202,
+        headers={
+            "Retry-After": str(state.settings.retry_after_seconds),
+            "Location": str(request.url.remove_query_params("retry")),
+        },
+    )
+
+
+def _intact(art: Artefact) -> os.stat_result:
+    """The stat of the file about to be sent, checked against its recorded size (see
+    ``exports.served_stat``)."""
+    try:
+        return exports.served_stat(art)
+    except FileNotFoundError:
+        raise Problem(404, "the model file of this job is missing", kind="no-model") from None
+    except exports.DamagedFile:
+        raise Problem(
+            500,
+            "the model file stored on the server for this job is damaged: its size is not "
+            "the one recorded when it was made, so it is not sent (it would not match its "
+            "digest). This is the server's fault, not the request's; report it to the "
+            "service's operators",
+            kind=exports.MODEL_FILE_DAMAGED,
+        ) from None
+
+
+router.add_api_route(
+    "/{job_id}/model", download_model, methods=["HEAD"], include_in_schema=False
+)  # HEAD: the GET's headers without its body (FileResponse sends none for a HEAD)
 
 
 def _run_folder(session: Session, job: Job) -> str:
@@ -350,13 +401,22 @@ def log_tail(session: Session, job: Job, lines: int = 40) -> list[str]:
     responses={200: {"content": {"text/plain": {}}, "description": "the log"}, **ERRORS},
     summary="Download the training run's log",
 )
-def download_log(job: JobDep, session: SessionDep) -> StreamingResponse:
-    """What the trainer printed (bounded: ``service.run_log.MAX_BYTES`` twice at most)."""
+def download_log(
+    job: JobDep,
+    session: SessionDep,
+    request: Request = None,  # type: ignore[assignment] - FastAPI always passes it
+) -> StreamingResponse:
+    """What the trainer printed (bounded: ``service.run_log.MAX_BYTES`` twice at most).
+    ``HEAD``: the same headers, and the log is not read."""
     folder = _run_folder(session, job)
     if not run_log.log_files(folder):
         raise Problem(404, "the training run has written no log yet", kind="no-training-log")
+    head = request is not None and request.method == "HEAD"
     return StreamingResponse(
-        run_log.chunks(folder),
+        iter(()) if head else run_log.chunks(folder),
         media_type="text/plain; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="train-{job.id}.log"'},
     )
+
+
+router.add_api_route("/{job_id}/log", download_log, methods=["HEAD"], include_in_schema=False)

@@ -404,16 +404,36 @@ def compare(request: Request, session: SessionDep) -> Response:
 # -- submit --------------------------------------------------------------------------------
 
 
+def _whole_zoo(session, caller: Caller, settings) -> list[Any]:
+    """Every zoo model, through the API's own pages (at most ``page_size_max`` a page): the
+    form offers all of them, where one page of 100 left the rest of a larger zoo unseen and
+    unpickable. A submission reads every zoo id anyway (``service.jobs``), so this costs a
+    form what submitting it costs."""
+    models: list[Any] = []
+    token = None
+    while True:
+        page = zoo_api.list_zoo(
+            caller=caller, session=session, settings=settings,
+            page_size=settings.page_size_max, page_token=token,
+        )  # fmt: skip
+        models.extend(page["items"])
+        token = page["next_page_token"]
+        if token is None:
+            return models
+
+
 def _submit_choices(request: Request, session, caller: Caller) -> dict[str, Any]:
     settings = request.app.state.settings
     ready = datasets_api.list_datasets(
         caller=caller, session=session, settings=settings, page_size=100, page_token=None,
         status="ready",
     )  # fmt: skip
-    zoo = zoo_api.list_zoo(
-        caller=caller, session=session, settings=settings, page_size=100, page_token=None
-    )
-    return {"datasets": ready["items"], "zoo": zoo["items"], "compressors": jobs.COMPRESSORS}
+    return {
+        "datasets": ready["items"],
+        "zoo": _whole_zoo(session, caller, settings),
+        "max_models": settings.max_models_per_job,
+        "compressors": jobs.COMPRESSORS,
+    }
 
 
 DEFAULT_FORM = {
@@ -652,11 +672,27 @@ def dataset_thumb(request: Request, dataset_id: str, file: str, session: Session
     return FileResponse(path, media_type="image/png", headers={"Cache-Control": "private"})
 
 
+ZOO_PAGE_SIZE = 100
+"""Zoo models on one page of the zoo page (a row each, no pictures: more than other lists)."""
+
+
 @router.get("/zoo")
 def zoo_page(request: Request, session: SessionDep) -> Response:
+    """The zoo, a page at a time with a link to the next, as the other lists (one page of 100
+    and no link hid the rest of a larger zoo)."""
     caller = _session_caller(request, session)
-    page = zoo_api.list_zoo(
-        caller=caller, session=session, settings=request.app.state.settings,
-        page_size=100, page_token=request.query_params.get("page_token") or None,
+    token = request.query_params.get("page_token") or None
+    try:
+        page = zoo_api.list_zoo(
+            caller=caller, session=session, settings=request.app.state.settings,
+            page_size=ZOO_PAGE_SIZE, page_token=token,
+        )  # fmt: skip
+    except Problem as p:  # a mangled page token: the API's 400, as a page
+        return error_page(request, p)
+    next_url = None
+    if page["next_page_token"]:
+        next_url = "/zoo?" + urlencode({"page_token": page["next_page_token"]})
+    return render(
+        request, "zoo.html", signed_in=True, models=page["items"], next_url=next_url,
+        first_page=token is None,
     )  # fmt: skip
-    return render(request, "zoo.html", signed_in=True, models=page["items"])

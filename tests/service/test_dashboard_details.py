@@ -43,3 +43,46 @@ def test_favicon_is_served(client):
         assert icon.status_code == 200, path
         assert icon.headers["content-type"].startswith("image/svg+xml")
         assert icon.text.lstrip().startswith("<svg")
+
+
+def test_zoo_page_and_submit_form_reach_every_model_of_a_zoo_over_100(isolated_settings):
+    """With 118 zoo models the zoo page showed the first 100 with no next page and the submit
+    form offered only those 100: 18 could be neither seen nor picked. The zoo page now pages
+    (a next-page link, as the other lists) and the form offers every model, saying how many
+    one job may score when the zoo holds more. A zoo of its own: the shared one stays small."""
+    from fastapi.testclient import TestClient
+
+    from zoopick.app.main import create_app
+    from zoopick.service.db.models import ZooModel
+    from zoopick.service.db.session import session_scope
+    from zoopick.service.security import create_api_key
+
+    settings = isolated_settings("zoo-118")
+    ids = {f"many-{i:03d}" for i in range(118)}
+    app = create_app(settings)
+    with TestClient(app):  # the app's lifespan: its database and broker
+        with session_scope(app.state.sessionmaker) as session:
+            for mid in sorted(ids):
+                session.add(ZooModel(id=mid, arch="test_resnet", weights="none", num_classes=3))
+            _, token = create_api_key(session, tenant="zoo-118", name="zoo-118")
+        b = sign_in(app, token)
+        seen: list[str] = []
+        url, pages = "/zoo", 0
+        while url:
+            page = b.get(url)
+            assert page.status_code == 200, page.text
+            rows = re.findall(r'<tr data-model="([^"]+)">', page.text)
+            assert 0 < len(rows) <= 100
+            seen += rows
+            assert ('href="/zoo">First page' in page.text) == (pages > 0)
+            found = re.search(r'<a href="([^"]+)" rel="next">Next page</a>', page.text)
+            url = found.group(1).replace("&amp;", "&") if found else None
+            pages += 1
+        assert pages == 2 and len(seen) == len(ids) and set(seen) == ids
+        assert b.get("/zoo?page_token=nonsense").status_code == 400  # the API's, as a page
+
+        form = b.get("/submit").text
+        offered = re.findall(r'<input type="checkbox" name="models" value="([^"]+)"', form)
+        assert sorted(offered) == sorted(ids)
+        limit = settings.max_models_per_job
+        assert f"which holds 118: a job scores at most {limit}" in form

@@ -274,3 +274,55 @@ def test_one_request_of_many_sends_the_export_and_a_stale_claim_is_taken_over(tm
     assert exports.claim_export(model, "onnx") and not exports.claim_export(model, "onnx")
     exports.export_settled(model.path, "onnx")
     assert exports.claim_export(model, "onnx")
+
+
+def test_a_damaged_model_file_fails_its_export_as_the_servers_fault_and_retry_is_not_followed(
+    live_server,
+):
+    """A model file the worker cannot read (the server's fault) had been answered 422 quoting
+    its storage path ("cannot read checkpoint /.../storage/jobs/<id>/model.safetensors"): it
+    is a 500 ``model-file-damaged`` that names the file neutrally, stored so too. And the 202
+    of ``retry=true`` had ``Location`` carrying ``retry=true``: a client following it made
+    the export again on every poll, for ever, never seeing the failure; it names the same URL
+    without ``retry``, which reaches the failure once the new export has failed too."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from zoopick.service import exports
+
+    stack = live_server.tenant(f"export-{uuid.uuid4().hex[:6]}")
+    with stack.api() as api:
+        upload = api.post("/datasets", files={"file": ("d.npz", npz_bytes(seed=4))})
+        ds = upload.json()["id"]
+        deadline = time.monotonic() + 60
+        while api.get(f"/datasets/{ds}").json()["status"] != "ready":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        job, _ = _finished_job(stack, ds)
+        path = stack.dir / "exports" / job / "model.safetensors"
+        path.write_bytes(b"\xff" * 64)  # no safetensors header: unreadable
+
+        resp = _poll_export(api, job, "onnx")
+        assert resp.status_code == 500, resp.text
+        problem = resp.json()
+        assert problem["type"].endswith(":model-file-damaged")
+        assert (
+            "the onnx export failed: the fine-tuned model file cannot be read" in problem["detail"]
+        )
+        assert "damaged" in problem["detail"] and "retry=true" in problem["detail"]
+        for where in (str(stack.dir), str(path), "storage", "/"):
+            assert where not in problem["detail"], where
+        stored = exports.error_file(path, "onnx").read_text()
+        assert str(stack.dir) not in stored and "the fine-tuned model file" in stored
+
+        again = api.get(f"/jobs/{job}/model", params={"format": "onnx", "retry": "true"})
+        assert again.status_code == 202, again.text
+        location = urlsplit(again.headers["Location"])
+        assert location.path == f"/api/v1/jobs/{job}/model"
+        assert parse_qs(location.query) == {"format": ["onnx"]}  # the rest kept, retry gone
+        # a generic client: follows Location, waits Retry-After, until the answer is not 202
+        deadline = time.monotonic() + 60
+        while again.status_code == 202:
+            assert time.monotonic() < deadline, "following Location never reached the failure"
+            time.sleep(0.3)
+            again = api.get(again.headers["Location"])
+        assert again.status_code == 500 and again.json()["type"].endswith(":model-file-damaged")
