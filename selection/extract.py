@@ -33,11 +33,13 @@ import numpy as np
 import torch
 
 from zoopick.selection.data import DatasetError, TargetDataset, _parallel
-from zoopick.selection.zoo import ZooEntry
+from zoopick.selection.zoo import ZooEntry, ZooError
 
 __all__ = [
+    "MAX_LOGITS_BYTES",
     "Extraction",
     "cache_key",
+    "check_logits_size",
     "clear_preprocess_cache",
     "default_device",
     "extract",
@@ -52,6 +54,15 @@ _CACHE_VERSION = 2
 served."""
 PREPROCESS_CACHE_ENTRIES = 4
 PREPROCESS_CACHE_BYTES = int(os.environ.get("ZOOPICK_PREPROCESS_CACHE_BYTES", 4 << 30))
+MAX_LOGITS_BYTES = int(os.environ.get("ZOOPICK_MAX_LOGITS_BYTES", 1 << 30))
+"""Most bytes of float32 source logits (images x the head's outputs x 4) one extraction may
+produce (``ZOOPICK_MAX_LOGITS_BYTES``, default 1 GiB). They are held in memory several times
+over (per batch, concatenated, written to the feature cache, then read by the metrics, some in
+float64) and stored in the cache, so a model over it is refused *before* the forward pass,
+naming the model and the bound: a job skips it with that error instead of its worker running
+out of memory. Registration caps a head at ``zoopick.selection.zoo.MAX_NUM_CLASSES``, but
+the cost grows with the dataset too: 1 GiB holds 10,000 images at ImageNet-21k's 21,843
+outputs, while a 100,000-output head reaches it at about 2,700 images."""
 
 
 @dataclass
@@ -249,6 +260,19 @@ def _forward(
     return torch.cat(logits).numpy(), torch.cat(features).numpy()
 
 
+def check_logits_size(entry: ZooEntry, n: int) -> None:
+    """Raise ``ZooError`` when ``entry``'s logits on ``n`` images would be over
+    ``MAX_LOGITS_BYTES``. Checked before the model is built or a cached result read (both
+    cost the same memory), from the manifest's ``num_classes`` alone."""
+    size = n * entry.num_classes * 4
+    if size > MAX_LOGITS_BYTES:
+        raise ZooError(
+            f"model {entry.id!r}: its {entry.num_classes:,}-output head on {n:,} images would "
+            f"give {size:,} bytes of float32 logits, over the bound of {MAX_LOGITS_BYTES:,} "
+            "bytes (ZOOPICK_MAX_LOGITS_BYTES); score it on fewer images or raise the bound"
+        )
+
+
 def extract(
     entry: ZooEntry,
     dataset: TargetDataset,
@@ -268,6 +292,7 @@ def extract(
         raise DatasetError(f"dataset {dataset.name!r} is empty")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    check_logits_size(entry, len(dataset))
     dev = torch.device(device or default_device())
     precision = "bf16" if dev.type == "cuda" else "fp32"
     data_config = entry.data_config(model)

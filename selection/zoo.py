@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # torch and timm are imported lazily: reading a manifest's JS
 
 __all__ = [
     "CHECKPOINT_SUFFIXES",
+    "MAX_INPUT_SIDE",
+    "MAX_NUM_CLASSES",
     "OVERRIDE_KEYS",
     "Zoo",
     "ZooEntry",
@@ -37,6 +39,7 @@ __all__ = [
     "entry_to_dict",
     "load_state_dict",
     "load_zoo",
+    "resize_side",
     "save_checkpoint",
     "write_zoo",
 ]
@@ -48,9 +51,29 @@ OVERRIDE_KEYS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
 CROP_MODES = ("center", "squash", "border")
 MAX_INPUT_SIDE = 2048
-"""Largest height or width an ``input_size`` may give (timm's largest defaults are 1,024, SAM's
-ViTs): every image of every target is resized to it for the forward pass, so an entry of
-100,000 x 100,000 would cost each scoring job of the zoo its worker's memory."""
+"""Largest side an image is resized to, and so largest height or width an ``input_size`` may
+give (timm's largest defaults are 1,024, SAM's ViTs): every image of every target is resized
+for the forward pass, so an entry of 100,000 x 100,000 would cost each scoring job of the zoo
+its worker's memory. timm's eval transform resizes to ``input_size / crop_pct`` *before* it
+crops (see :func:`resize_side`), so the bound applies to that side too: a crop_pct of 0.0022
+at 32 px made every image about 14,500 px."""
+DEFAULT_CROP_PCT = 0.875
+"""timm's crop_pct when a data config has none (``timm.data.DEFAULT_CROP_PCT``; the one
+``zoopick.selection.extract.transform_key`` falls back to)."""
+MAX_NUM_CLASSES = 100_000
+"""Most outputs a source head may have. The largest real heads are ImageNet-21k's 21,843;
+scoring keeps n x num_classes float32 logits in memory and in the feature cache (a 1,000,000
+class head made 120 images 3.4 GB of worker memory), so a bound far above any real model
+refuses only mistakes and abuse. ``zoopick.selection.extract`` bounds the logits of a whole
+dataset as well (``MAX_LOGITS_BYTES``)."""
+MIN_STD = 1e-6
+MAX_NORM = 1e6
+"""Bounds of the normalisation: ``MIN_STD <= std <= MAX_NORM`` and ``|mean| <= MAX_NORM``.
+Pixels are scaled to [0, 1], then ``(x - mean) / std`` is computed in float32, so every
+normalised value is at most ``(1 + MAX_NORM) / MIN_STD`` (about 1e12) in size, far inside
+float32's range (3.4e38): the input is always finite. Without them a std of 1e-300 or a mean
+of 1e308 (inf in float32) made every image NaN or inf, and a std of 1e300 (inf) every pixel 0.
+Real models use std near 0.25 (1/255 for those fed raw 0..255 values) and mean in [0, 1]."""
 _REQUIRED = ("id", "arch", "weights", "num_classes")
 _OPTIONAL = ("source", "tags", *OVERRIDE_KEYS)
 _KNOWN = frozenset(_REQUIRED + _OPTIONAL)
@@ -347,6 +370,7 @@ def _check_overrides(raw: Mapping[str, Any], label: str) -> dict[str, Any]:
                 raise ZooError(f"{label}: {key} must be a list of 3 numbers, got {v!r}")
             if key == "std" and not all(x > 0 for x in v):
                 raise ZooError(f"{label}: std values must be positive, got {v!r}")
+            _check_norm(key, v, label)
             out[key] = [float(x) for x in v]
     if "interpolation" in raw:
         v = raw["interpolation"]
@@ -366,6 +390,58 @@ def _check_overrides(raw: Mapping[str, Any], label: str) -> dict[str, Any]:
             raise ZooError(f"{label}: crop_mode must be one of {', '.join(CROP_MODES)}, got {v!r}")
         out["crop_mode"] = v
     return out
+
+
+def _check_norm(key: str, values: Sequence[float], label: str) -> None:
+    """``mean`` and ``std`` within the bounds that keep ``(x - mean) / std`` finite in float32
+    for pixels in [0, 1] (see ``MAX_NORM``): outside them every image of every job would be
+    NaN or inf (or blank), failing the model after its whole forward pass."""
+    if key == "std" and not all(MIN_STD <= x <= MAX_NORM for x in values):
+        raise ZooError(
+            f"{label}: std values must be between {MIN_STD:g} and {MAX_NORM:g}, got "
+            f"{list(values)!r} (beyond them (x - mean) / std is not finite in float32)"
+        )
+    if key == "mean" and not all(abs(x) <= MAX_NORM for x in values):
+        raise ZooError(
+            f"{label}: mean values must be between {-MAX_NORM:g} and {MAX_NORM:g}, got "
+            f"{list(values)!r} (beyond them (x - mean) / std is not finite in float32)"
+        )
+
+
+def resize_side(input_size: Sequence[int], crop_pct: float | None) -> float:
+    """The side timm's eval transform resizes an image to before cropping it to
+    ``input_size``: ``floor(side / crop_pct)`` of the larger of height and width (as
+    ``timm.data.transforms_imagenet_eval`` computes its ``scale_size``); ``inf`` when that
+    quotient overflows a float (a crop_pct of 5e-324)."""
+    quotient = max(input_size[1:]) / (crop_pct or DEFAULT_CROP_PCT)
+    return math.floor(quotient) if math.isfinite(quotient) else math.inf
+
+
+def _check_resize(arch: str, overrides: Mapping[str, Any], label: str) -> None:
+    """Refuse an entry whose images would be resized beyond ``MAX_INPUT_SIDE`` before the
+    crop: a small ``crop_pct`` gets round the ``input_size`` bound (a crop_pct of 1e-300
+    failed every job with "Python int too large to convert to C long"). What is not
+    overridden comes from the architecture's config, as ``ZooEntry.data_config`` takes it;
+    an entry overriding neither keeps timm's own (trusted) config."""
+    if "input_size" not in overrides and "crop_pct" not in overrides:
+        return
+    cfg: dict[str, Any] = {}
+    if "input_size" not in overrides or "crop_pct" not in overrides:
+        try:
+            cfg = dict(_arch_data_config(arch))
+        except Exception as exc:  # noqa: BLE001 - scoring would fail on the same call
+            raise ZooError(f"{label}: cannot read the data config of {arch!r}: {exc}") from exc
+    cfg.update(overrides)
+    size, crop_pct = list(cfg["input_size"]), cfg.get("crop_pct") or DEFAULT_CROP_PCT
+    side = resize_side(size, crop_pct)
+    if side > MAX_INPUT_SIDE:
+        shown = "inf" if math.isinf(side) else f"{side:,}"
+        raise ZooError(
+            f"{label}: crop_pct {crop_pct:g} with input_size {size!r} resizes every image to "
+            f"{shown} px before the crop (input side / crop_pct), over the largest side, "
+            f"{MAX_INPUT_SIDE} px: give a crop_pct of at least "
+            f"{max(size[1:]) / MAX_INPUT_SIDE:.4g} or a smaller input_size"
+        )
 
 
 def _parse_entry(raw: Any, index: int, root: Path, *, check_files: bool) -> ZooEntry:
@@ -394,6 +470,11 @@ def _parse_entry(raw: Any, index: int, root: Path, *, check_files: bool) -> ZooE
     num_classes = raw["num_classes"]
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
         raise ZooError(f"{label}: num_classes must be a positive integer, got {num_classes!r}")
+    if num_classes > MAX_NUM_CLASSES:
+        raise ZooError(
+            f"{label}: num_classes {num_classes:,} is over the largest source head, "
+            f"{MAX_NUM_CLASSES:,} (ImageNet-21k's is 21,843)"
+        )
     weights = raw["weights"]
     if not isinstance(weights, str) or not weights:
         raise ZooError(f"{label}: weights must be a checkpoint path, 'hub' or 'none'")
@@ -416,6 +497,7 @@ def _parse_entry(raw: Any, index: int, root: Path, *, check_files: bool) -> ZooE
     if not isinstance(tags, list | tuple) or not all(isinstance(t, str) for t in tags):
         raise ZooError(f"{label}: tags must be a list of strings, got {tags!r}")
     overrides = _check_overrides(raw, label)
+    _check_resize(arch, overrides, label)
     entry = ZooEntry(
         id=model_id,
         arch=arch,

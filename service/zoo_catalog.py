@@ -2,7 +2,10 @@
 and turned back into ``zoopick.selection.zoo.ZooEntry`` objects for the workers.
 
 A manifest's relative checkpoint paths are resolved by ``zoopick.selection.zoo.load_zoo``; the rows
-store the resolved paths, so workers need no manifest, only the same file system.
+store the resolved paths, so workers need no manifest, only the same file system. A model
+registered through the API is stored the same way (``check_fields`` returns the entry it
+checked): the real path of the file whose shapes were checked, never a ``..`` path or a
+symbolic link that could later be re-pointed at another file.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from zoopick.service.db.models import ZooModel
 MANIFEST_ORIGIN = "manifest"
 
 
-def _row_values(entry: Any) -> dict[str, Any]:
+def row_values(entry: Any) -> dict[str, Any]:
+    """A ``ZooModel`` row's columns (all but id and origin) for a checked ``ZooEntry``."""
     return {
         "arch": entry.arch,
         "weights": str(entry.weights),
@@ -37,7 +41,7 @@ def sync_manifest(session: Session, manifest: Path) -> list[str]:
 
     ids = []
     for entry in load_zoo(manifest):
-        values = _row_values(entry)
+        values = row_values(entry)
         row = session.get(ZooModel, entry.id)
         if row is None:
             session.add(ZooModel(id=entry.id, origin=MANIFEST_ORIGIN, **values))
@@ -71,19 +75,23 @@ def write_manifest(rows: list[ZooModel], path: Path) -> Path:
     return write_zoo([to_entry(row) for row in rows], path)
 
 
-def check_fields(values: dict[str, Any]) -> None:
+def check_fields(values: dict[str, Any]) -> Any:
     """Validate one manifest entry with the engine's own rules, the checkpoint included: it
     must exist on this machine's file system (the service's machines share their storage) and
     fit the architecture and ``num_classes`` (its tensor shapes are read, not its weights).
     A checkpoint that does not fit would otherwise fail every job that scores "all" models.
-    Raises ``zoopick.selection.zoo.ZooError`` naming the problem."""
+
+    Returns the checked ``zoopick.selection.zoo.ZooEntry``, whose ``weights`` is the resolved
+    path that was opened: store that (``row_values``), not the path as given. Raises
+    ``zoopick.selection.zoo.ZooError`` naming the problem."""
     import tempfile
 
     from zoopick.selection.zoo import load_zoo, write_zoo
 
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_zoo([values], Path(tmp) / "zoo.json")
-        load_zoo(manifest)  # opens the checkpoint and compares its shapes
+        (entry,) = load_zoo(manifest)  # opens the checkpoint and compares its shapes
+    return entry
 
 
 def all_ids(session: Session) -> list[str]:

@@ -287,3 +287,95 @@ def test_write_zoo_validates_fields(tmp_path):
     write_zoo([_entry(weights="later.safetensors")], tmp_path / "z.json")
     with pytest.raises(ZooError, match="not found"):
         load_zoo(tmp_path / "z.json")
+
+
+# -- bounds on what an entry may cost a scoring job --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"input_size": [3, 32, 32], "crop_pct": 0.0022},  # ~14,500 px images (the probe's)
+        {"input_size": [3, 32, 32], "crop_pct": 1e-300},  # "int too large to convert to C long"
+        {"input_size": [3, 32, 32], "crop_pct": 5e-324},  # 32 / crop_pct overflows to inf
+        {"input_size": [3, 2048, 2048], "crop_pct": 0.02},
+        {"crop_pct": 0.05},  # test_resnet's own 160 px input: 3,200 px
+        {"input_size": [3, 2048, 1024]},  # test_resnet's own crop_pct, 0.875: 2,340 px
+    ],
+)
+def test_a_small_crop_pct_cannot_get_round_the_input_size_bound(tmp_path, change):
+    with pytest.raises(ZooError, match=r"model 'm'.*crop_pct.*input_size.*2048 px"):
+        load_zoo(_write(tmp_path / "z.json", [_entry(**change)]))
+    with pytest.raises(ZooError, match="crop_pct"):
+        write_zoo([_entry(**change)], tmp_path / "w.json")
+
+
+def test_the_resize_bound_is_timms_own_resize(tmp_path):
+    """The side checked is the one timm's eval transform resizes to (floor(side / crop_pct)),
+    and an entry resizing to exactly the bound is accepted."""
+    from zoopick.selection.extract import _eval_transform
+    from zoopick.selection.zoo import MAX_INPUT_SIDE, resize_side
+
+    for size, crop_pct in (([3, 32, 32], 0.875), ([3, 32, 32], 32 / 2048), ([3, 48, 48], 0.3)):
+        resize = _eval_transform({"input_size": size, "crop_pct": crop_pct}).transforms[0]
+        assert resize.size == resize_side(size, crop_pct)
+    edge = [_entry(id="edge", input_size=[3, 32, 32], crop_pct=32 / MAX_INPUT_SIDE)]
+    edge.append(_entry(id="big", input_size=[3, MAX_INPUT_SIDE, MAX_INPUT_SIDE], crop_pct=1.0))
+    assert load_zoo(_write(tmp_path / "z.json", edge)).ids == ["edge", "big"]
+
+
+def test_a_head_beyond_any_real_model_is_refused(tmp_path):
+    from zoopick.selection.zoo import MAX_NUM_CLASSES
+
+    with pytest.raises(ZooError, match=r"model 'm'.*num_classes 1,000,000.*100,000"):
+        load_zoo(_write(tmp_path / "z.json", [_entry(num_classes=1_000_000)]))
+    ok = load_zoo(_write(tmp_path / "ok.json", [_entry(num_classes=MAX_NUM_CLASSES)]))
+    assert ok["m"].num_classes == MAX_NUM_CLASSES
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"std": [1e-300] * 3}, r"model 'm'.*std values must be between 1e-06 and 1e\+06"),
+        ({"std": [1e300] * 3}, r"model 'm'.*std values must be between"),  # inf in float32
+        ({"mean": [1e308] * 3}, r"model 'm'.*mean values must be between -1e\+06 and 1e\+06"),
+        ({"mean": [0.5, -1e7, 0.5]}, r"model 'm'.*mean values must be between"),
+    ],
+)
+def test_a_normalisation_that_is_never_finite_is_refused(tmp_path, change, message):
+    with pytest.raises(ZooError, match=message):
+        load_zoo(_write(tmp_path / "z.json", [_entry(**change)]))
+
+
+def test_the_normalisation_bounds_keep_every_pixel_finite(tmp_path):
+    from zoopick.selection.extract import normalise
+    from zoopick.selection.zoo import MAX_NORM, MIN_STD
+
+    extremes = [
+        _entry(id="a", mean=[MAX_NORM] * 3, std=[MIN_STD] * 3),
+        _entry(id="b", mean=[-MAX_NORM] * 3, std=[MIN_STD] * 3),
+        _entry(id="c", mean=[MAX_NORM] * 3, std=[MAX_NORM] * 3),
+    ]
+    pixels = torch.tensor([0, 128, 255], dtype=torch.uint8).view(1, 1, 1, 3).expand(1, 3, 1, 3)
+    for entry in load_zoo(_write(tmp_path / "z.json", extremes)):
+        assert torch.isfinite(normalise(pixels, entry.data_config(), "cpu")).all(), entry.id
+
+
+def test_logits_over_the_bound_are_refused_before_the_forward_pass(tiny_npz, tmp_path, monkeypatch):
+    """n x num_classes float32 logits over ``MAX_LOGITS_BYTES`` are refused naming the model
+    and the bound, before the model is built (its checkpoint is not even there) and before
+    anything is cached."""
+    from zoopick.selection import extract as ex
+    from zoopick.selection.data import load_dataset
+
+    dataset = load_dataset(tiny_npz)
+    n = len(dataset)
+    cache = tmp_path / "cache"
+    missing = ZooEntry("wide", "test_resnet", str(tmp_path / "gone.safetensors"), 10)
+    monkeypatch.setattr(ex, "MAX_LOGITS_BYTES", n * 10 * 4 - 1)
+    with pytest.raises(ZooError, match=rf"'wide'.*{n * 40:,} bytes.*bound of {n * 40 - 1:,}"):
+        ex.extract(missing, dataset, cache_dir=cache)
+    assert not cache.exists()
+    monkeypatch.setattr(ex, "MAX_LOGITS_BYTES", n * 10 * 4)
+    out = ex.extract(ZooEntry("fits", "test_resnet", "none", 10), dataset, cache_dir=cache)
+    assert out.logits.shape == (n, 10)

@@ -8,6 +8,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import AliasPath, BaseModel, ConfigDict, Field
 
+from zoopick.selection.zoo import MAX_NUM_CLASSES
 from zoopick.service.db.models import JobStatus
 from zoopick.service.inputs import NoNulModel
 from zoopick.service.jobs import JobCreate
@@ -47,14 +48,19 @@ class DatasetOut(BaseModel):
 
 class ZooModelIn(NoNulModel):
     """A model to register. ``weights``: a checkpoint path on the workers' file system,
-    ``"hub"`` (timm's pretrained weights) or ``"none"`` (random init)."""
+    ``"hub"`` (timm's pretrained weights) or ``"none"`` (random init).
 
-    model_config = ConfigDict(extra="forbid")
+    Strict: the engine's manifest rules (``zoopick.selection.zoo``) refuse ``true`` or ``"8"``
+    for a number, so the API must not coerce them first (``num_classes: true`` was stored as
+    1, ``input_size: [3, true, true]`` as [3, 1, 1]); a 422 names the field. An integer where
+    a float is expected (``crop_pct: 1``) stays accepted, as JSON does not tell them apart."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
     arch: str = Field(min_length=1, max_length=200)
     weights: str = Field(min_length=1, max_length=4096)
-    num_classes: int = Field(ge=1, le=1_000_000)
+    num_classes: int = Field(ge=1, le=MAX_NUM_CLASSES)
     input_size: list[int] | None = Field(None, min_length=3, max_length=3)
     mean: list[float] | None = Field(None, min_length=3, max_length=3)
     std: list[float] | None = Field(None, min_length=3, max_length=3)
@@ -63,10 +69,6 @@ class ZooModelIn(NoNulModel):
     crop_mode: str | None = Field(None, max_length=16)
     source: str | None = Field(None, max_length=200)
     tags: list[str] = Field(default_factory=list, max_length=32)
-
-    def overrides(self) -> dict[str, Any]:
-        keys = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode")
-        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
 class ZooModelOut(BaseModel):

@@ -102,19 +102,12 @@ def register_model(
     from zoopick.selection.zoo import ZooError
 
     try:
-        zoo_catalog.check_fields(body.model_dump(exclude_none=True))
+        entry = zoo_catalog.check_fields(body.model_dump(exclude_none=True))
     except ZooError as exc:
         raise Problem(422, str(exc), kind="invalid-zoo-model") from None
-    row = ZooModel(
-        id=body.id,
-        arch=body.arch,
-        weights=body.weights,
-        num_classes=body.num_classes,
-        overrides=body.overrides(),
-        source=body.source,
-        tags=body.tags,
-        origin="api",
-    )
+    # the entry as checked: its checkpoint path resolved (no "..", no symbolic link), so the
+    # file jobs load is the one whose shapes were checked
+    row = ZooModel(id=body.id, origin="api", **zoo_catalog.row_values(entry))
     session.add(row)
     try:
         session.commit()
