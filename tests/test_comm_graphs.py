@@ -60,6 +60,10 @@ def test_recorder_sums_numbers_and_adds_tensors_to_the_totals():
         rec.add(bytes_sent=5, numel=7, nnz=torch.tensor(2))
     assert rec.numbers == {"bytes_sent": 15, "numel": 7}
     assert totals.tolist() == [5.0 if f == "nnz" else 0.0 for f in FIELDS]
+    assert rec.adds_to_totals  # so the stats follow them
+    numbers_only = graphs.StatsRecorder(torch.zeros(len(FIELDS), dtype=torch.float64))
+    numbers_only.add(bytes_sent=10)
+    assert not numbers_only.adds_to_totals  # nothing to read an iteration: not followed
 
 
 def test_running_totals_are_counted_once_an_iteration():
@@ -87,16 +91,23 @@ def test_running_totals_are_counted_once_an_iteration():
 
 
 class _ClockEvent:
-    """Stands in for ``torch.cuda.Event`` on a CPU, on a device clock that only a replay
-    moves (``_StepGraph``): recorded at the clock's reading, always complete."""
+    """Stands in for a CUDA event on a CPU, on a device clock that only a replay moves
+    (``_StepGraph``): recorded at the clock's reading, always complete."""
 
     now = 0.0  # ms
     made = 0
 
-    def __init__(self, enable_timing: bool = False) -> None:
-        assert enable_timing
+    def __init__(self) -> None:
         type(self).made += 1
         self.at: float | None = None
+
+    @classmethod
+    def recorded(cls, device: torch.device, *, timing: bool = False) -> _ClockEvent:
+        """``hostread.recorded_event`` on this clock."""
+        assert timing
+        event = cls()
+        event.record()
+        return event
 
     def record(self) -> None:
         self.at = type(self).now
@@ -127,7 +138,9 @@ def test_replays_are_timed_one_in_time_every(monkeypatch, every, pairs):
     from the last timed one), while only one replay in ``TIME_EVERY`` makes a pair of
     events: 40 replays of a 2 ms graph are 80 ms from 3 pairs (or 40 with ``TIME_EVERY``
     1, every replay timed as an eager step is)."""
-    monkeypatch.setattr(torch.cuda, "Event", _ClockEvent)
+    from zoopick.training.comm import hostread
+
+    monkeypatch.setattr(hostread, "recorded_event", _ClockEvent.recorded)
     monkeypatch.setattr(graphs, "TIME_EVERY", every)
     monkeypatch.setattr(_ClockEvent, "made", 0)
     st, _ = comm.make_hook("spardl", density=0.05)

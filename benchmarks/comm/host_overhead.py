@@ -55,13 +55,12 @@ class _StandInGraph:
 
 
 class _StandInEvent:
-    """``torch.cuda.Event`` on a CPU: recorded, always complete, no time between two."""
+    """A CUDA event on a CPU (``hostread.recorded_event``): always complete, no time between
+    two."""
 
-    def __init__(self, enable_timing: bool = False) -> None:
-        pass
-
-    def record(self) -> None:
-        pass
+    @classmethod
+    def recorded(cls, device: torch.device, *, timing: bool = False) -> _StandInEvent:
+        return cls()
 
     def query(self) -> bool:
         return True
@@ -77,10 +76,10 @@ class _StandInEvent:
 def graph_proxy() -> Iterator[None]:
     """Within the block, ``graphs.BucketGraphs`` takes CPU buckets: its own code runs as on
     a GPU host, with the CUDA parts stood in for (see the module doc)."""
-    from zoopick.training.comm import graphs
+    from zoopick.training.comm import graphs, hostread
 
     eligible = graphs.BucketGraphs._eligible
-    saved = (torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.Event)
+    saved = (torch.cuda.CUDAGraph, torch.cuda.graph, hostread.recorded_event)
 
     @contextmanager
     def capture(graph, **_options):  # the step runs eagerly once, as the capture's call
@@ -93,14 +92,14 @@ def graph_proxy() -> Iterator[None]:
         return eligible(state, _OnCuda(), unused, density)
 
     graphs.BucketGraphs._eligible = staticmethod(cpu_eligible)
-    torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.Event = (
-        _StandInGraph, capture, _StandInEvent,
+    torch.cuda.CUDAGraph, torch.cuda.graph, hostread.recorded_event = (
+        _StandInGraph, capture, _StandInEvent.recorded,
     )  # fmt: skip
     try:
         yield
     finally:
         graphs.BucketGraphs._eligible = staticmethod(eligible)
-        torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.Event = saved
+        torch.cuda.CUDAGraph, torch.cuda.graph, hostread.recorded_event = saved
 
 
 def time_hook(label: str, args, params: list[torch.Tensor], grads: list[torch.Tensor]) -> float:

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zoopick.training.comm import triton_kernels
+from zoopick.training.comm import hostread, triton_kernels
 from zoopick.training.comm.stats import FIELDS
 
 if TYPE_CHECKING:
@@ -93,11 +93,13 @@ class StatsRecorder:
     def __init__(self, totals: torch.Tensor) -> None:
         self.numbers: dict[str, float] = {}
         self.totals = totals
+        self.adds_to_totals = False  # whether the graph adds to them (else nothing to read)
 
     def add(self, **amounts: Any) -> None:
         for key, value in amounts.items():
             if isinstance(value, torch.Tensor):
                 self.totals[_FIELD_AT[key]].add_(value.detach())
+                self.adds_to_totals = True
             else:
                 self.numbers[key] = self.numbers.get(key, 0) + value
 
@@ -201,11 +203,9 @@ class BucketGraphs:
             entry.seconds = probe[0].elapsed_time(probe[1]) / 1000.0
             entry.probe = None
         if entry.untimed <= 0:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
+            start = hostread.recorded_event(state.device, timing=True)
             entry.graph.replay()
-            end.record()
+            end = hostread.recorded_event(state.device, timing=True)
             stats.add_elapsed("select_s", start, end)
             entry.probe = (start, end)
             entry.untimed = TIME_EVERY - 1
@@ -272,7 +272,8 @@ class BucketGraphs:
             return None
         kept = (*state.device_buffers(), *tables)
         entry = _Graph(graph, residual, momentum, recorder, kept)
-        stats.follow(totals)
+        if recorder.adds_to_totals:  # else an iteration's read of them costs host time for 0
+            stats.follow(totals)
         self.graphs[key] = entry
         self.captures += 1
         return entry

@@ -13,11 +13,12 @@ one iteration later, inside :func:`sanctioned`, which the host-sync guard of the
 (``tests/host_sync_guard.py``) lets through.
 
 On CUDA a :class:`Deferred` copies its value into pinned host memory with
-``copy_(non_blocking=True)`` on the current stream and records a ``torch.cuda.Event`` behind
-the copy; :meth:`Deferred.get` one iteration later finds the event complete (the device has
-long finished the copy) and reads the host buffer without waiting. Only if the device is
-still behind does ``get`` wait for that one event (never for the whole device), and
-:meth:`Deferred.ready` lets a caller that can postpone the read avoid even that.
+``copy_(non_blocking=True)`` on the current stream and records an event behind the copy
+(:func:`recorded_event`); :meth:`Deferred.get` one iteration later finds the event
+complete (the device has long finished the copy) and reads the host buffer without
+waiting. Only if the device is still behind does ``get`` wait for that one event (never for
+the whole device), and :meth:`Deferred.ready` lets a caller that can postpone the read avoid
+even that.
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ def reading() -> bool:
     return getattr(_local, "depth", 0) > 0
 
 
+def recorded_event(device: torch.device, *, timing: bool = False) -> torch.Event:
+    """An event recorded on ``device``'s current stream: the one way the hooks make one.
+    ``torch.Event`` records in C++, where ``torch.cuda.Event.record()`` first looks the
+    current stream up in Python and builds a ``Stream`` object for it: 30-70 us of host time
+    a record on issue 19's GPU host (session 21's run, `event record`), spent on the thread
+    that launches the backward pass."""
+    event = torch.Event(device=device, enable_timing=timing)
+    event.record()
+    return event
+
+
 class Deferred:
     """A snapshot of a tensor, to be read on the host later (see the module doc)."""
 
@@ -55,12 +67,11 @@ class Deferred:
 
     def __init__(self, value: torch.Tensor) -> None:
         value = value.detach()
-        self._event: torch.cuda.Event | None = None
+        self._event: torch.Event | None = None
         if value.is_cuda:
             host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=True)
             host.copy_(value, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
+            self._event = recorded_event(value.device)
             self._value = host
         else:
             self._value = value.clone()

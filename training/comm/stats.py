@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from zoopick.training.comm import hostread
 from zoopick.training.comm.hostread import Deferred
 
 FIELDS = ("bytes_sent", "bytes_recv", "select_s", "comm_s", "numel", "nnz", "buckets")
@@ -177,13 +178,11 @@ class CommStats(list):
             rec = self.current
             if rec is None:
                 raise RuntimeError("CommStats.timer outside an iteration")
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
+            start = hostread.recorded_event(self._device, timing=True)
             try:
                 yield
             finally:
-                end.record()
+                end = hostread.recorded_event(self._device, timing=True)
                 self.add_elapsed(field, start, end)
             return
         self._sync()
