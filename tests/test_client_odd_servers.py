@@ -7,56 +7,22 @@ runs as users run it (``python -m zoopick.cli``), so its entry point's handling 
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from tests.local_http import reply, server
 
 JOB = str(uuid.UUID(int=7))
 
 
 def _job(status: str = "running") -> dict:
     return {"id": JOB, "status": status, "progress": 0.5, "created_at": "2026-01-01T00:00:00Z"}
-
-
-@contextmanager
-def server(answer: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
-    """A server on 127.0.0.1 whose every GET is ``answer(handler)``; yields its URL."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            answer(self)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-def _send(handler: BaseHTTPRequestHandler, body: bytes, kind: str, **headers: str) -> None:
-    handler.send_response(200)
-    handler.send_header("Content-Type", kind)
-    handler.send_header("Content-Length", str(len(body)))
-    for name, value in headers.items():
-        handler.send_header(name, value)
-    handler.end_headers()
-    handler.wfile.write(body)
 
 
 def cli(*args: str, url: str, stdout: int = subprocess.PIPE, **env: str):
@@ -84,19 +50,18 @@ def test_a_wait_timeout_holds_against_a_server_that_never_answers():
 
 def test_answers_that_are_not_a_zoopick_servers_are_exit_4_not_a_crash():
     def html(h):
-        _send(h, b"<html>a proxy's login page</html>", "text/html")
+        reply(h, b"<html>a proxy's login page</html>", kind="text/html")
 
     def wrong_shape(h):
-        _send(h, json.dumps({"items": [{"name": "no id"}]}).encode(), "application/json")
+        reply(h, {"items": [{"name": "no id"}]})
 
     def same_page(h):
-        body = {"items": [], "next_page_token": "again"}
-        _send(h, json.dumps(body).encode(), "application/json")
+        reply(h, {"items": [], "next_page_token": "again"})
 
     for answer, said in ((html, "did not answer as a zoopick server"),
                          (wrong_shape, "not what a zoopick server sends"),
                          (same_page, "repeated a page token")):  # fmt: skip
-        with server(answer) as url:
+        with server(answer) as (url, _):
             done = cli("zoo", "list", url=url)
         assert done.returncode == 4 and said in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
@@ -106,20 +71,19 @@ def test_answers_that_are_not_a_zoopick_servers_are_exit_4_not_a_crash():
     "bad", ["../datasets", ".", f"{JOB}/cancel", "x?page_size=1", "x\x1b[31m", ""]
 )
 def test_an_id_that_is_not_one_is_refused_before_any_request(bad):
-    asked: list[str] = []
-    with server(lambda h: (asked.append(h.path), _send(h, b"{}", "application/json"))) as url:
+    with server(lambda h: reply(h, {})) as (url, seen):
         done = cli("jobs", "status", bad, url=url)
     assert done.returncode == 2 and "is not a job id" in done.stderr, done.stderr
-    assert asked == [] and "Traceback" not in done.stderr
+    assert seen.requests == [] and "Traceback" not in done.stderr
 
 
 def test_a_closed_stdout_is_exit_141_not_a_failed_job():
     items = [{"id": f"model-{i}", "arch": "resnet18", "num_classes": 10} for i in range(4000)]
 
     def many(h):
-        _send(h, json.dumps({"items": items}).encode(), "application/json")
+        reply(h, {"items": items})
 
-    with server(many) as url:
+    with server(many) as (url, _):
         reader, writer = os.pipe()
         os.close(reader)  # the reader is gone, as `| head -1` is once it has its line
         try:
@@ -132,7 +96,7 @@ def test_a_closed_stdout_is_exit_141_not_a_failed_job():
 
 def test_a_download_onto_a_link_or_special_file_is_refused_and_the_link_kept(tmp_path):
     def model(h):
-        _send(h, b"weights", "application/octet-stream", Digest="sha-256=" + "0" * 64)
+        reply(h, b"weights", kind="application/octet-stream", Digest="sha-256=" + "0" * 64)
 
     target = tmp_path / "target.bin"
     target.write_bytes(b"mine")
@@ -140,7 +104,7 @@ def test_a_download_onto_a_link_or_special_file_is_refused_and_the_link_kept(tmp
     link.symlink_to(target)
     fifo = tmp_path / "pipe.bin"
     os.mkfifo(fifo)
-    with server(model) as url:
+    with server(model) as (url, _):
         for dest in (link, fifo):
             done = cli("model", "download", JOB, "-o", str(dest), url=url)
             assert done.returncode == 2 and "not a regular file" in done.stderr, done.stderr
@@ -150,7 +114,7 @@ def test_a_download_onto_a_link_or_special_file_is_refused_and_the_link_kept(tmp
 
 
 def test_an_empty_idempotency_key_and_a_bad_retry_count_are_refused():
-    with server(lambda h: _send(h, b"{}", "application/json")) as url:
+    with server(lambda h: reply(h, {})) as (url, _):
         done = cli("jobs", "submit", "--dataset", JOB, "--idempotency-key", "", url=url)
         assert done.returncode == 2 and "idempotency key is empty" in done.stderr, done.stderr
         done = cli("zoo", "list", url=url, ZOOPICK_RETRIES="abc")
