@@ -165,6 +165,26 @@ def poll(fn, until, timeout: float, interval: float = 0.3, what: str = "conditio
     return value
 
 
+def rank_the_whole_zoo(http: httpx.Client, metric: str) -> dict:
+    """Upload a small dataset to the service behind ``http``, wait for it to be ready, rank
+    every zoo model on it by ``metric`` alone and wait for the job to end; the job."""
+    from tests.service.datafiles import npz_bytes
+
+    resp = http.post("/datasets", files={"file": ("d.npz", npz_bytes(), "x")})
+    ds = resp.json()["id"]
+    poll(lambda: http.get(f"/datasets/{ds}").json()["status"], lambda s: s == "ready", 60,
+         what="dataset")  # fmt: skip
+    body = {"dataset_id": ds, "models": "all", "metrics": [metric], "select_by": metric}
+    resp = http.post("/jobs", json=body)
+    assert resp.status_code == 202, resp.text
+    return poll(
+        lambda: http.get(f"/jobs/{resp.json()['id']}").json(),
+        lambda j: j["status"] in ("succeeded", "failed"),
+        120,
+        what="the job",
+    )
+
+
 def create_token(settings: Settings, tenant: str, *, admin: bool = False) -> str:
     """A new API key for ``tenant`` in the database of ``settings``."""
     from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope

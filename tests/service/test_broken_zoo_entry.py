@@ -12,7 +12,6 @@ import pytest
 
 from tests.service import procs
 from tests.service.checkpoints import write_checkpoint
-from tests.service.datafiles import npz_bytes
 from tests.service.test_api import API
 
 
@@ -37,19 +36,7 @@ def service(isolated_settings):
 
 def test_a_broken_zoo_entry_is_skipped_with_its_error(service):
     http, worker = service
-    resp = http.post("/datasets", files={"file": ("d.npz", npz_bytes(), "x")})
-    ds = resp.json()["id"]
-    procs.poll(lambda: http.get(f"/datasets/{ds}").json()["status"], lambda s: s == "ready", 60,
-               what="dataset")  # fmt: skip
-    body = {"dataset_id": ds, "models": "all", "metrics": ["sms"], "select_by": "sms"}
-    resp = http.post("/jobs", json=body)
-    assert resp.status_code == 202, resp.text
-    job = procs.poll(
-        lambda: http.get(f"/jobs/{resp.json()['id']}").json(),
-        lambda j: j["status"] in ("succeeded", "failed"),
-        120,
-        what="the job",
-    )
+    job = procs.rank_the_whole_zoo(http, "sms")
     assert job["status"] == "succeeded", (job, worker.tail())
     assert job["chosen_model"] == "good"
     assert [r["model"] for r in job["ranking"]] == ["good"]

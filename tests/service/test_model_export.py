@@ -93,15 +93,21 @@ def _download(api, job: str, fmt: str, timeout: float = 120) -> bytes:
         time.sleep(0.3)
 
 
+def _ready_dataset(api) -> str:
+    """A small dataset uploaded and validated; its id."""
+    upload = api.post("/datasets", files={"file": ("d.npz", npz_bytes(seed=4))})
+    ds = upload.json()["id"]
+    deadline = time.monotonic() + 60
+    while api.get(f"/datasets/{ds}").json()["status"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    return ds
+
+
 def test_model_downloads_as_timm_folder_and_onnx(live_server, tmp_path):
     stack = live_server.tenant(f"export-{uuid.uuid4().hex[:6]}")
     with stack.api() as api:
-        upload = api.post("/datasets", files={"file": ("d.npz", npz_bytes(seed=4))})
-        ds = upload.json()["id"]
-        deadline = time.monotonic() + 60
-        while api.get(f"/datasets/{ds}").json()["status"] != "ready":
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        ds = _ready_dataset(api)
         job, model = _finished_job(stack, ds)
 
         bad = api.get(f"/jobs/{job}/model", params={"format": "pickle"})
@@ -225,12 +231,7 @@ def test_an_export_that_cannot_be_made_says_why(live_server, tmp_path):
         assert resp.status_code == 422 and "dataset was deleted" in resp.json()["detail"]
 
         # the cause fixed: the job's dataset and a real model file are back
-        upload = api.post("/datasets", files={"file": ("d.npz", npz_bytes(seed=4))})
-        ds = upload.json()["id"]
-        deadline = time.monotonic() + 60
-        while api.get(f"/datasets/{ds}").json()["status"] != "ready":
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        ds = _ready_dataset(api)
         from zoopick.selection.zoo import save_checkpoint
 
         save_checkpoint(timm.create_model(ARCH, num_classes=3).eval(), path)
@@ -291,12 +292,7 @@ def test_a_damaged_model_file_fails_its_export_as_the_servers_fault_and_retry_is
 
     stack = live_server.tenant(f"export-{uuid.uuid4().hex[:6]}")
     with stack.api() as api:
-        upload = api.post("/datasets", files={"file": ("d.npz", npz_bytes(seed=4))})
-        ds = upload.json()["id"]
-        deadline = time.monotonic() + 60
-        while api.get(f"/datasets/{ds}").json()["status"] != "ready":
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        ds = _ready_dataset(api)
         job, _ = _finished_job(stack, ds)
         path = stack.dir / "exports" / job / "model.safetensors"
         path.write_bytes(b"\xff" * 64)  # no safetensors header: unreadable

@@ -14,7 +14,6 @@ import pytest
 
 from tests.service import procs
 from tests.service.checkpoints import write_checkpoint
-from tests.service.datafiles import npz_bytes
 from tests.service.test_api import API, assert_problem
 
 BASE = {"arch": "test_resnet", "weights": "none", "num_classes": 10}
@@ -150,19 +149,7 @@ def bounded_service(isolated_settings):
 
 def test_logits_over_the_bound_skip_the_model_with_its_error(bounded_service):
     http, worker = bounded_service
-    resp = http.post("/datasets", files={"file": ("d.npz", npz_bytes(), "x")})
-    ds = resp.json()["id"]
-    procs.poll(lambda: http.get(f"/datasets/{ds}").json()["status"], lambda s: s == "ready", 60,
-               what="dataset")  # fmt: skip
-    body = {"dataset_id": ds, "models": "all", "metrics": ["logme"], "select_by": "logme"}
-    resp = http.post("/jobs", json=body)
-    assert resp.status_code == 202, resp.text
-    job = procs.poll(
-        lambda: http.get(f"/jobs/{resp.json()['id']}").json(),
-        lambda j: j["status"] in ("succeeded", "failed"),
-        120,
-        what="the job",
-    )
+    job = procs.rank_the_whole_zoo(http, "logme")
     assert job["status"] == "succeeded", (job, worker.tail())
     assert [r["model"] for r in job["ranking"]] == ["narrow"]
     error = job["model_errors"]["wide"]
