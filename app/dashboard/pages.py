@@ -227,12 +227,10 @@ def _jobs_page(request: Request, session) -> dict[str, Any]:
         page_token=token,
     )
     ids = {j["dataset_id"] for j in page["items"] if j["dataset_id"]}
-    next_url = None
-    if page["next_page_token"]:
-        query = {"page_token": page["next_page_token"], **({"status": status} if status else {})}
-        if page_size != PAGE_SIZE:
-            query["page_size"] = str(page_size)
-        next_url = "/jobs?" + urlencode(query)
+    query = {"status": status} if status else {}
+    if page_size != PAGE_SIZE:
+        query["page_size"] = str(page_size)
+    next_url = _next_page_url("/jobs", page, query)
     return {
         "jobs": page["items"],
         "names": _dataset_names(session, caller, ids),
@@ -587,6 +585,14 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
 # -- datasets and zoo ----------------------------------------------------------------------
 
 
+def _next_page_url(path: str, page: dict, query: dict[str, str] | None = None) -> str | None:
+    """The link to a list's next page (its token, and ``query`` kept), or None on the last."""
+    token = page["next_page_token"]
+    if not token:
+        return None
+    return f"{path}?" + urlencode({"page_token": token, **(query or {})})
+
+
 @router.get("/datasets")
 def datasets_page(request: Request, session: SessionDep) -> Response:
     caller = _session_caller(request, session)
@@ -598,9 +604,7 @@ def datasets_page(request: Request, session: SessionDep) -> Response:
         )  # fmt: skip
     except Problem as p:
         return error_page(request, p)
-    next_url = None
-    if page["next_page_token"]:
-        next_url = "/datasets?" + urlencode({"page_token": page["next_page_token"]})
+    next_url = _next_page_url("/datasets", page)
     return render(
         request, "datasets.html", signed_in=True, datasets=page["items"], next_url=next_url,
         error=auth.read_note(request, "error"),
@@ -689,9 +693,7 @@ def zoo_page(request: Request, session: SessionDep) -> Response:
         )  # fmt: skip
     except Problem as p:  # a mangled page token: the API's 400, as a page
         return error_page(request, p)
-    next_url = None
-    if page["next_page_token"]:
-        next_url = "/zoo?" + urlencode({"page_token": page["next_page_token"]})
+    next_url = _next_page_url("/zoo", page)
     return render(
         request, "zoo.html", signed_in=True, models=page["items"], next_url=next_url,
         first_page=token is None,
