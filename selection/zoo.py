@@ -417,21 +417,24 @@ def resize_side(input_size: Sequence[int], crop_pct: float | None) -> float:
     return math.floor(quotient) if math.isfinite(quotient) else math.inf
 
 
-def _check_resize(arch: str, overrides: Mapping[str, Any], label: str) -> None:
+def _check_resize(entry: ZooEntry, label: str) -> None:
     """Refuse an entry whose images would be resized beyond ``MAX_INPUT_SIDE`` before the
     crop: a small ``crop_pct`` gets round the ``input_size`` bound (a crop_pct of 1e-300
     failed every job with "Python int too large to convert to C long"). What is not
-    overridden comes from the architecture's config, as ``ZooEntry.data_config`` takes it;
-    an entry overriding neither keeps timm's own (trusted) config."""
+    overridden comes from the architecture's config (``ZooEntry.data_config``, as scoring
+    takes it); an entry overriding neither keeps timm's own (trusted) config."""
+    overrides = entry.overrides
     if "input_size" not in overrides and "crop_pct" not in overrides:
         return
-    cfg: dict[str, Any] = {}
-    if "input_size" not in overrides or "crop_pct" not in overrides:
+    if "input_size" in overrides and "crop_pct" in overrides:
+        cfg: dict[str, Any] = dict(overrides)
+    else:
         try:
-            cfg = dict(_arch_data_config(arch))
+            cfg = entry.data_config()
         except Exception as exc:  # noqa: BLE001 - scoring would fail on the same call
-            raise ZooError(f"{label}: cannot read the data config of {arch!r}: {exc}") from exc
-    cfg.update(overrides)
+            raise ZooError(
+                f"{label}: cannot read the data config of {entry.arch!r}: {exc}"
+            ) from exc
     size, crop_pct = list(cfg["input_size"]), cfg.get("crop_pct") or DEFAULT_CROP_PCT
     side = resize_side(size, crop_pct)
     if side > MAX_INPUT_SIDE:
@@ -496,17 +499,16 @@ def _parse_entry(raw: Any, index: int, root: Path, *, check_files: bool) -> ZooE
     tags = raw.get("tags", [])
     if not isinstance(tags, list | tuple) or not all(isinstance(t, str) for t in tags):
         raise ZooError(f"{label}: tags must be a list of strings, got {tags!r}")
-    overrides = _check_overrides(raw, label)
-    _check_resize(arch, overrides, label)
     entry = ZooEntry(
         id=model_id,
         arch=arch,
         weights=resolved,
         num_classes=num_classes,
-        overrides=overrides,
+        overrides=_check_overrides(raw, label),
         source=source,
         tags=tuple(tags),
     )
+    _check_resize(entry, label)
     if check_files:
         _check_weights(entry, label)
     return entry
