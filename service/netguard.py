@@ -3,7 +3,9 @@ forgery into the deployment's own network.
 
 A user-given URL's host is resolved, and every address it resolves to must be a public one:
 loopback, private, link-local (cloud metadata at 169.254.169.254), multicast, reserved,
-unspecified and shared (CGNAT) addresses are refused unless the admin's
+unspecified and shared (CGNAT) addresses, and every other block of IANA's IPv4 and IPv6
+special-purpose address registries (:data:`SPECIAL_PURPOSE`: documentation, benchmarking,
+protocol assignments, anycast services...), are refused unless the admin's
 ``ZOOPICK_WEBHOOK_ALLOW_NETWORKS`` contains them. The check runs when the URL is given (a 422
 naming the field) and again at each delivery, and the delivery then connects to the very
 address that was checked (:func:`pinned_request`), so a DNS answer that changes between the
@@ -52,10 +54,6 @@ CARRIERS = tuple(
 such an address is judged by the IPv4 address it carries (``64:ff9b::7f00:1`` is
 127.0.0.1 behind NAT64). 6to4 (``2002::/16``) carries its IPv4 address in bits 16-47."""
 
-LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
-"""Local-use NAT64 (RFC 8215): translates into the deployment's own IPv4 space, with the
-IPv4 address at a position the operator chose; refused unless allowed."""
-
 
 def _carried(addr: Address) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 address carries (see :data:`CARRIERS`), or None."""
@@ -68,11 +66,87 @@ def _carried(addr: Address) -> ipaddress.IPv4Address | None:
     return None
 
 
+SPECIAL_PURPOSE: tuple[tuple[Network, str], ...] = tuple(
+    sorted(
+        (
+            (ipaddress.ip_network(net), name)
+            for net, name in (
+                # IANA IPv4 Special-Purpose Address Registry (iana-ipv4-special-registry), and
+                # the multicast space (its own registry). Python's ipaddress calls some of these
+                # global (3.11: 192.0.0.8, 192.88.99.0/24, the AS112 and AMT blocks): the table,
+                # not is_global, decides.
+                ("0.0.0.0/8", "'this network'"),
+                ("10.0.0.0/8", "private"),
+                ("100.64.0.0/10", "shared (carrier-grade NAT)"),
+                ("127.0.0.0/8", "loopback"),
+                ("169.254.0.0/16", "link-local"),
+                ("172.16.0.0/12", "private"),
+                ("192.0.0.0/24", "IETF protocol assignment"),
+                ("192.0.2.0/24", "documentation"),
+                ("192.31.196.0/24", "AS112 anycast"),
+                ("192.52.193.0/24", "AMT anycast"),
+                ("192.88.99.0/24", "6to4 relay anycast (deprecated)"),
+                ("192.168.0.0/16", "private"),
+                ("192.175.48.0/24", "AS112 anycast"),
+                ("198.18.0.0/15", "benchmarking"),
+                ("198.51.100.0/24", "documentation"),
+                ("203.0.113.0/24", "documentation"),
+                ("224.0.0.0/4", "multicast"),
+                ("240.0.0.0/4", "reserved"),
+                ("255.255.255.255/32", "broadcast"),
+                # IANA IPv6 Special-Purpose Address Registry (iana-ipv6-special-registry), and the
+                # multicast space. The carriers (::ffff:0:0/96, 64:ff9b::/96, 2002::/16...) are
+                # judged by the IPv4 address inside before this table is read.
+                ("::/128", "unspecified"),
+                ("::1/128", "loopback"),
+                ("::ffff:0:0/96", "IPv4-mapped"),
+                ("64:ff9b::/96", "NAT64"),
+                # local-use NAT64 (RFC 8215): into the deployment's own IPv4 space, the IPv4
+                # address at a position the operator chose, so refused as a whole
+                ("64:ff9b:1::/48", "local-use NAT64"),
+                ("100::/64", "discard-only"),
+                ("100:0:0:1::/64", "dummy"),
+                ("2001::/23", "IETF protocol assignment"),
+                ("2001::/32", "Teredo"),
+                ("2001:2::/48", "benchmarking"),
+                ("2001:db8::/32", "documentation"),
+                ("2002::/16", "6to4"),
+                ("2620:4f:8000::/48", "AS112 anycast"),
+                ("3fff::/20", "documentation"),
+                ("5f00::/16", "segment routing (SRv6)"),
+                ("fc00::/7", "unique-local (private)"),
+                ("fe80::/10", "link-local"),
+                ("fec0::/10", "site-local (deprecated)"),
+                ("ff00::/8", "multicast"),
+            )
+        ),
+        key=lambda entry: -entry[0].prefixlen,  # the most specific block names an address
+    )
+)
+"""IANA's special-purpose blocks (IPv4 and IPv6; RFC 6890 and its updates) with what each is:
+none is a webhook receiver's public address, whatever the registry's "globally reachable"
+column says of a few anycast services (PCP, TURN, AS112, AMT)."""
+
+GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+"""The only IPv6 space IANA allocates for global unicast; the rest is reserved (RFC 4291)."""
+
+
+def _article(name: str) -> str:
+    return f"an {name}" if name[0] in "aeiouAEIOU" else f"a {name}"
+
+
 def _kind(addr: Address) -> str | None:
-    """What kind of non-public address ``addr`` is, with its article ("a loopback", "an
-    unspecified"), or None for a public one."""
+    """What kind of non-public address ``addr`` is, as a phrase ("a loopback address
+    (127.0.0.0/8)"), or None for a public one."""
+    special = next(((net, name) for net, name in SPECIAL_PURPOSE if addr in net), None)
+    if special is not None:
+        net, name = special
+        return f"{_article(name)} address ({net})"
+    if isinstance(addr, ipaddress.IPv6Address) and addr not in GLOBAL_UNICAST:
+        return f"a reserved address (outside {GLOBAL_UNICAST}, IPv6's global unicast space)"
     if addr.is_global and not addr.is_multicast:
         return None
+    # what the table does not list but Python's ipaddress knows as non-public
     kinds = (
         ("loopback", addr.is_loopback),
         ("link-local", addr.is_link_local),
@@ -82,7 +156,7 @@ def _kind(addr: Address) -> str | None:
         ("reserved", addr.is_reserved),
     )
     name = next((name for name, hit in kinds if hit), "non-public")
-    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+    return f"{_article(name)} address"
 
 
 def address_problem(addr: Address, allow: Sequence[Network]) -> str | None:
@@ -96,11 +170,9 @@ def address_problem(addr: Address, allow: Sequence[Network]) -> str | None:
         if any(inner in net for net in allow):
             return None
         kind = _kind(inner)
-        return None if kind is None else f"{addr} carries {inner}, {kind} address, {refused}"
-    if addr in LOCAL_NAT64:
-        return f"{addr} is a local-use NAT64 address, {refused}"
+        return None if kind is None else f"{addr} carries {inner}, {kind}, {refused}"
     kind = _kind(addr)
-    return None if kind is None else f"{addr} is {kind} address, {refused}"
+    return None if kind is None else f"{addr} is {kind}, {refused}"
 
 
 @dataclass(frozen=True)

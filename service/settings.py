@@ -198,8 +198,8 @@ class Settings(BaseSettings):
     webhook_allow_networks: list[str] = Field(
         default_factory=list,
         description="Networks (CIDR, e.g. 10.0.0.0/8, 127.0.0.1/32) webhooks may be sent to "
-        "although they are loopback, private, link-local, multicast or reserved; default: none "
-        "(JSON list in the environment).",
+        "although they are loopback, private, link-local, multicast, reserved or in another "
+        "of IANA's special-purpose blocks; default: none (JSON list in the environment).",
     )
     webhook_max_attempts: int = Field(
         6, ge=1, description="Tries of one webhook delivery before it is given up."

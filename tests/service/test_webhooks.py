@@ -96,6 +96,41 @@ def verify(secret: str, headers: dict, body: bytes, tolerance: float = 300) -> b
         "::127.0.0.1",
         "::ffff:0:7f00:1",
         "64:ff9b:1::a00:1",
+        # IANA's special-purpose blocks that Python 3.11's ipaddress calls global, or that
+        # only the registry lists: protocol assignments (192.0.0.8, the dummy address; PCP
+        # anycast), documentation, benchmarking, anycast services, broadcast
+        "192.0.0.8",
+        "192.0.0.9",
+        "192.0.0.171",
+        "192.0.2.1",
+        "198.18.0.1",
+        "198.51.100.7",
+        "203.0.113.5",
+        "192.31.196.1",
+        "192.52.193.1",
+        "192.88.99.1",
+        "192.175.48.1",
+        "255.255.255.255",
+        "100::1",
+        "2001::1",
+        "2001:1::1",
+        "2001:2::1",
+        "2001:3::1",
+        "2001:4:112::1",
+        "2001:20::1",
+        "2001:db8::1",
+        "2620:4f:8000::1",
+        "3fff::1",
+        "5f00::1",
+        "fd00::1",
+        "fec0::1",
+        "ff0e::1",
+        "4000::1",
+        # and those carried in IPv6: mapped, NAT64, 6to4
+        "::ffff:192.0.0.8",
+        "64:ff9b::c000:8",
+        "2002:c000:8::1",
+        "2002:c633:6407::1",
     ],
 )
 def test_internal_addresses_are_refused_unless_allowed(address):
@@ -105,9 +140,32 @@ def test_internal_addresses_are_refused_unless_allowed(address):
     assert netguard.address_problem(ipaddress.ip_address("93.184.216.34"), []) is None
 
 
-@pytest.mark.parametrize("address", ["93.184.216.34", "64:ff9b::5db8:d822", "2002:5db8:d822::1"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "93.184.216.34",
+        "64:ff9b::5db8:d822",
+        "2002:5db8:d822::1",
+        "::ffff:93.184.216.34",
+        "2606:4700::1111",
+        "2001:4860:4860::8888",  # beside 2001::/23, not in it
+        "192.0.3.1",  # beside 192.0.0.0/24 and 192.0.2.0/24
+        "198.20.0.1",  # beside 198.18.0.0/15
+    ],
+)
 def test_public_addresses_pass_in_every_form(address):
     assert netguard.address_problem(ipaddress.ip_address(address), []) is None
+
+
+def test_a_special_purpose_address_is_named_and_its_block_can_be_allowed():
+    addr = ipaddress.ip_address("192.0.0.8")
+    problem = netguard.address_problem(addr, [])
+    assert problem is not None and "192.0.0.0/24" in problem, problem
+    assert netguard.address_problem(addr, netguard.networks(["192.0.0.0/24"])) is None
+    assert netguard.address_problem(addr, netguard.networks(["192.0.2.0/24"])) is not None
+    # the allow-list admits a carried special-purpose address too
+    nat64 = ipaddress.ip_address("64:ff9b::c000:8")
+    assert netguard.address_problem(nat64, netguard.networks(["192.0.0.8/32"])) is None
 
 
 def test_an_allowed_ipv4_network_allows_its_nat64_form():
@@ -127,6 +185,8 @@ def test_bad_webhook_urls_get_a_422_naming_the_field(client, alice):
         ("http://no-such-host.invalid/", "does not resolve"),
         ("http://93.184.216.34:0/hook", "port 0"),
         ("http://[64:ff9b::7f00:1]/hook", "carries 127.0.0.1"),
+        ("http://192.0.0.8/", "192.0.0.0/24"),
+        ("http://[2001:db8::1]/hook", "documentation"),
     ]:
         resp = client.put("/api/v1/webhook", json={"url": url}, headers=alice.headers)
         assert resp.status_code == 422, (url, resp.text)
