@@ -264,23 +264,54 @@ def sweep() -> None:
     A job is lost when its training lease expired or it made no progress for longer than the
     longest hard time limit (ZOOPICK_STALL_SECONDS); see ZOOPICK_RECOVERY_ATTEMPTS.
     """
+    from sqlalchemy.exc import DBAPIError
+
     from zoopick.service.recovery import sweep_once
 
-    actions = sweep_once(get_settings())
+    settings = get_settings()
+    _require_tables(settings.database_url, "jobs")
+    try:
+        actions = sweep_once(settings)
+    except DBAPIError as exc:  # e.g. a schema older than the code: one line, no traceback
+        raise _fail(
+            f"the sweep failed on the database: {_first_line(exc.orig)} "
+            "(if the schema is behind this zoopick, run `zoopick migrate`)"
+        ) from None
     for a in actions:
         typer.echo(f"{a.action:9s} {a.job_id}  {a.reason}")
     typer.echo(f"{len(actions)} lost job(s) handled", err=True)
 
 
-def _factory():
-    from sqlalchemy import inspect
+def _first_line(exc: BaseException | None) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
+
+def _require_tables(url: str, table: str) -> None:
+    """Exit with one line, not SQLAlchemy's traceback, when the database at ``url`` cannot be
+    reached or has no ``table`` (never migrated)."""
+    from sqlalchemy import inspect
+    from sqlalchemy.exc import DBAPIError
+
+    from zoopick.service.db.session import make_engine
+
+    engine = make_engine(url)
+    try:
+        present = inspect(engine).has_table(table)
+    except DBAPIError as exc:
+        raise _fail(f"cannot read the database: {_first_line(exc.orig)}") from None
+    finally:
+        engine.dispose()
+    if not present:
+        raise _fail("the database has no tables yet: run `zoopick migrate` first")
+
+
+def _factory():
     from zoopick.service.db.session import make_engine, make_sessionmaker
 
-    engine = make_engine(get_settings().database_url)
-    if not inspect(engine).has_table("api_keys"):
-        engine.dispose()
-        raise _fail("the database has no tables yet: run `zoopick migrate` first")
+    url = get_settings().database_url
+    _require_tables(url, "api_keys")
+    engine = make_engine(url)
     return engine, make_sessionmaker(engine)
 
 

@@ -45,3 +45,43 @@ def test_migrate_then_manage_keys(tmp_path, monkeypatch):
         assert runner.invoke(service_app, ["keys", "revoke", "zp_nothing"]).exit_code == 2
     finally:
         get_settings.cache_clear()
+
+
+def _sweep(monkeypatch, tmp_path, database_url: str | None):
+    """``zoopick sweep`` with its settings from the environment, as an operator runs it."""
+    monkeypatch.setenv("ZOOPICK_DATA_DIR", str(tmp_path))
+    if database_url is None:
+        monkeypatch.delenv("ZOOPICK_DATABASE_URL", raising=False)
+    else:
+        monkeypatch.setenv("ZOOPICK_DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    try:
+        return CliRunner().invoke(service_app, ["sweep"])
+    finally:
+        get_settings.cache_clear()
+
+
+def test_sweep_on_a_database_never_migrated_says_to_migrate(tmp_path, monkeypatch, request):
+    """One line naming ``zoopick migrate`` and a non-zero exit, not SQLAlchemy's traceback:
+    on the embedded SQLite file, on an empty PostgreSQL database, and (a schema behind the
+    code) on one migrated only to its first revision."""
+    sqlite = _sweep(monkeypatch, tmp_path / "embedded", None)
+    databases = [sqlite]
+    new_pg_database = request.getfixturevalue("new_pg_database")
+    databases.append(_sweep(monkeypatch, tmp_path / "pg", new_pg_database()))
+    for result in databases:
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert result.output.strip() == (
+            "error: the database has no tables yet: run `zoopick migrate` first"
+        )
+    behind = new_pg_database()
+    migrate.upgrade(behind, "0001")
+    result = _sweep(monkeypatch, tmp_path / "behind", behind)
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "does not exist" in lines[0] and "zoopick migrate" in lines[0], lines
+    # and once migrated, the sweep runs
+    migrate.upgrade(behind)
+    result = _sweep(monkeypatch, tmp_path / "behind", behind)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "0 lost job(s) handled" in result.output
