@@ -68,9 +68,65 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     seen: dict[str, object] = {}
     for key, value in pairs:
         if key in seen:
-            raise _NotStrict(f"the key {key[:100]!r} appears twice in one JSON object")
+            raise _NotStrict(f"the key {key[:MAX_KEY]!r} appears twice in one JSON object")
         seen[key] = value
     return seen
+
+
+MAX_KEY = 100
+"""Characters of one key quoted in a message (a 200 kB key would be echoed whole)."""
+
+
+class _HugeInt:
+    """Stands in for an integer too long for Python to convert (its ``int max str digits``
+    limit), so that a second parse goes on and the field holding it can be named."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _where_huge(value: object, path: tuple[str | int, ...] = ()) -> tuple[str, int] | None:
+    """(location, digits) of the first :class:`_HugeInt` in a parsed body (its depth is
+    bounded by :data:`JSON_MAX_DEPTH` before this runs), or None."""
+    if isinstance(value, _HugeInt):
+        return ".".join(str(part)[:MAX_KEY] for part in path) or "the body", value.digits
+    if isinstance(value, dict):
+        items = iter(value.items())
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _where_huge(item, (*path, key))
+        if found:
+            return found
+    return None
+
+
+def _huge_int(body: bytes, limit: int) -> str | None:
+    """Where ``body`` has an integer of over ``limit`` digits, as a problem's detail."""
+    import json
+
+    def parse_int(text: str) -> int | _HugeInt:
+        digits = len(text) - text.startswith("-")
+        return _HugeInt(digits) if digits > limit else int(text)
+
+    try:
+        parsed = json.loads(
+            body, parse_constant=_no_constants, object_pairs_hook=_unique_keys, parse_int=parse_int
+        )
+    except _NotStrict as exc:  # what the first parse did not reach
+        return str(exc)
+    except ValueError:
+        return None
+    found = _where_huge(parsed)
+    if found is None:
+        return None
+    where, digits = found
+    return (
+        f"{where}: an integer of {digits} digits is too large to read "
+        f"(at most {limit} digits; no field takes anything near that)"
+    )
 
 
 def not_strict_json(body: bytes) -> str | None:
@@ -78,14 +134,21 @@ def not_strict_json(body: bytes) -> str | None:
     or None: ``NaN`` and ``Infinity``, which are no JSON (a NaN ``lr`` was then refused as
     "not less than or equal to 10"), and a key given twice in one object, which the parser
     reads as its last value without a word (``{"epochs": 500, "epochs": 1}`` ran 1 epoch).
-    A body that is no JSON at all is left to the route, which names where it breaks."""
+    Also an integer longer than Python converts (``sys.get_int_max_str_digits()``, 4300
+    digits), on which the parser gives up without saying where ("There was an error parsing
+    the body"): the field is named. A body that is no JSON at all is left to the route, which
+    names where it breaks."""
     import json
+    import sys
 
     try:
         json.loads(body, parse_constant=_no_constants, object_pairs_hook=_unique_keys)
     except _NotStrict as exc:
         return str(exc)
-    except ValueError:  # not JSON (or not UTF-8): FastAPI's own message
+    except ValueError as exc:  # not JSON (or not UTF-8): FastAPI's own message
+        limit = sys.get_int_max_str_digits()
+        if limit and "integer string conversion" in str(exc):
+            return _huge_int(body, limit)  # parsed again, only for such a body
         return None
     return None
 

@@ -198,6 +198,27 @@ def test_json_that_python_reads_but_json_has_not_is_refused(client, alice, text,
     assert_problem(resp, 422, needle)
 
 
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (b'{"dataset_id": "%s", "finetune": {"epochs": 1%z}}', "finetune.epochs: an integer of"),
+        (b'{"dataset_id": "%s", "models": ["a", -9%z]}', "models.1: an integer of 4301 digits"),
+        (b'{"dataset_id": "%s", "finetune": {"hook_options": {"k": 1%z}}}', "hook_options.k:"),
+        (b"1%z", "the body: an integer of"),
+    ],
+)
+def test_an_integer_too_long_for_python_names_its_field(client, alice, text, needle):
+    """Python's json gives up on an integer of over 4300 digits (``int`` max str digits) with
+    a ValueError, which FastAPI answered "There was an error parsing the body": a 422 names
+    the field."""
+    ds = ready_dataset(client.app, alice.name)
+    digits = b"0" * 5000 if b"1%z" in text else b"9" * 4300
+    body = text.replace(b"%s", ds.encode()).replace(b"%z", digits)
+    resp = client.post(f"{API}/jobs", content=body, headers={**alice.headers, **JSON})
+    assert_problem(resp, 422, needle)
+    assert "too large to read" in resp.json()["detail"]
+
+
 def test_nesting_inside_strings_does_not_count(client, alice):
     resp = client.post(
         f"{API}/jobs",
