@@ -37,6 +37,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from zoopick.selection.archives import ZIP_ERRORS, MeteredStream, open_zip
 from zoopick.selection.errors import DatasetError, LimitExceeded
+from zoopick.selection.formats import ARCHIVE_SUFFIXES, file_suffix
 from zoopick.selection.limits import DEFAULT_LIMITS, Budget, DatasetLimits
 
 __all__ = [
@@ -50,7 +51,6 @@ __all__ = [
 ]
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
-ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 _READ_CHUNK = 1 << 20
 _DIGEST_VERSION = b"zoopick-dataset-v1"
 
@@ -390,7 +390,8 @@ def load_dataset(
     split: str = "train",
     limits: DatasetLimits | None = None,
 ) -> TargetDataset:
-    """Load an ImageFolder (directory, .zip, .tar, .tar.gz/.tgz) or an ``.npz`` dataset.
+    """Load an ImageFolder (directory, .zip, .tar, .tar.gz/.tgz, .tar.bz2, .tar.xz) or an
+    ``.npz`` dataset.
 
     ``limits`` (default :data:`~zoopick.selection.limits.DEFAULT_LIMITS`) bound what the file
     may cost before it is read: :class:`LimitExceeded` names the limit it broke.
@@ -409,14 +410,11 @@ def load_dataset(
         raise DatasetError(f"split must be 'train' or 'test', got {split!r}")
     if not path.exists():
         raise DatasetError(f"dataset not found: {path}")
-    lower = path.name.lower()
+    suffix = file_suffix(path.name)  # the formats' one list: zoopick.selection.formats
     if path.is_dir():
         kind, name = "dir", path.name
-    elif lower.endswith(".npz"):
-        kind, name = "npz", path.name[:-4]
-    elif lower.endswith(ARCHIVE_SUFFIXES):
-        kind = "zip" if lower.endswith(".zip") else "tar"
-        suffix = next(s for s in ARCHIVE_SUFFIXES if lower.endswith(s))
+    elif suffix:
+        kind = {".npz": "npz", ".zip": "zip"}.get(suffix, "tar")
         name = path.name[: -len(suffix)]
     else:
         raise DatasetError(
@@ -1158,6 +1156,40 @@ def load_test_data(
             f" against {_preview(class_names)}"
         )
     return test
+
+
+def check_test_split_labels(
+    y_train: np.ndarray, y_test: Any, class_names: Sequence[str] | None, where: str, keys: str
+) -> None:
+    """An npz's Keras test split (``y_test``) may hold no label its training split (``keys``:
+    ``y_train`` or ``y``) never has: a model trained on it cannot predict such a label, and
+    the test accuracy would count each of its images as wrong without a word. ``y_train`` is
+    the checked training labels as the file has them (before any remapping)."""
+    y = np.asarray(y_test)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_:
+        raise DatasetError(
+            f"{where}: y_test must be a 1-D vector of integer labels, got shape {y.shape} "
+            f"and dtype {y.dtype}"
+        )
+    unseen = np.setdiff1d(np.unique(y), np.unique(np.asarray(y_train).reshape(-1)))
+    if not len(unseen):
+        return
+    names = list(class_names) if class_names is not None else []
+
+    def label(v: int) -> str:
+        return f"{v} ({names[v]!r})" if 0 <= v < len(names) else str(v)
+
+    shown = ", ".join(label(int(v)) for v in unseen[:5])
+    more = f" and {len(unseen) - 5} more" if len(unseen) > 5 else ""
+    counted = int(np.isin(y, unseen).sum())
+    raise DatasetError(
+        f"{where}: y_test has {len(unseen)} label(s) that {keys} never has: {shown}{more} "
+        f"({counted} test image(s)); a model trained on {keys} cannot predict them, so its "
+        "test accuracy would count each as wrong. Remove them from x_test/y_test, or add "
+        f"training images of them to {keys}"
+    )
 
 
 def _preview(names: Sequence[str], shown: int = 5) -> str:

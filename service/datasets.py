@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from zoopick.selection import formats
 from zoopick.service.db.models import Dataset, DatasetStatus
 from zoopick.service.db.session import session_scope
 from zoopick.service.db.types import utcnow
@@ -25,17 +26,9 @@ from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-FORMATS = {".npz": "npz", ".zip": "zip", ".tar": "tar", ".tar.gz": "tar.gz", ".tgz": "tar.gz"}
-
-
-def format_suffix(filename: str) -> str:
-    """The suffix of ``FORMATS`` that ``filename`` ends with, lower case ("" for none)."""
-    lower = filename.lower()
-    return next((s for s in sorted(FORMATS, key=len, reverse=True) if lower.endswith(s)), "")
-
-
-def detect_format(filename: str) -> str | None:
-    return FORMATS.get(format_suffix(filename))
+# the formats accepted are the loader's own list (a copy here had refused .tar.bz2/.tar.xz)
+format_suffix = formats.file_suffix
+detect_format = formats.file_format
 
 
 def safe_filename(filename: str) -> str:

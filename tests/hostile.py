@@ -312,7 +312,7 @@ def corpus(sizes: Sizes = Sizes()) -> list[Hostile]:  # noqa: B008 - frozen defa
         Hostile("zeros.tar.xz", lambda: tar_zeros(s, xz_zeros, lzma.compress),
                 RATIO, "a member of zeros walked past (xz)"),
         Hostile("bz2-inside.tar.gz", lambda: tar_zeros(s, bz2_zeros, bz2.compress), RATIO,
-                "a bzip2 bomb named .tar.gz (the service takes only that name)"),
+                "a bzip2 bomb named .tar.gz (read by its content)"),
         Hostile("xz-inside.tar.gz", lambda: tar_zeros(s, xz_zeros, lzma.compress), RATIO,
                 "an xz bomb named .tar.gz"),
         Hostile("entries.tar.gz", lambda: tar_entry_flood(s), flood, "a flood of tar headers"),

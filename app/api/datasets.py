@@ -16,6 +16,7 @@ from zoopick.app.api.deps import CallerDep, DatasetDep, DispatcherDep, SessionDe
 from zoopick.app.api.schemas import DatasetOut, Page
 from zoopick.app.problems import Problem, responses
 from zoopick.app.uploads import UNCAPPED_BODY, receive_file
+from zoopick.selection import formats
 from zoopick.service import datasets as store
 from zoopick.service import pipeline, quotas
 from zoopick.service.db.models import Dataset, DatasetStatus
@@ -38,7 +39,8 @@ UPLOAD_BODY = {
                             "type": "string",
                             "format": "binary",
                             "description": ".npz (x/y) or an ImageFolder archive "
-                            "(.zip, .tar, .tar.gz: one sub-folder per class)",
+                            f"({formats.listed(formats.ARCHIVE_SUFFIXES)}: one sub-folder "
+                            "per class)",
                         },
                         "name": {"type": "string", "description": "Default: the file name."},
                     },
@@ -89,7 +91,7 @@ async def upload_dataset(
         if fmt is None:
             raise Problem(
                 415,
-                f"unsupported file {upload.filename!r}: expected .npz, .zip, .tar, .tar.gz or .tgz",
+                f"unsupported file {upload.filename!r}: expected {formats.listed()}",
                 kind="unsupported-format",
             )
         if upload.size == 0:

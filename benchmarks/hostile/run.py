@@ -307,8 +307,8 @@ def write_report(out: Path, sizes, rows: list[dict], load_at_start) -> None:
         f"processes. Sizes: {sizes.bomb_mib} MiB of compressed zeros per stream bomb, "
         f"{sizes.entries:,} entries per flood, {sizes.images:,} float64 images in the npz. "
         f"The last row, `{CONTROL}`, is a fair dataset that must end ready: its growth is what "
-        "the meters show for real work. `.tar.bz2` / `.tar.xz` names are refused by the API "
-        "(415); the same bombs named `.tar.gz` reach the worker's bzip2 and xz readers.",
+        "the meters show for real work. The bzip2 and xz bombs go in under their own names "
+        "(`.tar.bz2`, `.tar.xz`) and named `.tar.gz`: the worker reads a tar by its content.",
         "",
         f"Goal: every input refused (4xx or `invalid`), no process above {GOAL_GROWTH_MB} MB of "
         f"growth, validation under {GOAL_CPU_S} s of CPU: **{'met' if met else 'not met'}**.",

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.service.datafiles import imagefolder_zip_bytes, not_a_dataset_zip_bytes, npz_bytes
+from tests.service.datafiles import (
+    imagefolder_tar_bytes,
+    imagefolder_zip_bytes,
+    not_a_dataset_zip_bytes,
+    npz_bytes,
+)
 from tests.service.test_api import API, assert_problem
 
 
@@ -106,6 +111,23 @@ def test_upload_imagefolder_zip_is_validated(client, alice, loader):
     ds = resp.json()
     assert ds["classes"] == ["cat", "dog"] and ds["counts"] == {"cat": 4, "dog": 4}
     assert ds["format"] == "zip" and ds["name"] == "pets.zip"
+
+
+@pytest.mark.parametrize("compression", ["xz", "bz2"])
+def test_upload_imagefolder_tar_of_every_compression_the_loader_reads(
+    client, alice, service_settings, loader, compression
+):
+    """The API accepts what the one loader reads (``selection.formats``): a .tar.xz or
+    .tar.bz2 was refused with a 415 that the workers would have read."""
+    filename = f"pets.tar.{compression}"
+    resp = upload(client, alice, filename, imagefolder_tar_bytes(compression))
+    assert resp.status_code == 201, resp.text
+    ds = resp.json()
+    assert ds["status"] == "ready" and ds["error"] is None
+    assert ds["classes"] == ["cat", "dog"] and ds["counts"] == {"cat": 4, "dog": 4}
+    assert ds["format"] == f"tar.{compression}" and ds["name"] == filename
+    stored = [p.name for p in storage_files(service_settings) if ds["id"] in str(p)]
+    assert filename in stored  # kept under its suffix, which the loader reads it by
 
 
 def test_archive_that_is_not_a_dataset_is_422(client, alice, service_settings, loader):
