@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from zoopick.app.api import pagination
 from zoopick.app.api.deps import CallerDep, DatasetDep, DispatcherDep, SessionDep, SettingsDep
-from zoopick.app.api.schemas import DatasetOut, Page
+from zoopick.app.api.schemas import DatasetOut, Page, pattern_of
 from zoopick.app.problems import Problem, responses
 from zoopick.app.uploads import UNCAPPED_BODY, receive_file
 from zoopick.selection import formats
@@ -190,7 +190,7 @@ def list_datasets(
     settings: SettingsDep,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: str | None = None,
-    status: Annotated[str | None, Query(pattern="^(uploaded|validating|ready|invalid)$")] = None,
+    status: Annotated[str | None, Query(pattern=pattern_of(DatasetStatus))] = None,
 ) -> dict:
     stmt = select(Dataset).where(Dataset.tenant_id == caller.tenant_id)
     if status:

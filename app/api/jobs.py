@@ -31,6 +31,7 @@ from zoopick.app.api.schemas import (
     Page,
     RankedModel,
     TrainingOut,
+    pattern_of,
 )
 from zoopick.app.problems import Problem, responses
 from zoopick.service import exports, jobs, pipeline, progress, race, run_log
@@ -40,7 +41,7 @@ from zoopick.service.settings import Settings
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 ERRORS = responses(400, 404, 409, 422)
-STATUSES = f"^({'|'.join(jobs.STATUSES)})$"
+STATUSES = pattern_of(JobStatus)
 
 STATUS_OF_KIND = {
     "dataset-not-ready": 409,
@@ -101,6 +102,7 @@ def detail(session: Session, job: Job, base: str) -> JobOut:
             epochs=[EpochOut.model_validate(e) for e in run.epochs],
             options={k: v for k, v in (run.config or {}).items() if k in OPTION_FIELDS},
             progress=progress.run_view(run.progress, run.started_at, run.finished_at),
+            recipe=run.recipe,
         )
     links = {"self": f"{base}/{job.id}", "cancel": f"{base}/{job.id}/cancel"}
     if job.finetune:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import AliasPath, BaseModel, ConfigDict, Field
 
 from zoopick.selection.zoo import MAX_NUM_CLASSES
-from zoopick.service.db.models import JobStatus
+from zoopick.service.db.models import DatasetStatus, JobStatus
 from zoopick.service.inputs import NoNulModel
 from zoopick.service.jobs import JobCreate
 from zoopick.training.config import FinetuneOptions
@@ -18,6 +20,16 @@ from zoopick.training.race import SelectionOptions
 __all__ = ["JobCreate", "NoNulModel"]  # bodies the service core defines, in the API's schema
 
 T = TypeVar("T")
+
+
+def one_of(enum: type[StrEnum]) -> Any:
+    """A ``Literal`` of ``enum``'s values: a field whose schema lists what the enum holds."""
+    return Literal[tuple(member.value for member in enum)]
+
+
+def pattern_of(enum: type[StrEnum]) -> str:
+    """A query parameter's ``pattern`` that admits exactly ``enum``'s values."""
+    return f"^({'|'.join(re.escape(member.value) for member in enum)})$"
 
 
 class Page(BaseModel, Generic[T]):
@@ -36,7 +48,7 @@ class DatasetOut(BaseModel):
     filename: str
     size_bytes: int
     file_sha256: str
-    status: Literal["uploaded", "validating", "ready", "invalid"]
+    status: one_of(DatasetStatus)  # type: ignore[valid-type]
     error: str | None
     classes: list[str] | None
     counts: dict[str, int] | None
@@ -177,6 +189,14 @@ class TrainingOut(BaseModel):
         default_factory=dict, description="The run's fine-tune options (learning rate...)."
     )
     progress: RunProgressOut | None = None
+    recipe: dict[str, Any] | None = Field(
+        None,
+        description="What the fine-tune recipe chose (training.recipe): plan (recipe, steps, "
+        "warmup_steps, optimizer, weight_decay, label_smoothing, augment, head_lr_scale, "
+        "lr_source, candidates, trial_steps, validation_fraction...), lr, trials (the learning "
+        "rate search's curve: lr, val_accuracy, val_loss each), and once the run ended "
+        "best_step, best_val_accuracy and stopped_early.",
+    )
 
 
 class RaceEntryOut(BaseModel):
@@ -233,7 +253,7 @@ class MlflowOut(BaseModel):
 
 class JobSummary(BaseModel):
     id: uuid.UUID
-    status: Literal[tuple(s.value for s in JobStatus)]  # type: ignore[valid-type]
+    status: one_of(JobStatus)  # type: ignore[valid-type]
     progress: float
     error: str | None
     dataset_id: uuid.UUID | None

@@ -137,6 +137,26 @@ def test_archive_that_is_not_a_dataset_is_422(client, alice, service_settings, l
     assert storage_files(service_settings) == before
 
 
+def test_npz_whose_test_split_has_labels_training_never_has_is_422(
+    client, alice, service_settings, loader
+):
+    """Validation reads a Keras npz's y_test too: a label the training split never has is
+    refused, named, and the file is not kept."""
+    import io
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (12, 8, 8), dtype=np.uint8)
+    buf = io.BytesIO()
+    y_train, y_test = np.arange(12) % 3, np.array([0, 1, 2, 9])
+    np.savez(buf, x_train=x, y_train=y_train, x_test=x[:4], y_test=y_test)
+    before = storage_files(service_settings)
+    body = assert_problem(upload(client, alice, "keras.npz", buf.getvalue()), 422, "y_test")
+    assert "label(s) that y_train never has: 9 (1 test image(s))" in body["detail"]
+    assert storage_files(service_settings) == before
+
+
 def test_dataset_list_pagination_and_delete(client, make_key, service_settings, loader):
     fay = make_key("fay")
     ids = [upload(client, fay, f"d{i}.npz", npz_bytes(seed=i)).json()["id"] for i in range(3)]
@@ -150,3 +170,17 @@ def test_dataset_list_pagination_and_delete(client, make_key, service_settings, 
     assert not (service_settings.storage_dir / "datasets" / ids[0]).exists()
     left = client.get(f"{API}/datasets", headers=fay.headers).json()["items"]
     assert {d["id"] for d in left} == set(ids[1:])
+
+
+def test_dataset_list_filters_by_every_status_of_the_enum_and_no_other(client, make_key, loader):
+    """The filter's pattern and the body's status are both read from ``DatasetStatus``."""
+    from zoopick.service.db.models import DatasetStatus
+
+    gil = make_key("gil")
+    ready = upload(client, gil, "d.npz", npz_bytes()).json()
+    for status in DatasetStatus:
+        resp = client.get(f"{API}/datasets?status={status.value}", headers=gil.headers)
+        assert resp.status_code == 200, resp.text
+        want = [ready["id"]] if status == DatasetStatus.ready else []
+        assert [d["id"] for d in resp.json()["items"]] == want, status
+    assert_problem(client.get(f"{API}/datasets?status=done", headers=gil.headers), 422, "status")
