@@ -1150,6 +1150,14 @@ def load_test_data(
     One function, so ``zoopick train`` refuses what its workers would fail on."""
     same = Path(path).expanduser().resolve() == Path(train_path).expanduser().resolve()
     test = load_dataset(path, split="test" if same else "train", limits=_SPLIT_LIMITS)
+    counts = test.class_counts()
+    unseen = [n for n in test.class_names if counts[n] and n not in set(class_names)]
+    if unseen:
+        raise DatasetError(
+            f"test data has {len(unseen)} class(es) the training data never has: "
+            f"{_preview(unseen)}; a model trained on it cannot predict them, so its test "
+            "accuracy would count each of their images as wrong"
+        )
     if list(test.class_names) != list(class_names):
         raise DatasetError(
             f"test data classes differ from training data classes: {_preview(test.class_names)}"
@@ -1187,8 +1195,8 @@ def check_test_split_labels(
     raise DatasetError(
         f"{where}: y_test has {len(unseen)} label(s) that {keys} never has: {shown}{more} "
         f"({counted} test image(s)); a model trained on {keys} cannot predict them, so its "
-        "test accuracy would count each as wrong. Remove them from x_test/y_test, or add "
-        f"training images of them to {keys}"
+        "test accuracy would count each as wrong: remove them from x_test/y_test, or add "
+        "training images of them"
     )
 
 

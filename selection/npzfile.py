@@ -28,6 +28,7 @@ from zoopick.selection.data import (
     _plain,
     _subsample,
     _to_uint8,
+    check_test_split_labels,
 )
 from zoopick.selection.errors import DatasetError
 from zoopick.selection.limits import Budget, DatasetLimits
@@ -211,6 +212,16 @@ def load_npz(
         npz.total = before  # counted again when x is read
         _check_x_shape(shape, path.name)
         labels, names = _check_labels(y, class_names, shape[0], path.name, limits)
+        if split == "train" and {"x_test", "y_test"} <= files:
+            # its test split is what a run tested on this file reads (load_test_data): refused
+            # now, when the file is validated, rather than counted wrong at the end of a run
+            check_test_split_labels(
+                y,
+                npz.small("y_test"),
+                names if class_names is not None else None,
+                path.name,
+                keys[1],
+            )
         keep = _subsample(labels, names, max_per_class, seed)
         subset = len(keep) != len(labels)
         images = npz.images(keys[0], keep if subset else None)

@@ -357,6 +357,44 @@ def test_a_declared_class_without_images_is_short_of_min_per_class(tmp_path):
     assert arrays.class_counts()["c"] == 0
 
 
+def _keras(path: Path, y_train, y_test, names=None) -> Path:
+    x = np.zeros((len(y_train), 4, 4), np.uint8)
+    extra = {} if names is None else {"class_names": np.array(names)}
+    arrays = {"x_train": x, "y_train": np.array(y_train), "x_test": x[: len(y_test)]}
+    np.savez(path, **arrays, y_test=np.array(y_test), **extra)
+    return path
+
+
+def test_a_test_split_with_labels_training_never_has_is_refused_naming_them(tmp_path):
+    """An npz whose Keras test split holds a label its training split never has was read
+    without a word at validation: a run tested on it counted each such image as wrong. The
+    labels are named (with their class names when the file has them), whatever the limits."""
+    from zoopick.selection.data import load_test_data
+
+    plain = _keras(tmp_path / "p.npz", [0, 1, 2] * 2, [0, 1, 2, 3, 3, 7])
+    with pytest.raises(DatasetError, match="y_test has 2 label") as caught:
+        load_dataset(plain)
+    assert "y_train never has: 3, 7 (3 test image(s))" in str(caught.value)
+    lenient = DatasetLimits(min_per_class=0)  # lets class_names declare an empty class
+    named = _keras(tmp_path / "n.npz", [0, 1, 0, 1], [0, 1, 2], names=["a", "b", "c"])
+    with pytest.raises(DatasetError, match=r"never has: 2 \('c'\)"):
+        load_dataset(named, limits=lenient)
+    # x / y beside the test split: named as y
+    x = np.zeros((4, 4, 4), np.uint8)
+    np.savez(tmp_path / "xy.npz", x=x, y=np.array([0, 1, 0, 1]), x_test=x, y_test=np.arange(4))
+    with pytest.raises(DatasetError, match=r"label\(s\) that y never has: 2, 3"):
+        load_dataset(tmp_path / "xy.npz")
+    # a test split that lacks a class, or uses only what training has, is fine
+    fine = _keras(tmp_path / "f.npz", [0, 1, 2] * 2, [2, 0, 0], names=["a", "b", "c"])
+    test = load_test_data(fine, fine, load_dataset(fine).class_names)
+    assert test.class_counts() == {"a": 2, "b": 0, "c": 1}
+    # separate test data with a class the training data has not: named too
+    other = tmp_path / "other.npz"
+    np.savez(other, x=np.zeros((4, 4, 4), np.uint8), y=np.array([0, 1, 5, 5]))
+    with pytest.raises(DatasetError, match=r"1 class\(es\) the training data never has: \['5'\]"):
+        load_test_data(other, plain, ["0", "1", "2"])
+
+
 LOOKALIKES = [
     (["cat", "Cat"], ["'Cat'", "'cat'", "differ only in letter case"]),
     ([" cat", "dog"], ["' cat'", "begins or ends with a space"]),
