@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from zoopick.training.backends import Backend
+from zoopick.training.backends import Backend, Kind, Placement
 
 EMBEDDED_BROKER = "filesystem://"
 
@@ -130,23 +130,25 @@ class Settings(BaseSettings):
     page_size_default: int = Field(20, gt=0)
     page_size_max: int = Field(100, gt=0)
 
-    # where fine-tunes run (zoopick.training.backends)
-    train_backend: Literal["local", "ray"] = Field(
-        "local",
+    # where fine-tunes run (zoopick.training.backends: Backend holds the defaults and the checks)
+    train_backend: Kind = Field(
+        Backend.kind,
         description="local: torchrun on the gpu worker's own machine; ray: Ray Train on the "
         "cluster at ZOOPICK_RAY_ADDRESS (a pool of GPU machines).",
     )
     ray_address: str | None = Field(
         None, description="The Ray cluster's head, HOST:PORT (with ZOOPICK_TRAIN_BACKEND=ray)."
     )
-    ray_placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
-        "PACK", description="How Ray places a run's workers on the cluster's machines."
+    ray_placement: Placement = Field(
+        Backend.placement, description="How Ray places a run's workers on the cluster's machines."
     )
     ray_max_failures: int = Field(
-        2, ge=0, description="Worker or node losses a ray run survives (resuming each time)."
+        Backend.max_failures,
+        ge=0,
+        description="Worker or node losses a ray run survives (resuming each time).",
     )
     ray_start_timeout_seconds: int = Field(
-        60,
+        Backend.start_timeout,
         ge=1,
         description="How long one start of a ray run's workers waits for machines (a start "
         "that times out counts as a failure; an elastic run then starts with fewer).",
@@ -333,8 +335,7 @@ class Settings(BaseSettings):
         ):
             if getattr(self, soft) >= getattr(self, hard):
                 raise ValueError(f"{soft} must be below {hard}")
-        if self.train_backend == "ray" and not self.ray_address:
-            raise ValueError("ZOOPICK_TRAIN_BACKEND=ray needs ZOOPICK_RAY_ADDRESS (HOST:PORT)")
+        self.training_backend()  # ValueError: e.g. the ray backend without an address
         return self
 
     def dataset_limits(self) -> Any:

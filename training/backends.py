@@ -18,24 +18,30 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from zoopick.training.config import FinetuneConfig
 
 Kind = Literal["local", "ray"]
 KINDS: tuple[Kind, ...] = ("local", "ray")
-PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
 """Ray's placement-group strategies for the run's workers (one bundle per worker)."""
+NO_ADDRESS = (
+    "the ray backend needs the Ray cluster's address, HOST:PORT "
+    "(ZOOPICK_RAY_ADDRESS, or zoopick train's --ray-address)"
+)
 
 
 @dataclass(frozen=True)
 class Backend:
     """A deployment's choice of backend (``ZOOPICK_TRAIN_BACKEND``, ``ZOOPICK_RAY_*``; or
-    ``zoopick train --backend``)."""
+    ``zoopick train --backend``). Its field defaults are the only ones: the settings, the
+    command line and the Ray driver's flags read them from here (``Backend.placement``...)."""
 
     kind: Kind = "local"
     ray_address: str | None = None
-    placement: str = "PACK"
+    placement: Placement = "PACK"
     max_failures: int = 2
     """Worker or node losses a ``ray`` run survives (each resumes from the last epoch's
     checkpoint); one more fails the run."""
@@ -47,7 +53,7 @@ class Backend:
         if self.kind not in KINDS:
             raise ValueError(f"unknown training backend {self.kind!r}; one of {', '.join(KINDS)}")
         if self.kind == "ray" and not self.ray_address:
-            raise ValueError("the ray backend needs the cluster's address (ZOOPICK_RAY_ADDRESS)")
+            raise ValueError(NO_ADDRESS)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
         if self.max_failures < 0:
@@ -87,7 +93,7 @@ def ray_address_problem(address: str | None, timeout: float = 2.0) -> str | None
     connection, without importing Ray: None when it does, else what went wrong (the
     readiness check and the driver's first step)."""
     if not address:
-        return "no Ray address is set (ZOOPICK_RAY_ADDRESS)"
+        return NO_ADDRESS
     if address == "auto" or "://" in address:
         return None  # resolved by Ray itself (a local head's file, a ray:// client address)
     host, sep, port = address.rpartition(":")

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from zoopick.training.backends import PLACEMENTS, ray_address_problem
+from zoopick.training.backends import PLACEMENTS, Backend, ray_address_problem
 from zoopick.training.config import (
     CHECKPOINT,
     METRICS,
@@ -115,19 +115,25 @@ def _clear_stale_checkpoint(out: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
+    """The driver's flags (``backends.spawn`` passes each of them; the defaults are
+    ``Backend``'s)."""
     parser = argparse.ArgumentParser(prog="python -m zoopick.training.ray_driver")
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--address", required=True, help="The Ray cluster (HOST:PORT).")
-    parser.add_argument("--placement", choices=PLACEMENTS, default="PACK")
-    parser.add_argument("--max-failures", type=int, default=2)
+    parser.add_argument("--placement", choices=PLACEMENTS, default=Backend.placement)
+    parser.add_argument("--max-failures", type=int, default=Backend.max_failures)
     parser.add_argument(
         "--start-timeout",
         type=int,
-        default=60,
+        default=Backend.start_timeout,
         help="Seconds Ray waits for the machines of a (re)start of the workers.",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
     cfg = FinetuneConfig.from_json(args.config.read_text())
     # Ray runs each worker in a folder of its own: every path must be absolute
     cfg = cfg.with_absolute_paths()

@@ -20,6 +20,7 @@ from zoopick.client.cli import register as register_client
 from zoopick.client.tables import PlainConsole
 from zoopick.client.tables import show as show_table
 from zoopick.service_cli import service_app
+from zoopick.training.backends import Backend
 from zoopick.training.config import FinetuneConfig, FinetuneOptions, default
 
 app = typer.Typer(
@@ -286,10 +287,10 @@ def train(
     ] = None,
     placement: Annotated[
         str, typer.Option(help="Ray placement of the workers: PACK, SPREAD, STRICT_SPREAD ...")
-    ] = "PACK",
+    ] = Backend.placement,
     ray_start_timeout: Annotated[
         int, typer.Option(min=1, help="Seconds a (re)start of the Ray workers waits for machines.")
-    ] = 60,
+    ] = Backend.start_timeout,
     config_only: Annotated[
         bool,
         typer.Option(
@@ -304,7 +305,7 @@ def train(
 
     from zoopick.selection.data import DatasetError, load_dataset, load_test_data
     from zoopick.selection.zoo import ZooError, load_zoo
-    from zoopick.training.backends import Backend, spawn
+    from zoopick.training.backends import spawn
     from zoopick.training.config import (
         DEFAULT_WORKERS,
         FINAL_WEIGHTS,

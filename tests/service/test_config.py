@@ -74,6 +74,30 @@ def test_soft_limits_must_be_below_hard_limits(tmp_path):
         Settings(data_dir=tmp_path, score_soft_time_limit=100, score_hard_time_limit=100)
 
 
+def test_the_training_backend_defaults_and_checks_have_one_home(tmp_path):
+    """``training.backends.Backend`` holds the backend's defaults and its checks: the
+    settings, ``zoopick train``'s flags and the Ray driver's flags take them from there."""
+    import typer
+
+    from zoopick.cli import app
+    from zoopick.training import ray_driver
+    from zoopick.training.backends import NO_ADDRESS, Backend
+
+    assert Settings(data_dir=tmp_path).training_backend() == Backend()
+    train = {p.name: p.default for p in typer.main.get_command(app).commands["train"].params}
+    assert (train["backend"], train["placement"]) == (Backend.kind, Backend.placement)
+    assert train["ray_start_timeout"] == Backend.start_timeout
+    driver = ray_driver.arguments().parse_args(["--config", "c", "--address", "a"])
+    assert (driver.placement, driver.max_failures, driver.start_timeout) == (
+        Backend.placement,
+        Backend.max_failures,
+        Backend.start_timeout,
+    )
+    with pytest.raises(ValidationError) as refused:
+        Settings(data_dir=tmp_path, train_backend="ray")
+    assert NO_ADDRESS in str(refused.value)
+
+
 def test_celery_delivery_settings(tmp_path):
     s = Settings(data_dir=tmp_path, broker_url="redis://127.0.0.1:6379/0", redis_key_prefix="p:")
     conf = make_celery(s).conf
