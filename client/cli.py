@@ -397,7 +397,22 @@ def jobs_submit(
         ),
     ] = None,
     finetune_epochs: Annotated[
-        int | None, typer.Option("--finetune-epochs", min=1, help="Fine-tune the chosen model.")
+        int | None,
+        typer.Option(
+            "--finetune-epochs", min=1, help="Fine-tune the chosen model for this many epochs."
+        ),
+    ] = None,
+    finetune_default: Annotated[
+        bool,
+        typer.Option(
+            "--finetune",
+            help="Fine-tune the chosen model with every option the server's default (its "
+            "auto recipe: length, learning rate and best checkpoint chosen from the data).",
+        ),
+    ] = False,
+    recipe: Annotated[
+        str | None,
+        typer.Option(help="Fine-tune recipe: auto (the server's default) or fixed."),
     ] = None,
     compressor: Annotated[str | None, typer.Option(help="Comm hook (dense, spardl...).")] = None,
     density: Annotated[float | None, typer.Option(help="Fraction of gradients sent.")] = None,
@@ -437,8 +452,10 @@ def jobs_submit(
     succeeded, 1 if it failed or was cancelled, 3 on --timeout."""
     _refuse_empty(("--dataset", dataset), ("--select-by", select_by), ("--compressor", compressor))
     given = {"epochs": finetune_epochs, "compressor": compressor, "density": density}
-    given.update(workers=workers, lr=lr)
+    given.update(workers=workers, lr=lr, recipe=recipe)
     finetune = {k: v for k, v in given.items() if v is not None} or None
+    if finetune is None and finetune_default:
+        finetune = {}
     race = {"shortlist": shortlist, "budget_epochs": budget}
     selection = {k: v for k, v in race.items() if v is not None} or None
     with _errors(), _client(url, api_key) as client:
@@ -592,6 +609,16 @@ def _print_results(job: Job) -> None:
         out.print(
             f"fine-tuned {job.training.model}: {len(job.training.epochs)} epoch(s), "
             f"loss {last.loss}, test accuracy {last.test_accuracy}",
+            highlight=False,
+        )
+    if job.training and job.training.recipe:
+        chosen = job.training.recipe
+        plan = chosen.get("plan") or {}
+        best = chosen.get("best_step")
+        out.print(
+            f"recipe {plan.get('recipe')}: {plan.get('optimizer')} at lr {chosen.get('lr')} "
+            f"({plan.get('lr_source')}), {plan.get('steps')} steps"
+            + (f", best validation step {best}" if best is not None else ""),
             highlight=False,
         )
 

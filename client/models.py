@@ -63,6 +63,8 @@ class Training:
     world_size: int
     error: str | None
     epochs: list[Epoch]
+    recipe: dict[str, Any] | None = None
+    """What the fine-tune recipe chose (the server's ``training.recipe``)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class Job:
                     Epoch(e["epoch"], e.get("loss"), e.get("test_accuracy"), e.get("bytes_sent"))
                     for e in t.get("epochs", [])
                 ],
+                recipe=t.get("recipe") if isinstance(t.get("recipe"), dict) else None,
             )
         return cls(
             id=d["id"],

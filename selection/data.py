@@ -1155,8 +1155,8 @@ def load_test_data(
     if unseen:
         raise DatasetError(
             f"test data has {len(unseen)} class(es) the training data never has: "
-            f"{_preview(unseen)}; a model trained on it cannot predict them, so its test "
-            "accuracy would count each of their images as wrong"
+            f"{_preview(unseen)} (its classes: {_preview(class_names)}); a model trained on it "
+            "cannot predict them, so its test accuracy would count each of their images as wrong"
         )
     if list(test.class_names) != list(class_names):
         raise DatasetError(

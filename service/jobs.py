@@ -169,7 +169,7 @@ def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: 
         )
     options = body.finetune
     if options is not None:
-        if options.epochs > settings.max_epochs:
+        if options.epochs is not None and options.epochs > settings.max_epochs:
             raise Rejected(
                 "limit",
                 f"finetune.epochs above the limit of {settings.max_epochs}",

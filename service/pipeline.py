@@ -8,11 +8,13 @@ keys, so running a task twice leaves one row per (job, model, metric) and (run, 
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, or_, select, update
@@ -328,8 +330,10 @@ def record_run_event(session: Session, run_id: uuid.UUID, event: RunEvent) -> No
     if event.event == "progress":
         record_progress(session, run_id, event)
         return
-    if event.event == "started":
-        values: dict[str, Any] = {"backend_ref": event.ref}
+    if event.event == "recipe":
+        values: dict[str, Any] = {"recipe": event.recipe}
+    elif event.event == "started":
+        values = {"backend_ref": event.ref}
     else:
         values = {"resumes": TrainingRun.resumes + 1}
     session.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(**values))
@@ -375,6 +379,17 @@ def open_run(
     session.add(run)
     session.flush()
     return run
+
+
+def record_recipe(session: Session, run_id: uuid.UUID, final_config: Path) -> None:
+    """The recipe's choices as the finished run wrote them beside its model (its best
+    validation step is known only at the end); the run's ``recipe`` event said the rest."""
+    try:
+        chosen = json.loads(final_config.read_text()).get("recipe")
+    except (OSError, ValueError):
+        return
+    if isinstance(chosen, dict):
+        session.execute(update(TrainingRun).where(TrainingRun.id == run_id).values(recipe=chosen))
 
 
 def finish_run(session: Session, job_id: uuid.UUID, status: str, error: str | None) -> None:

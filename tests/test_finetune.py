@@ -27,6 +27,7 @@ def _cfg(tiny_zoo, tiny_npz, out, **kw) -> dict:
         lr=0.05,
         density=0.1,
         test_fraction=0.25,
+        recipe="fixed",  # these tests are about the hooks and the loop, not the recipe
     )
     return base.model_dump() | kw
 
@@ -76,7 +77,11 @@ def test_resume_continues_the_same_run_and_model_loads(tiny_zoo, tiny_npz, tmp_p
 
     def lines(run: str) -> list:
         records = map(parse_line, (tmp_path / run / METRICS).read_text().splitlines())
-        return [r for r in records if not (isinstance(r, RunEvent) and r.event == "progress")]
+        return [
+            r
+            for r in records
+            if not (isinstance(r, RunEvent) and r.event in ("progress", "recipe"))
+        ]
 
     a, b = lines("straight"), lines("split")
     # the resumed run says where it continued from, between its epochs 2 and 3
@@ -109,14 +114,14 @@ def test_config_rejects_bad_values():
     with pytest.raises(ValidationError, match="density"):
         FinetuneConfig(**where, density=0)
     with pytest.raises(ValidationError, match="momentum twice"):
-        FinetuneConfig(**where, hook_options={"momentum": 0.9})
+        FinetuneConfig(**where, optimizer="sgd", hook_options={"momentum": 0.9})
     with pytest.raises(ValidationError, match="Adam"):
         FinetuneConfig(**where, optimizer="adam", hook_options={"momentum": 0.5})
     with pytest.raises(ValidationError, match="teams"):
         FinetuneConfig(**where, compressor="spardl", hook_options={"teams": 0})
     with pytest.raises(ValidationError, match="density is set on its own"):
         FinetuneConfig(**where, hook_options={"density": 0.5})
-    FinetuneConfig(**where, momentum=0.0, hook_options={"momentum": 0.9})
+    FinetuneConfig(**where, optimizer="sgd", momentum=0.0, hook_options={"momentum": 0.9})
     saved = FinetuneConfig(**where).model_dump(mode="json")
     assert FinetuneConfig(**where, lr=0.5).same_run(saved) == ["lr"]
 
@@ -136,8 +141,8 @@ def test_training_file_as_test_data_uses_its_test_split(tmp_path):
         y_test=np.arange(6) % 3,
     )
     cfg = FinetuneConfig(zoo="z", model="m", data=str(path), out="o", test_data=str(path))
-    train, test = _load_data(cfg)
-    assert (len(train), len(test)) == (12, 6)
+    train, test, val = _load_data(cfg, 1)
+    assert (len(train), len(test), val) == (12, 6, None)  # 4 a class: too few to hold out
 
 
 def test_sparse_hooks_get_the_default_warmup_unless_the_run_sets_one():
@@ -187,3 +192,68 @@ def test_a_run_whose_loss_is_not_finite_stops_and_writes_no_model(tiny_zoo, tiny
 def test_a_batch_of_one_is_refused_up_front():
     with pytest.raises(ValueError, match="batch_size"):
         FinetuneConfig(zoo="z", model="m", data="d", out="o", batch_size=1)
+
+
+def _recipe_events(run) -> list[dict]:
+    lines = (run / METRICS).read_text().splitlines()
+    return [r["recipe"] for r in map(json.loads, lines) if r.get("event") == "recipe"]
+
+
+def test_auto_recipe_searches_returns_its_best_checkpoint_and_never_reads_the_test_split(
+    tiny_zoo, tiny_npz, tmp_path
+):
+    """Two auto runs that differ only in their test file's labels (real, then permuted)
+    choose the same rate and step and return the same weights; the model returned scores its
+    recorded best validation accuracy on the validation split; a resumed finished run
+    neither searches again nor changes the model."""
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from zoopick.selection.data import load_dataset, split_dataset
+    from zoopick.selection.extract import normalise, preprocess
+    from zoopick.selection.zoo import load_zoo
+    from zoopick.training import recipe
+
+    data = np.load(tiny_npz)
+    tests = {}
+    for name, labels in (("real", data["y"]), ("permuted", np.roll(data["y"], 8))):
+        tests[name] = tmp_path / f"test-{name}.npz"
+        np.savez(tests[name], x=data["x"], y=labels, class_names=data["class_names"])
+    common = {"compressor": "spardl", "recipe": "auto", "lr": None, "optimizer": None}
+    # 60 epochs of 5 steps: 300 steps, so each trial of the search gets 24
+    configs = [
+        _cfg(tiny_zoo, tiny_npz, tmp_path / name, test_data=str(path), epochs=60, **common)
+        for name, path in tests.items()
+    ]
+    configs.append(configs[0] | {"resume": True})
+    launch(_run_many, 1, configs)
+
+    real, permuted = (tmp_path / "real", tmp_path / "permuted")
+    [chosen], [chosen_b] = _recipe_events(real), _recipe_events(permuted)
+    assert chosen["plan"]["lr_source"] == "search" and len(chosen["trials"]) >= 3
+    assert chosen["lr"] in [t["lr"] for t in chosen["trials"]]
+    for c in (chosen, chosen_b):
+        assert c.pop("search_seconds") > 0  # a timing: the rest must be equal
+    assert chosen == chosen_b  # the search's curve and choice: the test labels play no part
+    final = json.loads((real / FINAL_CONFIG).read_text())["recipe"]
+    final_b = json.loads((permuted / FINAL_CONFIG).read_text())["recipe"]
+    final.pop("search_seconds"), final_b.pop("search_seconds")
+    assert final["best_step"] is not None and final == final_b
+    w_real, w_perm = load_file(real / FINAL_WEIGHTS), load_file(permuted / FINAL_WEIGHTS)
+    assert all(torch.equal(w_real[k], w_perm[k]) for k in w_real)
+    # a resumed run that had finished: no second search, the same best model
+    assert len(_recipe_events(real)) == 1
+    # the returned model is the best validation checkpoint: it scores that accuracy there
+    train = load_dataset(tiny_npz, seed=0)
+    share = recipe.validation_fraction(list(train.class_counts().values()))
+    _, val = split_dataset(train, share, 0 + 1)
+    entry = load_zoo(tiny_zoo)["tiny-resnet"]
+    model = entry.create_model(num_classes=3)
+    model.load_state_dict(w_real)
+    model.eval()
+    cfg = entry.data_config(model)
+    with torch.inference_mode():
+        pred = model(normalise(preprocess(val, cfg), cfg, "cpu")).argmax(1).numpy()
+    assert float((pred == val.labels).mean()) == pytest.approx(final["best_val_accuracy"])
+    epochs = _epoch_lines(real)
+    assert epochs[-1]["val_acc"] == pytest.approx(final["best_val_accuracy"])

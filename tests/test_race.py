@@ -149,6 +149,7 @@ def _cfg(tiny_zoo, tiny_npz, out, **kw) -> dict:
         test_fraction=0.25,
         validation_fraction=0.25,
         workers=1,
+        recipe="fixed",  # the rungs' mechanics under SGD's hand-computed rates
     )
     return base.model_dump() | kw
 

@@ -82,7 +82,21 @@ class FinetuneOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    epochs: int = Field(3, ge=1, le=100_000)
+    recipe: Literal["auto", "fixed"] = Field(
+        "auto",
+        description="How unset fields are chosen. auto: a length in steps from the data, "
+        "warm-up and cosine, AdamW with the head's rate apart, a learning rate found by short "
+        "trials on a validation split, label smoothing, light augmentation, and the best "
+        "validation checkpoint returned (training.recipe). fixed: the defaults before it "
+        "(3 epochs, SGD at a constant 0.01, the last weights).",
+    )
+    epochs: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="Passes over the training split; unset: the recipe's length (auto: 10 "
+        "epochs, at least 400 and at most 4,000 steps; fixed: 3 epochs).",
+    )
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | WorkerRange = Field(
         DEFAULT_WORKERS,
         description='Data-parallel workers: a count, or {"min": m, "max": n} to run '
@@ -103,16 +117,35 @@ class FinetuneOptions(BaseModel):
         "below (anyOf, one per compressor).",
         json_schema_extra={"anyOf": comm_options.option_schemas()},
     )
-    lr: float = Field(0.01, gt=0, le=10)
+    lr: float | None = Field(
+        None,
+        gt=0,
+        le=10,
+        description="The body's learning rate; unset: auto searches it, fixed uses 0.01.",
+    )
     batch_size: int = Field(
         32,
         ge=2,
         le=65_536,
         description="Images per worker and step (at least 2: batch norm cannot train on one).",
     )
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    momentum: float = Field(0.9, ge=0, lt=1, description="The optimizer's (sgd).")
-    weight_decay: float = Field(0.0, ge=0, le=1)
+    optimizer: Literal["sgd", "adam", "adamw"] | None = Field(
+        None, description="Unset: adamw (auto), sgd (fixed)."
+    )
+    momentum: float | None = Field(
+        None, ge=0, lt=1, description="The optimizer's (sgd); unset: 0.9."
+    )
+    weight_decay: float | None = Field(
+        None, ge=0, le=1, description="Unset: 0.01 with adamw, else 0."
+    )
+    label_smoothing: float | None = Field(
+        None, ge=0, lt=1, description="Unset: 0.1 (auto), 0 (fixed)."
+    )
+    augment: bool | None = Field(
+        None,
+        description="Random shifts of up to 1/8 of the image side while training; unset: on "
+        "(auto), off (fixed).",
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1)
     max_per_class: int | None = Field(None, ge=1, description="Images kept per class.")
     test_fraction: float = Field(
@@ -155,11 +188,18 @@ class FinetuneOptions(BaseModel):
 
     @model_validator(mode="after")
     def _momentum_once(self) -> FinetuneOptions:
-        check_momentum(self.hook_options, self.optimizer, self.momentum)
+        check_momentum(self.hook_options, self.resolved("optimizer"), self.resolved("momentum"))
         comm_options.check_world(
             self.compressor, self.hook_options, self.min_workers, self.max_workers
         )
         return self
+
+    def resolved(self, name: str) -> Any:
+        """A field as the run uses it: the user's value, else the recipe's
+        (``training.recipe.value``; None where the data decide, as auto's lr and epochs)."""
+        from zoopick.training import recipe
+
+        return recipe.value(self, name)
 
     @property
     def max_workers(self) -> int:
@@ -211,6 +251,8 @@ class FinetuneOptions(BaseModel):
         """Options as a job row stored them (validated when the job was submitted): read
         back without validating again; fields added since take their defaults."""
         known = {k: v for k, v in data.items() if k in cls.model_fields}
+        # stored before the recipe existed: those jobs ran (and re-run) the fixed recipe
+        known.setdefault("recipe", "fixed")
         if isinstance(known.get("workers"), Mapping):
             known["workers"] = WorkerRange.model_construct(**known["workers"])
         return cls.model_construct(**known)
@@ -333,9 +375,9 @@ def check_momentum(hook_options: Mapping[str, Any], optimizer: str, momentum: fl
     hook_m = float(hook_m) if isinstance(hook_m, int | float) else 0.0
     if hook_m <= 0.0:
         return
-    if optimizer == "adam":
+    if optimizer in ("adam", "adamw"):
         raise ValueError(
-            f"hook_options momentum={hook_m} with the adam optimizer: Adam keeps its own "
+            f"hook_options momentum={hook_m} with the {optimizer} optimizer: Adam keeps its own "
             "moments; drop the hook's momentum"
         )
     if momentum > 0.0:
@@ -474,7 +516,7 @@ class RunEvent:
     an epoch the step reached with rank 0's running mean loss and accuracy so far, a
     sub-epoch point of the curve, read from values the loop already holds on the host)."""
 
-    event: Literal["started", "resumed", "progress"]
+    event: Literal["started", "resumed", "progress", "recipe"]
     epoch: int | None = None
     workers: int | None = None
     backend: str | None = None
@@ -486,6 +528,10 @@ class RunEvent:
     loss: float | None = None
     train_acc: float | None = None
     host: str | None = None
+    recipe: dict[str, Any] | None = None
+    """``{"event": "recipe", "recipe": {...}}`` (rank 0, before training): what the recipe
+    chose (``training.recipe.Choices``: the plan, the rate and how it was found, the search's
+    curve)."""
 
     def to_json(self) -> str:
         fields = {k: v for k, v in vars(self).items() if v is not None}
@@ -520,6 +566,9 @@ def parse_line(line: str) -> EpochRecord | TrainerError | RunEvent | None:
         if "error" in data:
             rank = data.get("rank")
             return TrainerError(str(data["error"]), rank if isinstance(rank, int) else None)
+        if data.get("event") == "recipe":
+            choices = data.get("recipe")
+            return RunEvent("recipe", recipe=choices) if isinstance(choices, dict) else None
         if data.get("event") in ("started", "resumed", "progress"):
             ints = ("epoch", "workers", "epochs", "step", "steps")
             num = {k: int(data[k]) for k in ints if data.get(k) is not None}

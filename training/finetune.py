@@ -10,6 +10,7 @@ checkpoint every epoch, and finally the model as safetensors beside its data con
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zoopick.selection.extract import normalise, preprocess
+from zoopick.training import augment, recipe
 from zoopick.training.config import (
     CHECKPOINT,
     FINAL_CONFIG,
@@ -46,12 +48,14 @@ def _log(record: EpochRecord | RunEvent, out: Path) -> None:
         fh.write(line + "\n")
 
 
-def _load_data(cfg: FinetuneConfig):
-    """(train, held out): the held-out part is the test data (or split), or, for a run with
-    ``validation_fraction`` (a race), a stratified share of the training split, so the test
-    split is never looked at. The training split is the same either way (same seed), which is
-    what lets the final fine-tune start from a race checkpoint without having seen its test
-    images."""
+def _load_data(cfg: FinetuneConfig, world: int):
+    """(train, held out, validation): the held-out part is the test data (or split), or, for
+    a run with ``validation_fraction`` (a race), a stratified share of the training split, so
+    the test split is never looked at. The training split is the same either way (same seed),
+    which is what lets the final fine-tune start from a race checkpoint without having seen
+    its test images. ``validation`` is the auto recipe's own share of the training split
+    (``recipe.validation_fraction``, drawn as the race's is), what it chooses on; None where
+    it holds none out (the fixed recipe, a rung, too few images)."""
     from zoopick.selection.data import load_dataset, load_test_data, split_dataset
 
     train = load_dataset(cfg.data, max_per_class=cfg.max_per_class, seed=cfg.seed)
@@ -60,8 +64,17 @@ def _load_data(cfg: FinetuneConfig):
     else:
         train, test = split_dataset(train, cfg.test_fraction, cfg.seed)
     if cfg.validation_fraction is not None:
-        return split_dataset(train, cfg.validation_fraction, cfg.seed + 1)
-    return train, test
+        train, held = split_dataset(train, cfg.validation_fraction, cfg.seed + 1)
+        return train, held, None
+    share = None
+    if cfg.recipe == "auto" and cfg.max_steps is None:
+        share = recipe.validation_fraction(list(train.class_counts().values()))
+    if share is None:
+        return train, test, None
+    kept, val = split_dataset(train, share, cfg.seed + 1)
+    if len(kept) // world < 2:  # the split would starve the workers: keep every image
+        return train, test, None
+    return kept, test, val
 
 
 def _tensors(dataset, data_config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,16 +108,18 @@ class _CommTimer:
         return total
 
 
-def _evaluate(model, x, y, data_config, device, batch_size, amp) -> tuple[int, int]:
-    """(correct, count) on this rank's shard."""
+def _evaluate(model, x, y, data_config, device, batch_size, amp) -> tuple[int, int, float]:
+    """(correct, count, summed cross-entropy) on this rank's shard."""
     model.eval()
-    correct = 0
+    correct, loss = 0, 0.0
     with torch.inference_mode(), torch.autocast(device.type, torch.bfloat16, enabled=amp):
         for start in range(0, len(y), batch_size):
             xb = normalise(x[start : start + batch_size], data_config, device)
-            pred = model(xb).argmax(1).cpu()
-            correct += int((pred == y[start : start + batch_size]).sum())
-    return correct, len(y)
+            yb = y[start : start + batch_size]
+            logits = model(xb).float().cpu()
+            correct += int((logits.argmax(1) == yb).sum())
+            loss += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+    return correct, len(y), loss
 
 
 def _all_sum(values: list[float], device: torch.device) -> list[float]:
@@ -119,11 +134,140 @@ class Diverged(RuntimeError):
     exit 0 and a saved model, its metrics holding bare ``NaN`` no JSON parser takes.)"""
 
 
+def _head(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters of the model's classifier (timm's ``get_classifier``): the new head the
+    recipe trains at its own rate; none for a model that does not name one."""
+    get = getattr(model, "get_classifier", None)
+    head = get() if callable(get) else None
+    return list(head.parameters()) if isinstance(head, torch.nn.Module) else []
+
+
+def _optimizer(model: torch.nn.Module, plan: recipe.Plan, lr: float) -> torch.optim.Optimizer:
+    """The plan's optimizer: the body at ``lr``, the head (when the plan scales it) at
+    ``lr * head_lr_scale``; each group keeps its ``lr_scale`` for the schedule."""
+    head = {id(p) for p in _head(model)} if plan.head_lr_scale != 1.0 else set()
+    body = [p for p in model.parameters() if id(p) not in head]
+    groups = [{"params": body, "lr_scale": 1.0}]
+    if head:
+        own = [p for p in model.parameters() if id(p) in head]
+        groups.append({"params": own, "lr_scale": plan.head_lr_scale})
+    for group in groups:
+        group["lr"] = lr * group["lr_scale"]
+    if plan.optimizer == "sgd":
+        return torch.optim.SGD(
+            groups, lr=lr, momentum=plan.momentum, weight_decay=plan.weight_decay
+        )
+    kind = torch.optim.AdamW if plan.optimizer == "adamw" else torch.optim.Adam
+    return kind(groups, lr=lr, weight_decay=plan.weight_decay)
+
+
+def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+class _Run:
+    """One rank's run: the model in DDP with its hook, the data on the host as uint8, and the
+    plan; trains steps, evaluates, searches the rate. Every decision it takes comes from sums
+    all-reduced over the ranks, so every rank takes the same one."""
+
+    def __init__(self, cfg, model, ddp, state, device, amp, data_config, data, rank, world):
+        self.cfg, self.model, self.ddp, self.state = cfg, model, ddp, state
+        self.device, self.amp, self.data_config = device, amp, data_config
+        self.rank, self.world = rank, world
+        (self.x_train, self.y_train), self.test, self.val = data
+        # every rank runs the same number of equally sized batches (DDP needs it); the last
+        # partial batch is dropped (a batch of one breaks batch norm)
+        self.per_rank = len(self.y_train) // world
+        if self.per_rank < 2:
+            raise ValueError(f"{len(self.y_train)} training images cannot feed {world} workers")
+        self.batch = min(cfg.batch_size, self.per_rank)
+        self.steps = self.per_rank // self.batch  # per epoch
+        self.plan: recipe.Plan | None = None
+
+    def order(self, epoch: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch)
+        lo = self.rank * self.per_rank
+        return torch.randperm(len(self.y_train), generator=gen)[lo : lo + self.per_rank]
+
+    def batch_at(self, order: torch.Tensor, step: int, gen: torch.Generator | None):
+        idx = order[step * self.batch : (step + 1) * self.batch]
+        xb = normalise(self.x_train[idx], self.data_config, self.device)
+        if gen is not None:
+            xb = augment.shift(xb, gen)
+        if self.amp:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        return xb, self.y_train[idx].to(self.device)
+
+    def augmenter(self, epoch: int) -> torch.Generator | None:
+        if not self.plan or not self.plan.augment:
+            return None
+        return torch.Generator().manual_seed((self.cfg.seed * 1000 + epoch) * 4096 + self.rank)
+
+    def step(self, opt, xb, yb):
+        """One optimizer step; the loss and logits, left on the device."""
+        opt.zero_grad(set_to_none=True)
+        smoothing = self.plan.label_smoothing if self.plan else 0.0
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.amp):
+            logits = self.ddp(xb)
+            loss = torch.nn.functional.cross_entropy(logits, yb, label_smoothing=smoothing)
+        loss.backward()
+        opt.step()
+        return loss, logits
+
+    def evaluate(self, part) -> tuple[float, float]:
+        """(accuracy, mean loss) on ``part`` (this rank's shard of it), summed over the ranks."""
+        x, y = part
+        correct, n, loss = _evaluate(
+            self.model, x, y, self.data_config, self.device, self.cfg.batch_size * 2, self.amp
+        )
+        c, n, loss = _all_sum([correct, n, loss], self.device)
+        return c / max(n, 1), loss / max(n, 1)
+
+    def restart(self, weights: dict[str, torch.Tensor]) -> None:
+        """Back to the run's starting point: its weights, and the hook's error feedback and
+        warm-up from zero (a trial of the search must not leak into the next)."""
+        self.model.load_state_dict(weights)
+        self.state.reset_state()
+        self.state.iteration = 0
+
+    def search(self, report: Reporter) -> list[recipe.Trial]:
+        """The recipe's rate search (``recipe.search``): from the same starting weights, a
+        short annealed run (warm-up and cosine over ``trial_steps``) at each rate, judged on
+        the validation split. The model and the hook are left at the starting point."""
+        plan = self.plan
+        start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        warm = recipe.warmup_steps(plan.trial_steps)
+        tried = itertools.count(1)
+
+        def trial(lr: float) -> recipe.Trial:
+            report.phase("choosing the learning rate", step=next(tried))
+            self.restart(start)
+            opt = _optimizer(self.model, plan, lr)
+            self.ddp.train()
+            done, epoch = 0, 0
+            while done < plan.trial_steps:
+                order, gen = self.order(epoch), self.augmenter(epoch)
+                for s in range(min(self.steps, plan.trial_steps - done)):
+                    _set_lr(opt, lr * recipe.lr_factor(done, plan.trial_steps, warm))
+                    self.step(opt, *self.batch_at(order, s, gen))
+                    done += 1
+                epoch += 1
+            acc, loss = self.evaluate(self.val)
+            return recipe.Trial(lr, acc, loss if math.isfinite(loss) else math.inf)
+
+        trials = recipe.search(plan.candidates, trial)
+        self.restart(start)
+        return trials
+
+
 def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, Any]:
     """Fine-tune on this rank; the process group must be initialised (by torchrun's
     :func:`main_worker`, or by Ray Train in the ``ray`` backend, which passes the ``device``
     it assigned). Always wrapped in DDP with the run's comm hook, at every world size (one
-    included). Returns the last epoch's record (the same on every rank)."""
+    included). The recipe (``training.recipe``) plans the run from the data; with ``auto`` the
+    rate is searched first and the model returned is the best validation checkpoint. Returns
+    the last epoch's record (the same on every rank)."""
     from zoopick.selection.zoo import load_zoo, save_checkpoint
     from zoopick.training.comm import make_hook
     from zoopick.training.comm.stats import dense_allreduce_bytes
@@ -144,14 +288,21 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     report.phase("loading data")
 
     entry = load_zoo(cfg.zoo)[cfg.model]
-    train, test = _load_data(cfg)
+    train, test, val = _load_data(cfg, world)
     model = entry.create_model(num_classes=len(train.class_names))
     data_config = entry.data_config(model)
-    x_train, y_train = _tensors(train, data_config)
-    x_test, y_test = _tensors(test, data_config)
-    # each rank evaluates its own contiguous shard of the test set
-    lo, hi = rank * len(y_test) // world, (rank + 1) * len(y_test) // world
-    x_test, y_test = x_test[lo:hi], y_test[lo:hi]
+
+    def shard(dataset):
+        """This rank's contiguous shard of an evaluation set, as tensors."""
+        x, y = _tensors(dataset, data_config)
+        lo, hi = rank * len(y) // world, (rank + 1) * len(y) // world
+        return x[lo:hi], y[lo:hi]
+
+    data = (
+        _tensors(train, data_config),
+        shard(test),
+        shard(val) if val is not None else None,
+    )
 
     model.to(device)
     if amp:
@@ -163,81 +314,105 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     )
     state, hook = make_hook(cfg.compressor, density=cfg.density, **cfg.comm_options())
     ddp.register_comm_hook(state, hook)
-    if cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(
-            ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-    else:
-        opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    r = _Run(cfg, model, ddp, state, device, amp, data_config, data, rank, world)
+    plan = r.plan = recipe.plan(
+        cfg,
+        steps_per_epoch=r.steps,
+        validation=None if val is None else cfg_validation(train, val),
+        rung=cfg.max_steps is not None,
+    )
 
     start_epoch = start_step = 0
-    if cfg.resume and (out / CHECKPOINT).exists():
-        start_epoch, start_step = _restore(out, cfg, model, opt, state, rank, world)
+    resumed = cfg.resume and (out / CHECKPOINT).exists()
+    saved: dict[str, Any] = {}
+    if not resumed and cfg.init_from:
+        _init_weights(Path(cfg.init_from), model)
+    if resumed:
+        start_epoch, start_step, saved = _restore(out, cfg, model, state, rank, world)
+    choices = saved.get("recipe")
+    if choices is None:
+        choices = _choose(r, report)
+        if rank == 0:
+            _log(RunEvent("recipe", recipe=choices.to_dict()), out)
+    else:
+        choices = recipe.Choices(**choices)
+    lr = choices.lr
+    opt = _optimizer(model, plan, lr)
+    if resumed:
+        opt.load_state_dict(saved["optimizer"])
         if rank == 0:
             _log(RunEvent("resumed", epoch=start_epoch, workers=world), out)
     elif cfg.init_from:
-        _init_from(Path(cfg.init_from), cfg, model, opt)
+        _init_optimizer(Path(cfg.init_from), cfg, opt)
+    best = saved.get("best")
+    history: list[float] = list(saved.get("history", []))
     timer = _CommTimer(state)
 
-    # every rank runs the same number of equally sized batches (DDP needs it); the last
-    # partial batch is dropped (a batch of one breaks batch norm)
-    per_rank = len(y_train) // world
-    if per_rank < 2:
-        raise ValueError(f"{len(y_train)} training images cannot feed {world} workers")
-    batch = min(cfg.batch_size, per_rank)
-    steps = per_rank // batch
+    steps = r.steps
     # max_steps, when set, is the run's length (epochs then only says what a full run is)
-    limit = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * steps
+    limit = cfg.max_steps if cfg.max_steps is not None else plan.steps
     epochs = -(-limit // steps)
     held = "val_accuracy" if cfg.validation_fraction is not None else "test_accuracy"
     record: EpochRecord | None = None
     for epoch in range(start_epoch, epochs):
+        if choices.stopped_early:
+            break
         first = start_step if epoch == start_epoch else 0
         last = min(steps, limit - epoch * steps)  # a run with max_steps may stop mid-epoch
         if last <= first:
             break
-        gen = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-        order = torch.randperm(len(y_train), generator=gen)[rank * per_rank : (rank + 1) * per_rank]
+        order, gen = r.order(epoch), r.augmenter(epoch)
         ddp.train()
         t0 = time.perf_counter()
-        report.phase("training", epoch=epoch + 1, epochs=cfg.epochs, step=first, steps=steps)
+        report.phase("training", epoch=epoch + 1, epochs=epochs, step=first, steps=steps)
         # summed on the device: a step never waits for the GPU (a report reads them)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         correct = torch.zeros((), dtype=torch.float64, device=device)
-        for step in range(first, last):
-            idx = order[step * batch : (step + 1) * batch]
-            xb = normalise(x_train[idx], data_config, device)
-            if amp:
-                xb = xb.contiguous(memory_format=torch.channels_last)
-            yb = y_train[idx].to(device)
+        step = first
+        while step < last:
+            at = epoch * steps + step
             if cfg.decay_from is not None:  # a race's rung anneals (training.race)
-                factor = rung_lr_factor(epoch * steps + step, cfg.decay_from, limit)
-                for group in opt.param_groups:
-                    group["lr"] = cfg.lr * factor
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, torch.bfloat16, enabled=amp):
-                logits = ddp(xb)
-                loss = torch.nn.functional.cross_entropy(logits, yb)
-            loss.backward()
-            opt.step()
-            loss_sum += loss.detach().double() * len(idx)
+                _set_lr(opt, lr * rung_lr_factor(at, cfg.decay_from, limit))
+            elif plan.cosine:
+                _set_lr(opt, lr * recipe.lr_factor(at, limit, plan.warmup_steps))
+            else:
+                _set_lr(opt, lr)
+            xb, yb = r.batch_at(order, step, gen)
+            loss, logits = r.step(opt, xb, yb)
+            loss_sum += loss.detach().double() * len(yb)
             correct += (logits.argmax(1) == yb).sum()
-            if report.due(step, first, last):
+            step += 1
+            if report.due(step - 1, first, last):
                 report.step(
                     epoch=epoch + 1,
-                    epochs=cfg.epochs,
-                    step=step + 1,
+                    epochs=epochs,
+                    step=step,
                     steps=steps,
                     loss_sum=loss_sum,
                     correct=correct,
-                    seen=(step + 1 - first) * batch,
+                    seen=(step - first) * r.batch,
                 )
-        used = (last - first) * batch
+            if plan.keep_best and ((at + 1) % plan.eval_every == 0 or at + 1 == limit):
+                acc, _ = r.evaluate(r.val)
+                history.append(acc)
+                if recipe.better(acc, choices.best_val_accuracy):
+                    choices.best_val_accuracy, choices.best_step = acc, at + 1
+                    best = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                ddp.train()
+                stop = recipe.should_stop(history, step=at + 1, steps=limit, patience=plan.patience)
+                if stop and at + 1 < limit:
+                    choices.stopped_early = True
+                    break
+        used = (step - first) * r.batch
         wall = time.perf_counter() - t0
         comm = timer.take()
-        report.phase("evaluating", epoch=epoch + 1, epochs=cfg.epochs)
-        test_correct, test_n = _evaluate(
-            model, x_test, y_test, data_config, device, cfg.batch_size * 2, amp
+        finished = step == steps
+        ending = choices.stopped_early or epoch * steps + step >= limit
+        if ending and best is not None:
+            model.load_state_dict(best)  # the run returns its best validation checkpoint
+        report.phase("evaluating", epoch=epoch + 1, epochs=epochs)
+        test_correct, test_n, _ = _evaluate(
+            model, *r.test, data_config, device, cfg.batch_size * 2, amp
         )
         totals = _all_sum(
             [float(loss_sum), float(correct), used, test_correct, test_n, comm["bytes_sent"]],
@@ -246,9 +421,12 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
         if not math.isfinite(totals[0]):  # the same sum on every rank: all of them stop
             raise Diverged(
                 f"the training loss is not finite in epoch {epoch + 1} ({totals[0] / totals[2]}):"
-                f" the run diverged (lr {cfg.lr}, weight_decay {cfg.weight_decay}); no model "
+                f" the run diverged (lr {lr}, weight_decay {plan.weight_decay}); no model "
                 "is written"
             )
+        values = {held: totals[3] / max(totals[4], 1)}
+        if plan.keep_best and history:
+            values["val_accuracy"] = choices.best_val_accuracy if ending else history[-1]
         record = EpochRecord(
             epoch=epoch + 1,
             loss=totals[0] / totals[2],
@@ -261,28 +439,26 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
             compressor=cfg.compressor,
             iterations=int(comm["iterations"]),
             dense_bytes=dense_allreduce_bytes(comm["numel"], world),
-            steps=epoch * steps + last,
-            **{held: totals[3] / max(totals[4], 1)},
+            steps=epoch * steps + step,
+            **values,
         )
         if rank == 0:
             _log(record, out)
-        finished = last == steps
-        _save(out, cfg, model, opt, state, epoch + finished, 0 if finished else last, rank, world)
-        if not finished:
+        resume_at = (epoch + 1, 0) if finished else (epoch, step)
+        extra = {"recipe": choices.to_dict(), "best": best, "history": history}
+        _save(out, cfg, model, opt, state, *resume_at, rank, world, extra)
+        if not finished or choices.stopped_early:
             break
     if record is None and cfg.max_steps is not None:
         # nothing left to train (a re-delivered rung that had already finished): say where
         # the run stands, so whoever waits for this rung gets its validation accuracy
-        held_correct, held_n = _evaluate(
-            model, x_test, y_test, data_config, device, cfg.batch_size * 2, amp
-        )
-        totals = _all_sum([held_correct, held_n], device)
+        acc, _ = r.evaluate(r.test)
         record = EpochRecord(
             epoch=start_epoch + (1 if start_step else 0),
             steps=start_epoch * steps + start_step,
             workers=world,
             compressor=cfg.compressor,
-            **{held: totals[0] / max(totals[1], 1)},
+            **{held: acc},
         )
         if rank == 0:
             _log(record, out)
@@ -290,6 +466,8 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     if cfg.max_steps is not None:  # a rung: its checkpoint is the product, not a model file
         dist.barrier()
         return record.to_dict() if record else {}
+    if record is None and best is not None:  # resumed after the last epoch: the best again
+        model.load_state_dict(best)
 
     # every replica must end with the same parameters (the hooks apply the same averaged
     # update on every rank): recorded, so a run whose replicas drifted apart can be told
@@ -308,10 +486,32 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
                 k: list(v) if isinstance(v, tuple) else v for k, v in data_config.items()
             },
             "final": record.to_dict() if record else None,
+            "recipe": choices.to_dict(),
         }
         (out / FINAL_CONFIG).write_text(json.dumps(meta, indent=2))
     dist.barrier()
     return record.to_dict() if record else {}
+
+
+def cfg_validation(train, val) -> float:
+    """The share of the training images the validation split took (for the plan's record)."""
+    return len(val) / (len(train) + len(val))
+
+
+def _choose(r: _Run, report: Reporter) -> recipe.Choices:
+    """The recipe's choices before training: the rate (searched where the plan says so)."""
+    plan = r.plan
+    if plan.lr is not None:
+        return recipe.Choices(plan=plan.to_dict(), lr=plan.lr)
+    t0 = time.perf_counter()
+    trials = r.search(report)
+    chosen = recipe.pick(trials)
+    return recipe.Choices(
+        plan=plan.to_dict(),
+        lr=chosen,
+        trials=[vars(t) for t in trials],
+        search_seconds=time.perf_counter() - t0,
+    )
 
 
 def _parameter_digest(model: torch.nn.Module) -> str:
@@ -331,11 +531,12 @@ def _state_file(out: Path, rank: int) -> Path:
     return out / f"comm-state-rank{rank}.pt"
 
 
-def _save(out, cfg, model, opt, state, epoch, step, rank, world) -> None:
+def _save(out, cfg, model, opt, state, epoch, step, rank, world, extra) -> None:
     """Model + optimizer from rank 0 (identical everywhere); each rank's error-feedback
     residuals beside it, since those differ per worker and a resumed run needs them.
     ``epoch`` epochs are complete, and ``step`` steps of the next one (a run that stopped at
-    ``max_steps``)."""
+    ``max_steps``). ``extra``: the recipe's state (its choices, the best validation weights
+    and the validation history), so a resumed run neither searches again nor loses its best."""
     _atomic_save(state.state_dict(model), _state_file(out, rank))
     if rank == 0:
         blob = {
@@ -345,6 +546,7 @@ def _save(out, cfg, model, opt, state, epoch, step, rank, world) -> None:
             "model": model.state_dict(),
             "optimizer": opt.state_dict(),
             "config": cfg.model_dump(mode="json"),
+            **extra,
         }
         _atomic_save(blob, out / CHECKPOINT)
     dist.barrier()
@@ -356,40 +558,51 @@ def _atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _restore(out, cfg, model, opt, state, rank, world) -> tuple[int, int]:
-    """(epochs done, steps done of the next epoch) to continue after. The hook's residuals
-    and scheme state come back too, unless the run continues on another number of workers (an
-    elastic run that lost or gained one): each rank's residuals belong to its shard of the
-    data, so they start from zero then, as at the start of a run."""
+def _restore(out, cfg, model, state, rank, world) -> tuple[int, int, dict[str, Any]]:
+    """(epochs done, steps done of the next epoch, the rest of the checkpoint: optimizer
+    state and the recipe's) to continue after. The hook's residuals and scheme state come
+    back too, unless the run continues on another number of workers (an elastic run that lost
+    or gained one): each rank's residuals belong to its shard of the data, so they start from
+    zero then, as at the start of a run."""
     blob = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=False)
     changed = cfg.same_run(blob["config"])
     if changed:
         raise ValueError(f"--resume: the run's settings changed since the checkpoint: {changed}")
     model.load_state_dict(blob["model"])
-    opt.load_state_dict(blob["optimizer"])
     where = int(blob["epoch"]), int(blob.get("step", 0))
     if blob.get("world", world) != world:
-        return where
+        return (*where, blob)
     path = _state_file(out, rank)
     if not path.exists():
         raise ValueError(f"--resume: {path.name} is missing (was the run on more workers?)")
     state.load_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))
-    return where
+    return (*where, blob)
 
 
-def _init_from(path: Path, cfg: FinetuneConfig, model, opt) -> None:
-    """Start from another run's checkpoint (a race winner's): its model, and its optimizer
-    state (momentum, Adam's moments) when it used the same optimizer, so no step it took is
-    lost; this run's own learning rate and weight decay apply from here on. The comm hook's
+def _init_weights(path: Path, model) -> None:
+    """Start from another run's checkpoint (a race winner's): its model. The comm hook's
     residuals start from zero (the other run had its own workers)."""
     blob = torch.load(path, map_location="cpu", weights_only=False)
     model.load_state_dict(blob["model"])
-    if blob.get("config", {}).get("optimizer") == cfg.optimizer:
-        opt.load_state_dict(blob["optimizer"])
-        for group in opt.param_groups:
-            group["lr"], group["weight_decay"] = cfg.lr, cfg.weight_decay
-            if "momentum" in group:
-                group["momentum"] = cfg.momentum
+
+
+def _init_optimizer(path: Path, cfg: FinetuneConfig, opt) -> None:
+    """The other run's optimizer state (momentum, Adam's moments) when it used the same
+    optimizer and parameter groups, so no step it took is lost; this run's own rate (set at
+    every step), weight decay and momentum apply from here on."""
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    saved = blob.get("optimizer", {})
+    same = recipe.value(FinetuneConfig.stored(blob.get("config", {})), "optimizer") == (
+        cfg.resolved("optimizer")
+    )
+    if not same or len(saved.get("param_groups", [])) != len(opt.param_groups):
+        return
+    mine = [(g["lr_scale"], g["weight_decay"], g.get("momentum")) for g in opt.param_groups]
+    opt.load_state_dict(saved)
+    for group, (scale, decay, momentum) in zip(opt.param_groups, mine, strict=True):
+        group["lr_scale"], group["weight_decay"] = scale, decay
+        if momentum is not None:
+            group["momentum"] = momentum
 
 
 def main_worker(cfg: FinetuneConfig) -> int:

@@ -47,6 +47,7 @@ from zoopick.service.queue import (
 from zoopick.service.settings import Settings, get_settings
 from zoopick.training.config import (
     CHECKPOINT,
+    FINAL_CONFIG,
     FINAL_WEIGHTS,
     EpochRecord,
     FinetuneConfig,
@@ -504,8 +505,9 @@ def finetune(self, job_id: str) -> str:
         with session_scope(factory()) as session:
             pipeline.record_epoch(session, run_id, record)
             share = pipeline.SCORING_SHARE_WITH_TRAINING
-            done = min(record.epoch, epochs) / max(1, epochs)
-            pipeline.set_progress(session, jid, share + (1 - share) * done * 0.99)
+            if epochs is not None:  # else the recipe's length: the progress events move it
+                done = min(record.epoch, epochs) / max(1, epochs)
+                pipeline.set_progress(session, jid, share + (1 - share) * done * 0.99)
 
     def on_event(event: RunEvent) -> None:
         with session_scope(factory()) as session:
@@ -560,6 +562,7 @@ def finetune(self, job_id: str) -> str:
             return "failed"
         digest, size = training_runner.file_digest(weights)
         pipeline.add_artefact(session, jid, "model", str(weights), digest, size)
+        pipeline.record_recipe(session, run_id, out / FINAL_CONFIG)
         pipeline.finish_run(session, jid, "succeeded", None)
         pipeline.transition(session, jid, JobStatus.succeeded)
         pipeline.release_lease(session, jid, owner)

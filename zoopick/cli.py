@@ -266,12 +266,23 @@ def train(
         float,
         typer.Option(help=f"Fraction of gradient entries sent, in {field_interval('density')}."),
     ] = default("density"),
-    epochs: Annotated[int, typer.Option(min=1)] = default("epochs"),
+    recipe: Annotated[
+        str,
+        typer.Option(
+            help="auto: the recipe chooses what is unset (length, learning rate by a short "
+            "search, schedule, best validation checkpoint); fixed: the old defaults (3 epochs, "
+            "SGD at 0.01)."
+        ),
+    ] = default("recipe"),
+    epochs: Annotated[int | None, typer.Option(min=1, help="Unset: the recipe's length.")] = None,
     batch_size: Annotated[int, typer.Option(min=2)] = default("batch_size"),
-    lr: Annotated[float, typer.Option(help=f"Learning rate, in {field_interval('lr')}.")] = default(
-        "lr"
-    ),
-    optimizer: Annotated[str, typer.Option(help="sgd or adam")] = default("optimizer"),
+    lr: Annotated[
+        float | None,
+        typer.Option(help=f"Learning rate, in {field_interval('lr')}; unset: the recipe's."),
+    ] = None,
+    optimizer: Annotated[
+        str | None, typer.Option(help="sgd, adam or adamw; unset: the recipe's.")
+    ] = None,
     max_per_class: Annotated[int | None, typer.Option(min=1)] = None,
     hook_option: Annotated[
         list[str] | None, typer.Option("--hook-option", help="NAME=VALUE (repeatable)")
@@ -308,6 +319,7 @@ def train(
     from zoopick.training.backends import spawn
     from zoopick.training.config import (
         DEFAULT_WORKERS,
+        FINAL_CONFIG,
         FINAL_WEIGHTS,
         RunEvent,
         TrainerError,
@@ -315,6 +327,7 @@ def train(
         parse_line,
     )
     from zoopick.training.launch import local_workers, run_records, write_config
+    from zoopick.training.recipe import describe as recipe_line
 
     hook_options: dict[str, Any] = {}
     for item in hook_option or []:
@@ -342,6 +355,7 @@ def train(
             test_data=str(test_data) if test_data else None,
             max_per_class=max_per_class,
             workers=count if min_workers is None else {"min": min_workers, "max": count},
+            recipe=recipe,
             epochs=epochs,
             batch_size=batch_size,
             lr=lr,
@@ -374,6 +388,8 @@ def train(
             typer.echo(record.to_json())
         elif isinstance(record, RunEvent) and record.event == "progress":
             continue  # the service's live view; the terminal shows the epochs
+        elif isinstance(record, RunEvent) and record.event == "recipe":
+            typer.echo(recipe_line(record.recipe or {}), err=True)
         elif isinstance(record, RunEvent):
             typer.echo(
                 f"started on {record.backend} (job {record.ref})"
@@ -394,6 +410,11 @@ def train(
     if code != 0:
         reasons = [r for r in map(parse_line, err.splitlines()) if isinstance(r, TrainerError)]
         raise fail(reasons[0].error if reasons else err.strip()[-500:], code=1)
+    final = out / FINAL_CONFIG
+    if final.is_file():  # the best validation step is known once the run ended
+        chosen = json.loads(final.read_text()).get("recipe")
+        if chosen and not as_json:
+            typer.echo(recipe_line(chosen), err=True)
     typer.echo(f"model written to {out / FINAL_WEIGHTS}", err=True)
 
 

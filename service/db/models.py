@@ -297,6 +297,9 @@ class TrainingRun(Base):
     progress: Mapped[dict[str, Any] | None]
     """Where the run is now (``service.progress``): phase, epoch/step of how many, hosts, and
     the sub-epoch curve points the trainer reported."""
+    recipe: Mapped[dict[str, Any] | None]
+    """What the fine-tune recipe chose (``training.recipe.Choices``): the plan, the learning
+    rate and how it was found, the search's curve; the best validation step once it ended."""
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 

@@ -1,0 +1,155 @@
+"""The fine-tune recipe's rules (``training.recipe``), each against a hand-computed case."""
+
+import math
+
+import pytest
+
+from zoopick.training import recipe
+from zoopick.training.config import FinetuneConfig, FinetuneOptions
+
+WHERE = {"zoo": "z", "model": "m", "data": "d", "out": "o"}
+
+
+def test_the_length_comes_from_the_data_unless_epochs_are_given():
+    # 898 digits at batch 32: 28 steps an epoch; ten epochs are 280, raised to the floor
+    assert recipe.run_steps(None, 28) == recipe.MIN_STEPS == 400
+    assert recipe.run_steps(None, 100) == 1000  # ten epochs
+    assert recipe.run_steps(None, 1875) == recipe.MAX_STEPS == 4000  # Fashion-MNIST: bounded
+    assert recipe.run_steps(3, 28) == 84  # given epochs are honoured as they are
+    with pytest.raises(ValueError):
+        recipe.run_steps(None, 0)
+
+
+def test_warmup_then_cosine_per_step():
+    steps, warm = 100, 5
+    # linear warm-up: 1/6, 2/6 ... 5/6, then the cosine starts at 1
+    assert [recipe.lr_factor(s, steps, warm) for s in range(5)] == pytest.approx(
+        [1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6]
+    )
+    assert recipe.lr_factor(5, steps, warm) == 1.0
+    # half-way through the 95 cosine steps: (1 + cos(pi/2)) / 2 = 0.5
+    assert recipe.lr_factor(5 + 95 // 2, steps, warm) == pytest.approx(
+        0.5 * (1 + math.cos(math.pi * 47 / 95))
+    )
+    last = recipe.lr_factor(99, steps, warm)
+    assert 0 < last < 0.001
+    factors = [recipe.lr_factor(s, steps, warm) for s in range(5, 100)]
+    assert all(a > b for a, b in zip(factors, factors[1:], strict=False))  # strictly falling
+    with pytest.raises(ValueError):
+        recipe.lr_factor(100, steps, warm)
+
+
+def test_the_search_goes_past_an_end_and_finds_a_known_best_rate():
+    """Validation accuracy as a known unimodal function of log10(lr), peaked at 3e-2: the
+    search starts at 3e-4, 1e-3, 3e-3 and must walk up past the end to the peak."""
+
+    def trial(lr: float) -> recipe.Trial:
+        x = math.log10(lr) - math.log10(3e-2)
+        return recipe.Trial(lr, 1.0 - 0.1 * x * x, 1.0 + x * x)
+
+    trials = recipe.search(recipe.LR_CANDIDATES["adamw"], trial)
+    rates = [t.lr for t in trials]
+    assert rates[:3] == [3e-4, 1e-3, 3e-3]
+    assert rates[3:] == pytest.approx([3e-3 * 10**0.5, 3e-2])
+    assert recipe.pick(trials) == pytest.approx(3e-2)
+    assert len(trials) <= recipe.MAX_TRIALS
+
+    # a peak inside the first candidates: no extension; one below them: one step down
+    inside = recipe.search([1e-4, 1e-3, 1e-2], lambda lr: recipe.Trial(lr, -abs(lr - 1e-3), 0))
+    assert [t.lr for t in inside] == [1e-4, 1e-3, 1e-2]
+    # peaked at 5e-4, below both: down one step (3.2e-4, now the best), then one more (1e-4,
+    # worse), and the best is no longer at an end
+    peak = lambda lr: recipe.Trial(lr, -abs(math.log10(lr / 5e-4)), 0)  # noqa: E731
+    low = recipe.search([1e-3, 3e-3], peak)
+    assert [t.lr for t in low] == pytest.approx([1e-3, 3e-3, 1e-3 / 10**0.5, 1e-4])
+    assert recipe.pick(low) == pytest.approx(1e-3 / 10**0.5)
+
+
+def test_pick_breaks_ties_by_loss_then_the_smaller_rate_and_skips_diverged():
+    t = recipe.Trial
+    assert recipe.pick([t(1e-3, 0.9, 0.5), t(3e-3, 0.9, 0.4)]) == 3e-3
+    assert recipe.pick([t(1e-3, 0.9, 0.4), t(3e-3, 0.9, 0.4)]) == 1e-3
+    assert recipe.pick([t(1e-3, 0.5, 1.0), t(3e-3, 0.95, math.inf)]) == 1e-3
+    with pytest.raises(ValueError, match="diverged"):
+        recipe.pick([t(1e-3, 0.1, math.inf)])
+
+
+def test_early_stop_and_the_best_checkpoint_rule():
+    # before half the schedule: never
+    assert not recipe.should_stop([0.9, 0.5, 0.5, 0.5, 0.5], step=40, steps=100, patience=4)
+    # after it: four checks all below the best before them
+    assert recipe.should_stop([0.9, 0.5, 0.5, 0.5, 0.5], step=60, steps=100, patience=4)
+    # a tie with the best is not a decline
+    assert not recipe.should_stop([0.9, 0.5, 0.9, 0.5, 0.5], step=60, steps=100, patience=4)
+    assert not recipe.should_stop([0.9, 0.5, 0.5], step=60, steps=100, patience=4)
+    assert recipe.better(0.9, None) and recipe.better(0.9, 0.9) and not recipe.better(0.8, 0.9)
+
+
+def test_validation_share_is_bounded_and_skipped_for_tiny_classes():
+    assert recipe.validation_fraction([100] * 10) == pytest.approx(0.1)
+    assert recipe.validation_fraction([6000] * 10) == pytest.approx(2000 / 60000)
+    assert recipe.validation_fraction([100, 4]) is None
+    assert recipe.validation_fraction([]) is None
+
+
+def test_plans_fill_only_what_the_user_left_unset():
+    auto = recipe.plan(FinetuneConfig(**WHERE), steps_per_epoch=28, validation=0.1)
+    assert (auto.recipe, auto.optimizer, auto.lr, auto.lr_source) == (
+        "auto",
+        "adamw",
+        None,
+        "search",
+    )
+    assert auto.steps == 400 and auto.warmup_steps == 20 and auto.trial_steps == 32
+    assert auto.candidates == recipe.LR_CANDIDATES["adamw"] and auto.keep_best
+    assert (auto.label_smoothing, auto.augment, auto.head_lr_scale) == (0.1, True, 10.0)
+    assert auto.weight_decay == recipe.ADAMW_WEIGHT_DECAY and auto.eval_every == 40
+
+    given = recipe.plan(
+        FinetuneConfig(**WHERE, lr=0.02, optimizer="sgd", augment=False, epochs=20),
+        steps_per_epoch=28,
+        validation=0.1,
+    )
+    assert (given.lr, given.lr_source, given.candidates) == (0.02, "given", ())
+    assert (given.optimizer, given.augment, given.steps, given.weight_decay) == (
+        "sgd",
+        False,
+        560,
+        0.0,
+    )
+    # a run too short to search within its share takes the default rate
+    short = recipe.plan(FinetuneConfig(**WHERE, epochs=1), steps_per_epoch=28, validation=0.1)
+    assert (short.lr, short.lr_source, short.candidates) == (1e-3, "default", ())
+    # no validation split (tiny classes), or a race's rung: no search, the last weights
+    for p in (
+        recipe.plan(FinetuneConfig(**WHERE), steps_per_epoch=28, validation=None),
+        recipe.plan(FinetuneConfig(**WHERE), steps_per_epoch=28, validation=0.1, rung=True),
+    ):
+        assert (p.lr, p.lr_source, p.keep_best) == (1e-3, "default", False)
+
+    fixed = recipe.plan(FinetuneConfig(**WHERE, recipe="fixed"), steps_per_epoch=28, validation=0.1)
+    assert (fixed.steps, fixed.lr, fixed.optimizer, fixed.momentum) == (84, 0.01, "sgd", 0.9)
+    assert not fixed.cosine and not fixed.keep_best and fixed.head_lr_scale == 1.0
+    assert fixed.label_smoothing == 0.0 and fixed.augment is False
+
+
+def test_jobs_stored_before_the_recipe_read_as_fixed():
+    old = {"epochs": 3, "lr": 0.01, "optimizer": "sgd", "momentum": 0.9, "weight_decay": 0.0}
+    assert FinetuneOptions.stored(old).recipe == "fixed"
+    assert FinetuneOptions.stored(FinetuneOptions().model_dump(mode="json")).recipe == "auto"
+    assert FinetuneOptions().resolved("optimizer") == "adamw"
+    assert FinetuneOptions(recipe="fixed").resolved("lr") == 0.01
+    # hook momentum is refused with the recipe's AdamW as with Adam
+    with pytest.raises(ValueError, match="adamw"):
+        FinetuneOptions(hook_options={"momentum": 0.9})
+
+
+def test_describe_says_what_was_chosen():
+    chosen = recipe.Choices(
+        plan=recipe.plan(FinetuneConfig(**WHERE), steps_per_epoch=28, validation=0.1).to_dict(),
+        lr=3e-3,
+        best_step=360,
+        best_val_accuracy=0.98,
+    )
+    text = recipe.describe(chosen.to_dict())
+    assert "adamw at lr 0.003 (search), 400 steps" in text and "best validation step 360" in text

@@ -1,0 +1,346 @@
+"""The fine-tune recipe: how long to train, at which learning rate, with what, and which
+weights to return, chosen from the data when the user leaves a field unset.
+
+Why: a fixed epoch count and a constant rate fit no dataset in general (three epochs of a
+900-image dataset are 84 steps; issue 39 measured the old default at 0.18-0.66 of what the
+same trainer reaches with a long cosine schedule and a good rate). The ``auto`` recipe follows
+what the field's fine-tuning recipes agree on, with no user sweep:
+
+* **length** in optimizer steps from the data: :data:`EPOCHS_EQUIVALENT` passes over the
+  training split, at least :data:`MIN_STEPS` (a small dataset gets hundreds of steps where
+  three epochs gave tens), at most :data:`MAX_STEPS` (a large one is bounded); an explicit
+  ``epochs`` (or a race rung's ``max_steps``) is honoured as it is;
+* **schedule**: linear warm-up over :data:`WARMUP_SHARE` of the steps, then a cosine to zero
+  (timm's and fast.ai's shape), per optimizer step;
+* **optimizer**: AdamW, weight decay :data:`ADAMW_WEIGHT_DECAY`; the new head learns
+  :data:`HEAD_LR_SCALE` times faster than the pretrained body (it starts from random
+  weights, the body from useful ones: the usual discriminative rates);
+* **learning rate**: chosen per model and dataset by short annealed trials from the same
+  starting weights (each :data:`TRIAL_SHARE` of the run's steps) at the rates of
+  :data:`LR_CANDIDATES`, going on past an end where the best is there (:func:`next_rate`, at
+  most :data:`MAX_TRIALS`), judged on a validation split by accuracy (ties: lower loss, then
+  the smaller rate): the race's rule (an annealed short run's end predicts the long run's),
+  applied to rates instead of models. A run too short to give a trial :data:`MIN_TRIAL_STEPS`
+  (an explicit short ``epochs``) takes :data:`DEFAULT_LR` instead: the search never costs
+  more than its share;
+* **label smoothing** :data:`LABEL_SMOOTHING` and light **augmentation** (random shifts of up
+  to 1/8 of the side, no flips: safe for digits, text and textures alike);
+* **validation**: a stratified :data:`VALIDATION_FRACTION` of the training split (at most
+  :data:`MAX_VALIDATION` images), evaluated :data:`EVALUATIONS` times; the model returned is
+  the best validation checkpoint, and a run whose validation accuracy has not improved for
+  :data:`PATIENCE` evaluations past half its schedule stops early. The test split never
+  chooses anything: it is only reported.
+
+``fixed`` is the recipe before it (3 epochs, SGD at a constant 0.01, one parameter group, no
+augmentation, the last weights), kept so old runs can be reproduced; a job stored before the
+field existed reads as ``fixed``.
+
+Every value a user sets is honoured; the recipe fills only what is unset. Torch-free: the API
+and the planner use it without the trainer. These rules were fixed from the literature before
+the benchmark (``benchmarks/finetune/PREREGISTRATION.md``) and are reported on data they were
+not chosen on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Recipe = Literal["auto", "fixed"]
+RECIPES: tuple[str, ...] = ("auto", "fixed")
+
+FIXED = {
+    "epochs": 3,
+    "lr": 0.01,
+    "optimizer": "sgd",
+    "momentum": 0.9,
+    "weight_decay": 0.0,
+    "label_smoothing": 0.0,
+    "augment": False,
+}
+"""The ``fixed`` recipe's values for unset fields: zoopick's defaults before the auto recipe."""
+
+EPOCHS_EQUIVALENT = 10
+MIN_STEPS = 400
+MAX_STEPS = 4000
+WARMUP_SHARE = 0.05
+ADAMW_WEIGHT_DECAY = 0.01
+HEAD_LR_SCALE = 10.0
+LABEL_SMOOTHING = 0.1
+LR_CANDIDATES: dict[str, tuple[float, ...]] = {
+    "adamw": (3e-4, 1e-3, 3e-3),
+    "adam": (3e-4, 1e-3, 3e-3),
+    "sgd": (3e-3, 1e-2, 3e-2),
+}
+"""Body rates the search tries first, per optimizer: half a decade apart around the rate the
+field's fine-tuning recipes use at batch 32. Where the best is at an end, the search goes on
+past it, :data:`LR_STEP` at a time, up to :data:`MAX_TRIALS` trials (a random or far-off
+model wants a higher rate, a large pretrained one a lower)."""
+LR_STEP = 10**0.5
+MAX_TRIALS = 5
+DEFAULT_LR = {"adamw": 1e-3, "adam": 1e-3, "sgd": 1e-2}
+"""The rate where no search runs (a race rung, a dataset too small to hold out a split)."""
+TRIAL_SHARE = 0.08
+"""One trial's steps as a share of the run's: the search costs at most
+``MAX_TRIALS * TRIAL_SHARE`` = 0.4 of the run (its bound: 1.4 runs in all)."""
+MIN_TRIAL_STEPS = 20
+VALIDATION_FRACTION = 0.1
+MAX_VALIDATION = 2000
+MIN_VALIDATION_CLASS = 5
+"""A class needs this many training images for the recipe to hold some out: below it the run
+keeps every image for training, uses :data:`DEFAULT_LR` and returns its last weights."""
+EVALUATIONS = 10
+PATIENCE = 4
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run does, every value decided (the recipe's choices and the user's fields)."""
+
+    recipe: str
+    steps: int
+    """Optimizer steps of the run (the search's trials not included)."""
+    warmup_steps: int
+    optimizer: str
+    momentum: float
+    weight_decay: float
+    label_smoothing: float
+    augment: bool
+    head_lr_scale: float
+    lr: float | None
+    """The body's rate; None: :attr:`candidates` are searched first."""
+    lr_source: str
+    """How :attr:`lr` was found: "given", "default", "fixed recipe" or "search"."""
+    candidates: tuple[float, ...] = ()
+    """The rates the search tries first (it may go on past an end: :func:`next_rate`)."""
+    trial_steps: int = 0
+    validation_fraction: float | None = None
+    """The share of the training split held out to choose on (None: none is)."""
+    eval_every: int = 0
+    """Steps between validation checks (0: only per epoch as the fixed recipe did)."""
+    patience: int = 0
+    keep_best: bool = False
+    cosine: bool = True
+    """Per-step warm-up and cosine (False: a constant rate, the fixed recipe)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Trial:
+    """One rate of the search and where its short run ended on the validation split."""
+
+    lr: float
+    val_accuracy: float
+    val_loss: float
+
+
+@dataclass
+class Choices:
+    """What the recipe chose in a run, as the trainer reports it (``{"event": "recipe"}``) and
+    keeps in its checkpoint: the plan, the search's curve and the best validation step."""
+
+    plan: dict[str, Any]
+    lr: float
+    trials: list[dict[str, float]] = field(default_factory=list)
+    best_step: int | None = None
+    best_val_accuracy: float | None = None
+    stopped_early: bool = False
+    search_seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def value(options: Any, name: str) -> Any:
+    """``options.name`` as the run uses it: the user's value, else the recipe's (``fixed``:
+    :data:`FIXED`; ``auto``: AdamW's settings, or None where the data decide)."""
+    given = getattr(options, name)
+    if given is not None:
+        return given
+    if options.recipe == "fixed":
+        return FIXED[name]
+    optimizer = options.optimizer or "adamw"
+    auto = {
+        "epochs": None,
+        "lr": None,
+        "optimizer": optimizer,
+        "momentum": 0.9,
+        "weight_decay": ADAMW_WEIGHT_DECAY if optimizer == "adamw" else 0.0,
+        "label_smoothing": LABEL_SMOOTHING,
+        "augment": True,
+    }
+    return auto[name]
+
+
+def run_steps(epochs: int | None, steps_per_epoch: int) -> int:
+    """The run's length in optimizer steps: ``epochs`` whole epochs when given, else
+    :data:`EPOCHS_EQUIVALENT` epochs bounded to [:data:`MIN_STEPS`, :data:`MAX_STEPS`]."""
+    if steps_per_epoch < 1:
+        raise ValueError("an epoch needs at least one step")
+    if epochs is not None:
+        return epochs * steps_per_epoch
+    return min(max(EPOCHS_EQUIVALENT * steps_per_epoch, MIN_STEPS), MAX_STEPS)
+
+
+def validation_fraction(class_counts: Sequence[int]) -> float | None:
+    """The share of the training split the auto recipe holds out to choose on: a
+    :data:`VALIDATION_FRACTION` of it, at most :data:`MAX_VALIDATION` images; None when some
+    class has fewer than :data:`MIN_VALIDATION_CLASS` images (too few to spare any)."""
+    if not class_counts or min(class_counts) < MIN_VALIDATION_CLASS:
+        return None
+    return min(VALIDATION_FRACTION, MAX_VALIDATION / sum(class_counts))
+
+
+def plan(
+    options: Any,
+    *,
+    steps_per_epoch: int,
+    validation: float | None,
+    rung: bool = False,
+) -> Plan:
+    """The run's plan. ``options``: the run's :class:`~zoopick.training.config.FinetuneConfig`
+    (or options); ``validation``: the share held out for the recipe (None: none); ``rung``: a
+    race's rung (``max_steps``: its length and schedule are the race's, no search, no
+    validation of its own)."""
+    get = lambda name: value(options, name)  # noqa: E731
+    optimizer = get("optimizer")
+    common = {
+        "recipe": options.recipe,
+        "optimizer": optimizer,
+        "momentum": get("momentum"),
+        "weight_decay": get("weight_decay"),
+        "label_smoothing": get("label_smoothing"),
+        "augment": get("augment"),
+    }
+    if options.recipe == "fixed":
+        steps = run_steps(get("epochs"), steps_per_epoch)
+        return Plan(
+            **common,
+            steps=steps,
+            warmup_steps=0,
+            head_lr_scale=1.0,
+            lr=get("lr"),
+            lr_source="given" if options.lr is not None else "fixed recipe",
+            cosine=False,
+        )
+    steps = run_steps(options.epochs, steps_per_epoch)
+    head = HEAD_LR_SCALE
+    if rung or validation is None:
+        lr = options.lr if options.lr is not None else DEFAULT_LR[optimizer]
+        return Plan(
+            **common,
+            steps=steps,
+            warmup_steps=warmup_steps(steps),
+            head_lr_scale=head,
+            lr=lr,
+            lr_source="given" if options.lr is not None else "default",
+        )
+    candidates = () if options.lr is not None else LR_CANDIDATES[optimizer]
+    trial = math.floor(TRIAL_SHARE * steps) if candidates else 0
+    if candidates and trial < MIN_TRIAL_STEPS:  # a run too short to search within its bound
+        candidates, trial = (), 0
+    lr = options.lr if options.lr is not None or candidates else DEFAULT_LR[optimizer]
+    source = "given" if options.lr is not None else "search" if candidates else "default"
+    return Plan(
+        **common,
+        steps=steps,
+        warmup_steps=warmup_steps(steps),
+        head_lr_scale=head,
+        lr=lr,
+        lr_source=source,
+        candidates=candidates,
+        trial_steps=trial,
+        validation_fraction=validation,
+        eval_every=max(1, math.ceil(steps / EVALUATIONS)),
+        patience=PATIENCE,
+        keep_best=True,
+    )
+
+
+def warmup_steps(steps: int) -> int:
+    return max(1, round(WARMUP_SHARE * steps)) if steps > 1 else 0
+
+
+def lr_factor(step: int, steps: int, warmup: int) -> float:
+    """The rate's multiplier at optimizer step ``step`` (0-based) of ``steps``: linear from
+    1/(warmup+1) up to 1 over the first ``warmup`` steps, then a cosine from 1 towards 0
+    (``(1 + cos(pi t / T)) / 2`` over the ``T`` steps after the warm-up)."""
+    if not 0 <= step < steps:
+        raise ValueError(f"step {step} is outside the run's {steps} steps")
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    t, span = step - warmup, steps - warmup
+    return 0.5 * (1.0 + math.cos(math.pi * t / span))
+
+
+def pick(trials: Sequence[Trial]) -> float:
+    """The searched rate: the best validation accuracy; ties to the lower validation loss, then
+    to the smaller rate (the safer one). A trial whose loss is not finite never wins."""
+    finite = [t for t in trials if math.isfinite(t.val_loss)]
+    if not finite:
+        raise ValueError("every learning rate of the search diverged")
+    return min(finite, key=lambda t: (-t.val_accuracy, t.val_loss, t.lr)).lr
+
+
+def search(candidates: Sequence[float], trial: Callable[[float], Trial]) -> list[Trial]:
+    """Run the rate search: ``trial(lr)`` at each candidate, then on past an end while the best
+    is there (:func:`next_rate`). Returns every trial, in the order run."""
+    trials: list[Trial] = []
+    pending = list(candidates)
+    lr: float | None = pending.pop(0) if pending else None
+    while lr is not None:
+        trials.append(trial(lr))
+        lr = pending.pop(0) if pending else next_rate(trials)
+    return trials
+
+
+def next_rate(trials: Sequence[Trial]) -> float | None:
+    """The search's next rate after ``trials`` (the first candidates tried, in order): one
+    :data:`LR_STEP` past the end where the best so far is the highest or lowest rate tried,
+    while fewer than :data:`MAX_TRIALS` ran; None: the search is over."""
+    if len(trials) >= MAX_TRIALS or len(trials) < 2:
+        return None
+    best = pick(trials)
+    rates = sorted(t.lr for t in trials)
+    if best == rates[-1]:
+        return best * LR_STEP
+    if best == rates[0]:
+        return best / LR_STEP
+    return None
+
+
+def should_stop(history: Sequence[float], *, step: int, steps: int, patience: int) -> bool:
+    """Early stop: past half the schedule, and the last ``patience`` validation checks of
+    ``history`` (accuracies, oldest first) were all below the best before them (a tie is not
+    a decline: the later, more annealed weights are kept, see :func:`better`)."""
+    if patience < 1 or step < steps // 2 or len(history) <= patience:
+        return False
+    return max(history[-patience:]) < max(history[:-patience])
+
+
+def better(accuracy: float, best: float | None) -> bool:
+    """Whether a validation check replaces the best checkpoint: not worse (ties go to the
+    later weights, further down the cosine, where a run usually ends best)."""
+    return best is None or accuracy >= best
+
+
+def describe(choices: Mapping[str, Any]) -> str:
+    """One line for a person: what the recipe chose and how."""
+    plan_ = choices.get("plan") or {}
+    how = plan_.get("lr_source", "?")
+    text = (
+        f"recipe {plan_.get('recipe', '?')}: {plan_.get('optimizer', '?')} at lr "
+        f"{choices.get('lr'):.3g} ({how}), {plan_.get('steps', '?')} steps"
+    )
+    if choices.get("best_step") is not None:
+        acc = choices.get("best_val_accuracy")
+        text += f", best validation step {choices['best_step']}"
+        if acc is not None:
+            text += f" ({acc:.4f})"
+    if choices.get("stopped_early"):
+        text += ", stopped early"
+    return text
