@@ -153,6 +153,14 @@ class Settings(BaseSettings):
         description="How long one start of a ray run's workers waits for machines (a start "
         "that times out counts as a failure; an elastic run then starts with fewer).",
     )
+    comm_triton: bool = Field(
+        False,
+        description="Fine-tunes on CUDA select with the fused Triton kernels "
+        "(training.comm.triton_kernels) instead of torch.topk; off until they are measured "
+        "faster (benchmarks/comm/README.md). The trainer's processes inherit it from the "
+        "worker's environment (Settings.env writes it for the processes serve starts) and "
+        "read it there (training.comm.select.cuda_triton), as zoopick train's do.",
+    )
 
     # workers: time limits (seconds) and the job lease
     score_soft_time_limit: int = Field(1800, gt=0)

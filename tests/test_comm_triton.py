@@ -656,16 +656,25 @@ def test_kernels_compile_for_an_h100(tmp_path):
     assert int(done.stdout.split()[-1]) == sum(len(v) for _, v in triton_kernels.VARIANTS.values())
 
 
-def test_the_fused_path_is_an_environment_option():
-    """``select.CUDA_TRITON`` is off unless ``ZOOPICK_COMM_TRITON=1`` is in the process's
-    environment (what a training worker inherits from the service or ``zoopick train``)."""
-    code = "from zoopick.training.comm import select; print(select.CUDA_TRITON)"
+def test_the_fused_path_is_an_environment_option(tmp_path):
+    """``select.cuda_triton()`` is off unless ``ZOOPICK_COMM_TRITON`` is true in the process's
+    environment (what a training worker inherits from the service or ``zoopick train``): read
+    on first use, not at import, and spelled as the service's settings write it too."""
+    from zoopick.service.settings import Settings
+
+    code = (
+        "from zoopick.training.comm import select; "
+        "print(select.CUDA_TRITON, select.cuda_triton(), select.CUDA_TRITON)"
+    )
+    clean = {k: v for k, v in os.environ.items() if k != "ZOOPICK_COMM_TRITON"}
+    served = Settings(data_dir=tmp_path, comm_triton=True).env()
     seen = {}
-    for value in ("1", "0", None):
-        env = {k: v for k, v in os.environ.items() if k != "ZOOPICK_COMM_TRITON"}
-        if value is not None:
+    for value in ("1", "true", "0", None, "served"):
+        env = dict(clean) if value != "served" else served
+        if value not in (None, "served"):
             env["ZOOPICK_COMM_TRITON"] = value
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         seen[value] = out.stdout.strip()
-    assert seen == {"1": "True", "0": "False", None: "False"}
+    on, off = "None True True", "None False False"
+    assert seen == {"1": on, "true": on, "0": off, None: off, "served": on}

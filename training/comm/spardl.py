@@ -387,7 +387,7 @@ def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, densi
 
     def take_fused(js: tuple[int, ...], count: int) -> list[tuple[torch.Tensor, ...]]:
         """``take`` of blocks ``js`` at once by the Triton kernels (CUDA with
-        ``select.CUDA_TRITON``): one selection whose last pass also rounds the values and
+        ``select.cuda_triton()``): one selection whose last pass also rounds the values and
         takes them out of W; a single block starts from the first radix level that the
         error-feedback pass took (``triton_kernels.Scan``)."""
         with stats.timer("select_s"):

@@ -349,7 +349,7 @@ def _prescan_spans(
     or compiled path (the compiled one where the scheme names a block), for a
     scheme that names its blocks (its sum is a ``PairSum``, written into a zeroed bucket),
     outside a dense warm-up, when ``u`` is the bucket's own float32 gradient (no momentum),
-    which the pass zeroes once it is read. On CUDA with ``select.CUDA_TRITON`` the pass is
+    which the pass zeroes once it is read. On CUDA with ``select.cuda_triton()`` the pass is
     ``triton_kernels.accumulate``."""
     on_cpu = select.cpu_shortcut(buf) and (select.CPU_GROUPED or select.CPU_KERNEL)
     if density is None or not (on_cpu or triton_kernels.applies(buf)):

@@ -153,9 +153,9 @@ def interpreting() -> bool:
 
 
 def applies(x: torch.Tensor) -> bool:
-    """Whether a hook selects from ``x`` with these kernels: ``select.CUDA_TRITON`` on, off
+    """Whether a hook selects from ``x`` with these kernels: ``select.cuda_triton()`` on, off
     the CPU shortcuts, and ``x`` on CUDA, or on the CPU under the interpreter (tests)."""
-    if not select.CUDA_TRITON or select.cpu_shortcut(x) or x.dtype != torch.float32:
+    if not select.cuda_triton() or select.cpu_shortcut(x) or x.dtype != torch.float32:
         return False
     if x.device.type == "cuda" or (x.device.type == "cpu" and interpreting()):
         return available()
