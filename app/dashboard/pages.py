@@ -438,7 +438,8 @@ DEFAULT_FORM = {
     "metrics": ", ".join(jobs.DEFAULT_METRICS),
     "select_by": jobs.DEFAULT_SELECT_BY,
     "finetune": False,
-    "epochs": jobs.FinetuneOptions().epochs,
+    "recipe": jobs.FinetuneOptions().recipe,
+    "epochs": "",  # blank: the recipe's length
     "compressor": jobs.FinetuneOptions().compressor,
     "density": jobs.FinetuneOptions().density,
     "workers": jobs.FinetuneOptions().workers,
@@ -511,6 +512,7 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
         "metrics": str(raw.get("metrics") or ""),
         "select_by": str(raw.get("select_by") or "").strip(),
         "finetune": raw.get("finetune") == "on",
+        "recipe": str(raw.get("recipe") or "").strip(),
         "epochs": str(raw.get("epochs") or ""),
         "compressor": str(raw.get("compressor") or "").strip(),
         "density": str(raw.get("density") or ""),
@@ -531,6 +533,7 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
         }
         if form["finetune"]:
             finetune = {
+                "recipe": form["recipe"] or None,
                 "epochs": _form_number(form["epochs"], int),
                 "compressor": form["compressor"] or None,
                 "density": _form_number(form["density"], float),
