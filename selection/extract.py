@@ -53,16 +53,30 @@ _CACHE_VERSION = 2
 16-bit and float images scaled by their mode's range), so no cached output of the old pixels is
 served."""
 PREPROCESS_CACHE_ENTRIES = 4
-PREPROCESS_CACHE_BYTES = int(os.environ.get("ZOOPICK_PREPROCESS_CACHE_BYTES", 4 << 30))
-MAX_LOGITS_BYTES = int(os.environ.get("ZOOPICK_MAX_LOGITS_BYTES", 1 << 30))
+PREPROCESS_CACHE_BYTES = 4 << 30
+"""The in-process cache's default budget of decoded images (``preprocess``'s ``cache_bytes``;
+the service's ``ZOOPICK_PREPROCESS_CACHE_BYTES``)."""
+MAX_LOGITS_BYTES = 1 << 30
 """Most bytes of float32 source logits (images x the head's outputs x 4) one extraction may
-produce (``ZOOPICK_MAX_LOGITS_BYTES``, default 1 GiB). They are held in memory several times
+produce by default (``extract``'s ``max_logits_bytes``; the service's
+``ZOOPICK_MAX_LOGITS_BYTES``, 1 GiB). They are held in memory several times
 over (per batch, concatenated, written to the feature cache, then read by the metrics, some in
 float64) and stored in the cache, so a model over it is refused *before* the forward pass,
 naming the model and the bound: a job skips it with that error instead of its worker running
 out of memory. Registration caps a head at ``zoopick.selection.zoo.MAX_NUM_CLASSES``, but
 the cost grows with the dataset too: 1 GiB holds 10,000 images at ImageNet-21k's 21,843
 outputs, while a 100,000-output head reaches it at about 2,700 images."""
+
+
+def _bound(value: int | None, variable: str, default: int) -> int:
+    """``value`` as passed by the caller; where it is None (a caller that passes none), the
+    process's ``variable`` when set (read now, not at import: what ``zoopick`` commands run
+    under, and a worker started with the service's settings, which describe and validate
+    it), else ``default``."""
+    if value is not None:
+        return value
+    raw = os.environ.get(variable, "").strip()
+    return int(raw) if raw else default
 
 
 @dataclass
@@ -117,11 +131,14 @@ def _eval_transform(data_config: Mapping[str, Any]):
     )
 
 
-def preprocess(dataset: TargetDataset, data_config: Mapping[str, Any]) -> torch.Tensor:
+def preprocess(
+    dataset: TargetDataset, data_config: Mapping[str, Any], *, cache_bytes: int | None = None
+) -> torch.Tensor:
     """The dataset through the eval transform, without normalisation: uint8 (N, 3, H, W).
 
     Cached in process per (dataset digest, transform key); an array too large for the cache
-    budget (``ZOOPICK_PREPROCESS_CACHE_BYTES``, default 4 GiB) is returned but not kept.
+    budget (``cache_bytes``; None: ``ZOOPICK_PREPROCESS_CACHE_BYTES`` where the process has
+    it, else :data:`PREPROCESS_CACHE_BYTES`, 4 GiB) is returned but not kept.
     Callers must not modify the returned tensor.
     """
     key = (dataset.digest, transform_key(data_config))
@@ -143,12 +160,13 @@ def preprocess(dataset: TargetDataset, data_config: Mapping[str, Any]) -> torch.
         out[i] = t
 
     _parallel(one, len(dataset))
-    if dataset.digest and out.numel() <= PREPROCESS_CACHE_BYTES:
+    budget = _bound(cache_bytes, "ZOOPICK_PREPROCESS_CACHE_BYTES", PREPROCESS_CACHE_BYTES)
+    if dataset.digest and out.numel() <= budget:
         with _LOCK:
             _PREPROCESSED[key] = out
             total = sum(t.numel() for t in _PREPROCESSED.values())
             while len(_PREPROCESSED) > 1 and (
-                len(_PREPROCESSED) > PREPROCESS_CACHE_ENTRIES or total > PREPROCESS_CACHE_BYTES
+                len(_PREPROCESSED) > PREPROCESS_CACHE_ENTRIES or total > budget
             ):
                 _, dropped = _PREPROCESSED.popitem(last=False)
                 total -= dropped.numel()
@@ -260,15 +278,17 @@ def _forward(
     return torch.cat(logits).numpy(), torch.cat(features).numpy()
 
 
-def check_logits_size(entry: ZooEntry, n: int) -> None:
+def check_logits_size(entry: ZooEntry, n: int, *, max_logits_bytes: int | None = None) -> None:
     """Raise ``ZooError`` when ``entry``'s logits on ``n`` images would be over
-    ``MAX_LOGITS_BYTES``. Checked before the model is built or a cached result read (both
-    cost the same memory), from the manifest's ``num_classes`` alone."""
+    ``max_logits_bytes`` (None: ``ZOOPICK_MAX_LOGITS_BYTES`` where the process has it, else
+    :data:`MAX_LOGITS_BYTES`). Checked before the model is built or a cached result read
+    (both cost the same memory), from the manifest's ``num_classes`` alone."""
+    bound = _bound(max_logits_bytes, "ZOOPICK_MAX_LOGITS_BYTES", MAX_LOGITS_BYTES)
     size = n * entry.num_classes * 4
-    if size > MAX_LOGITS_BYTES:
+    if size > bound:
         raise ZooError(
             f"model {entry.id!r}: its {entry.num_classes:,}-output head on {n:,} images would "
-            f"give {size:,} bytes of float32 logits, over the bound of {MAX_LOGITS_BYTES:,} "
+            f"give {size:,} bytes of float32 logits, over the bound of {bound:,} "
             "bytes (ZOOPICK_MAX_LOGITS_BYTES); score it on fewer images or raise the bound"
         )
 
@@ -281,18 +301,22 @@ def extract(
     device: str | None = None,
     cache_dir: str | Path | None = None,
     model: torch.nn.Module | None = None,
+    max_logits_bytes: int | None = None,
+    preprocess_cache_bytes: int | None = None,
 ) -> Extraction:
     """Source logits and pre-logit features of ``entry``'s model on ``dataset``.
 
     With ``cache_dir``, a stored result for the same weights, dataset and transform is
     returned without building the model or decoding an image. ``model``, when given, must be
     ``entry``'s model with its source weights (it saves rebuilding; it is moved to ``device``).
+    ``max_logits_bytes`` (:func:`check_logits_size`) and ``preprocess_cache_bytes``
+    (:func:`preprocess`'s ``cache_bytes``) are the caller's bounds, the service's settings.
     """
     if len(dataset) == 0:
         raise DatasetError(f"dataset {dataset.name!r} is empty")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    check_logits_size(entry, len(dataset))
+    check_logits_size(entry, len(dataset), max_logits_bytes=max_logits_bytes)
     dev = torch.device(device or default_device())
     precision = "bf16" if dev.type == "cuda" else "fp32"
     data_config = entry.data_config(model)
@@ -303,7 +327,7 @@ def extract(
         hit = _read_cache(path, key, len(dataset))
         if hit is not None:
             return Extraction(hit[0], hit[1], 0.0, True)
-    x = preprocess(dataset, data_config)
+    x = preprocess(dataset, data_config, cache_bytes=preprocess_cache_bytes)
     if model is None:
         model = entry.create_model()
     start = time.perf_counter()

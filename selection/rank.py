@@ -85,18 +85,29 @@ def score_model(
     batch_size: int = 64,
     device: str | None = None,
     metric_options: Mapping[str, Mapping[str, Any]] | None = None,
+    max_logits_bytes: int | None = None,
+    preprocess_cache_bytes: int | None = None,
 ) -> ModelResult:
     """One forward pass of the zoo model ``entry`` over ``dataset`` (cached on disk when
     ``cache_dir`` is given), then every metric from those outputs, each timed.
 
-    ``metric_options`` maps a metric name to its keyword options. A metric error is raised
+    ``metric_options`` maps a metric name to its keyword options; ``max_logits_bytes`` and
+    ``preprocess_cache_bytes`` bound the extraction (``extract``'s). A metric error is raised
     naming model and metric, never hidden behind a placeholder score. This is what a service
     worker calls per model; :func:`rank_zoo` calls it for each model of a zoo."""
     from zoopick.selection.extract import extract  # torch-heavy; imported when scoring
 
     metrics = check_metrics(metrics)
     options = _check_options(metrics, metric_options)
-    out = extract(entry, dataset, batch_size=batch_size, device=device, cache_dir=cache_dir)
+    out = extract(
+        entry,
+        dataset,
+        batch_size=batch_size,
+        device=device,
+        cache_dir=cache_dir,
+        max_logits_bytes=max_logits_bytes,
+        preprocess_cache_bytes=preprocess_cache_bytes,
+    )
     result = ModelResult(entry.id, cached=out.cached)
     result.seconds["forward"] = out.seconds
     for name in metrics:
@@ -155,6 +166,8 @@ def rank_zoo(
     device: str | None = None,
     metric_options: Mapping[str, Mapping[str, Any]] | None = None,
     progress: Progress | None = None,
+    max_logits_bytes: int | None = None,
+    preprocess_cache_bytes: int | None = None,
 ) -> Ranking:
     """Score every model of ``zoo`` on ``dataset`` with each metric (:func:`score_model`, one
     forward pass a model), then apply zoo-level normalisations (:func:`combine_zoo`). Bad
@@ -177,6 +190,8 @@ def rank_zoo(
                     batch_size=batch_size,
                     device=device,
                     metric_options=metric_options,
+                    max_logits_bytes=max_logits_bytes,
+                    preprocess_cache_bytes=preprocess_cache_bytes,
                 )
             )
         except registry.MetricError as exc:

@@ -120,6 +120,20 @@ class Settings(BaseSettings):
         None, gt=0, description="Score on a deterministic per-class subsample of this size."
     )
     score_batch_size: int = Field(64, gt=0)
+    max_logits_bytes: int = Field(
+        1 << 30,
+        gt=0,
+        description="Most bytes of float32 source logits (images x the head's outputs x 4) "
+        "scoring one model may produce: a model over it is skipped with its error before its "
+        "forward pass, not the worker's memory (zoopick.selection.extract's max_logits_bytes).",
+    )
+    preprocess_cache_bytes: int = Field(
+        4 << 30,
+        ge=0,
+        description="Budget of a scoring process's in-memory cache of decoded, resized "
+        "images (one byte a pixel), shared by the models of one data config "
+        "(zoopick.selection.extract.preprocess's cache_bytes); 0 keeps nothing.",
+    )
     preload_scoring: bool = Field(
         False,
         description="Import the scoring libraries (torch, timm, the metrics) in each worker "

@@ -182,3 +182,32 @@ def test_imagefolder_dataset_and_default_device(tiny_zoo, tiny_imagefolder):
     assert out.logits.shape == (24, 10)
     assert default_device() == ("cuda" if torch.cuda.is_available() else "cpu")
     assert np.isfinite(out.features).all()
+
+
+def test_the_bounds_are_arguments_with_the_services_defaults(tiny_zoo, tiny_npz, monkeypatch):
+    """``max_logits_bytes`` and ``preprocess_cache_bytes`` are the caller's (the service's
+    settings, same defaults); a caller that passes none gets the process's
+    ``ZOOPICK_*`` variable, read when called, not at import."""
+    from zoopick.selection.rank import score_model
+    from zoopick.selection.zoo import ZooError
+    from zoopick.service.settings import Settings
+
+    defaults = Settings.model_fields
+    assert defaults["max_logits_bytes"].default == extract_mod.MAX_LOGITS_BYTES
+    assert defaults["preprocess_cache_bytes"].default == extract_mod.PREPROCESS_CACHE_BYTES
+    entry = load_zoo(tiny_zoo)["tiny-resnet"]
+    ds = load_dataset(tiny_npz)
+    need = len(ds) * entry.num_classes * 4
+    with pytest.raises(ZooError, match=f"bound of {need - 1:,} bytes"):
+        score_model(entry, ds, ["leep"], device="cpu", max_logits_bytes=need - 1)
+    monkeypatch.setenv("ZOOPICK_MAX_LOGITS_BYTES", str(need - 1))
+    with pytest.raises(ZooError, match=f"bound of {need - 1:,} bytes"):
+        extract(entry, ds, device="cpu")
+    out = extract(entry, ds, device="cpu", max_logits_bytes=need, preprocess_cache_bytes=0)
+    assert out.logits.shape == (len(ds), entry.num_classes)
+    assert not extract_mod._PREPROCESSED  # a budget of 0 keeps no decoded images
+    monkeypatch.setenv("ZOOPICK_PREPROCESS_CACHE_BYTES", "0")
+    preprocess(ds, entry.data_config())
+    assert not extract_mod._PREPROCESSED
+    preprocess(ds, entry.data_config(), cache_bytes=extract_mod.PREPROCESS_CACHE_BYTES)
+    assert len(extract_mod._PREPROCESSED) == 1
