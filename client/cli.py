@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -86,6 +87,30 @@ def register(app: typer.Typer) -> None:
     app.add_typer(jobs_app, name="jobs")
     app.add_typer(model_app, name="model")
     app.add_typer(zoo_app, name="zoo")
+
+
+def add_version_option(app: typer.Typer, command: str, distribution: str) -> None:
+    """``COMMAND --version``: print ``COMMAND VERSION``, the installed ``distribution``'s
+    version, and exit 0 (before any other option or command is looked at)."""
+
+    def print_version(value: bool) -> None:
+        if value:
+            typer.echo(f"{command} {metadata.version(distribution)}")
+            raise typer.Exit()
+
+    # the option as a default, not in Annotated: this module's annotations are strings,
+    # which typer evaluates in the module's globals, where print_version is not
+    @app.callback()
+    def _options(
+        version: bool = typer.Option(
+            False,
+            "--version",
+            callback=print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ) -> None:
+        pass
 
 
 class _PipeGuard:

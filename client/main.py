@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from .cli import guard_stdout, register
+from .cli import add_version_option, guard_stdout, register
 
 app = typer.Typer(
     name="zoopick-client",
@@ -17,6 +17,11 @@ app = typer.Typer(
     add_completion=False,
 )
 register(app)
+# the light distribution installs this package as zoopick_client; the full one ships the same
+# file as zoopick.client.main
+add_version_option(
+    app, "zoopick-client", "zoopick-client" if __package__ == "zoopick_client" else "zoopick"
+)
 
 
 def main() -> None:

@@ -80,6 +80,24 @@ def test_metrics_lists_registry():
         assert name in r.stdout
 
 
+def test_version_prints_the_installed_version_and_exits_0():
+    """``zoopick --version`` (a real subprocess) and the light client's ``--version`` (its app,
+    as the full distribution ships it: the version is zoopick's there) print the version."""
+    import tomllib
+    from importlib import metadata
+    from pathlib import Path
+
+    from zoopick.client.main import app as client_app
+
+    declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    version = declared["project"]["version"]
+    assert metadata.version("zoopick") == version
+    done = zoopick("--version")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"zoopick {version}\n", "")
+    light = CliRunner().invoke(client_app, ["--version"])
+    assert (light.exit_code, light.stdout) == (0, f"zoopick-client {version}\n")
+
+
 def test_the_clients_console_prints_text_never_markup_or_terminal_control():
     """What the CLI prints comes in part from the server (names, errors): ``[/bold]`` made a
     table fail, and an escape sequence would have reached the terminal."""

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from zoopick.client.cli import guard_stdout
+from zoopick.client.cli import add_version_option, guard_stdout
 from zoopick.client.cli import register as register_client
 from zoopick.client.tables import PlainConsole
 from zoopick.client.tables import show as show_table
@@ -35,6 +35,7 @@ app = typer.Typer(
 app.add_typer(service_app)
 # the HTTP client's commands: datasets, jobs, model, zoo (speak to a server, import no service)
 register_client(app)
+add_version_option(app, "zoopick", "zoopick")  # zoopick --version
 
 EXIT_BAD_INPUT = 2
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,10 @@ def test_the_light_client_is_installed_alone(client_bin, tmp_path):
     assert missing == "[]"
     helptext = subprocess.run([str(client_bin / "zoopick-client"), "--help"], **run).stdout
     assert all(group in helptext for group in ("datasets", "jobs", "model", "zoo"))
+    # its version is its own distribution's (client/pyproject.toml), zoopick not being there
+    light = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]
+    version = subprocess.run([str(client_bin / "zoopick-client"), "--version"], **run)
+    assert (version.returncode, version.stdout) == (0, f"zoopick-client {light['version']}\n")
     # GitLab's job installs it with the same line
     spec = yaml.safe_load((CI / "gitlab-ci.yml").read_text())["pick-model"]
     assert lightclient.install_step() in spec["before_script"]
