@@ -407,6 +407,7 @@ def _finish(job: Job, exc: JobFailed | None, as_json: bool) -> None:
 
 @jobs_app.command("submit")
 def jobs_submit(
+    ctx: typer.Context,
     dataset: Annotated[str, typer.Option("--dataset", help="Dataset id.")],
     models: Annotated[
         list[str] | None, typer.Option("--models", help="Zoo ids (repeat or comma-separate).")
@@ -497,18 +498,25 @@ def jobs_submit(
         if not wait:
             _emit(job.raw) if as_json else out.print(job.id)
             return
-        job, failed = _wait_json(client, job, timeout, as_json)
+        job, failed = _wait_json(client, job, timeout, as_json, _program(ctx))
     _finish(job, failed, as_json)
 
 
+def _program(ctx: typer.Context) -> str:
+    """The command as the user ran it (``zoopick``, ``zoopick-client``, ``python -m
+    zoopick.cli``), for a hint that names a command to run next."""
+    return ctx.find_root().info_name or "zoopick"
+
+
 def _wait_json(
-    client: Client, job: Job | str, timeout: float | None, as_json: bool
+    client: Client, job: Job | str, timeout: float | None, as_json: bool, program: str
 ) -> tuple[Job, JobFailed | None]:
     """``_wait``, the failure kept for the exit code. However else the wait ends (timed out,
     the server gone, Ctrl-C), ``--json`` still prints the job as last seen before the exit
     (a pipeline reads stdout whatever the exit code): the submitted job, else the last poll's;
     nothing when no state of it was ever seen (``jobs wait`` on a server that never
-    answered: the caller has the id it gave)."""
+    answered: the caller has the id it gave). On Ctrl-C, stderr says how to wait again,
+    with ``program``: the command the user ran (the light client has no ``zoopick``)."""
     last: list[Job] = [job] if isinstance(job, Job) else []
     try:
         return _wait(client, job, timeout, last.append), None
@@ -520,7 +528,7 @@ def _wait_json(
         if isinstance(exc, _Interrupted):
             jid = exc.args[0]
             err.print(
-                f"interrupted: job {jid} keeps running (zoopick jobs wait {jid})",
+                f"interrupted: job {jid} keeps running ({program} jobs wait {jid})",
                 highlight=False,
             )
             raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -546,6 +554,7 @@ def jobs_status(
 
 @jobs_app.command("wait")
 def jobs_wait(
+    ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     timeout: Timeout = None,
     url: Url = None,
@@ -554,7 +563,7 @@ def jobs_wait(
 ) -> None:
     """Wait for a job: exit 0 if it succeeded, 1 if it failed or was cancelled, 3 on timeout."""
     with _errors(), _client(url, api_key) as client:
-        job, failed = _wait_json(client, job_id, timeout, as_json)
+        job, failed = _wait_json(client, job_id, timeout, as_json, _program(ctx))
     _finish(job, failed, as_json)
 
 

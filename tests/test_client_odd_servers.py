@@ -8,6 +8,7 @@ runs as users run it (``python -m zoopick.cli``), so its entry point's handling 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -119,3 +120,34 @@ def test_an_empty_idempotency_key_and_a_bad_retry_count_are_refused():
         assert done.returncode == 2 and "idempotency key is empty" in done.stderr, done.stderr
         done = cli("zoo", "list", url=url, ZOOPICK_RETRIES="abc")
         assert done.returncode == 2 and "ZOOPICK_RETRIES" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("program", "entry"),
+    [("zoopick-client", "zoopick.client.main"), ("zoopick", "zoopick.cli")],
+)
+def test_an_interrupted_wait_names_the_command_that_was_run(program, entry):
+    """Ctrl-C during a wait said "zoopick jobs wait ...", a command the light client's
+    machines do not have: the hint names the command run (as its console script runs it)."""
+    running = {**_job("running"), "select_by": "logme"}
+    with server(lambda h: reply(h, running)) as (url, seen):
+        code = (
+            "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            f"sys.argv[0] = '/venv/bin/{program}'; from {entry} import main; main()"
+        )
+        env = {**os.environ, "ZOOPICK_API_KEY": "k", "ZOOPICK_RETRIES": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, "jobs", "wait", JOB, "--url", url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while not seen.requests and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert seen.requests, "the CLI never polled"
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert f"interrupted: job {JOB} keeps running ({program} jobs wait {JOB})" in stderr, stderr
