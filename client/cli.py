@@ -608,6 +608,14 @@ def jobs_cancel(
     )
 
 
+def _number(value: Any) -> str:
+    """A number to 4 significant digits (``loss 1.638``, not ``1.638114869594574``), as the
+    ranking's scores; anything else (None, an odd server's text) as it is."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.4g}"
+    return str(value)
+
+
 def _print_results(job: Job) -> None:
     rows = table("rank", "model", *job.metrics, "seconds", title=f"job {job.id} ({job.status})")
     for r in job.ranking:
@@ -642,7 +650,7 @@ def _print_results(job: Job) -> None:
         last = job.training.epochs[-1]
         out.print(
             f"fine-tuned {job.training.model}: {len(job.training.epochs)} epoch(s), "
-            f"loss {last.loss}, test accuracy {last.test_accuracy}",
+            f"loss {_number(last.loss)}, test accuracy {_number(last.test_accuracy)}",
             highlight=False,
         )
     if job.training and job.training.recipe:
@@ -650,8 +658,9 @@ def _print_results(job: Job) -> None:
         plan = chosen.get("plan") or {}
         best = chosen.get("best_step")
         out.print(
-            f"recipe {plan.get('recipe')}: {plan.get('optimizer')} at lr {chosen.get('lr')} "
-            f"({plan.get('lr_source')}), {plan.get('steps')} steps"
+            f"recipe {plan.get('recipe')}: {plan.get('optimizer')} "
+            f"at lr {_number(chosen.get('lr'))} ({plan.get('lr_source')}), "
+            f"{plan.get('steps')} steps"
             + (f", best validation step {best}" if best is not None else ""),
             highlight=False,
         )

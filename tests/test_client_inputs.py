@@ -1,6 +1,7 @@
 """The CLI's inputs and outputs at their edges: what ``--json`` still prints when a wait ends
 short (invalid, timed out, the server gone), server URLs that cannot be a zoopick server's,
-options given empty, a stdout that cannot encode every character, and a job's training log.
+options given empty, a stdout that cannot encode every character, a job's training log, and its
+results as people read them.
 
 As in ``test_client_odd_servers.py``, the servers are small threads on 127.0.0.1 that answer
 as the API does (or oddly, on purpose), and the CLI runs as users run it
@@ -354,3 +355,29 @@ def test_jobs_log_refuses_bad_ids_and_reports_a_missing_log_as_exit_2(tmp_path):
     assert link.is_symlink() and target.read_text() == "mine"
     assert no_folder.returncode == 2 and "does not exist" in no_folder.stderr
     assert seen.paths() == [f"{API}/jobs/{other}/log", f"{API}/jobs/{JOB}/log"]
+
+
+# -- 6. a job's results, for people ------------------------------------------------------------
+
+
+def test_results_print_floats_to_4_significant_digits_and_json_as_sent():
+    """The results line read ``loss 1.638114869594574``; the JSON keeps every digit."""
+    done_job = job(
+        "succeeded", metrics=["logme"], chosen_model="m1",
+        ranking=[{"rank": 1, "model": "m1", "scores": {"logme": 0.123456789},
+                  "seconds": {"forward": 1.0}}],
+        training={"model": "m1", "status": "succeeded", "world_size": 1,
+                  "epochs": [{"epoch": 1, "loss": 1.638114869594574,
+                              "test_accuracy": 0.8166666666666667}],
+                  "recipe": {"plan": {"recipe": "auto", "optimizer": "adamw", "steps": 400,
+                                      "lr_source": "search"},
+                             "lr": 0.0031622776601683794, "best_step": 360}},
+    )  # fmt: skip
+    with server(lambda h: reply(h, done_job)) as (url, _):
+        text = cli("jobs", "results", JOB, "--url", url)
+        as_json = cli("jobs", "results", JOB, "--json", "--url", url)
+    assert text.returncode == 0, text.stderr
+    assert "fine-tuned m1: 1 epoch(s), loss 1.638, test accuracy 0.8167\n" in text.stdout
+    assert "recipe auto: adamw at lr 0.003162 (search), 400 steps" in text.stdout
+    assert "1.638114869594574" not in text.stdout and "0.1235" in text.stdout
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == done_job
