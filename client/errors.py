@@ -60,7 +60,8 @@ class Unreachable(ZoopickError):
 
 
 class ServerError(ZoopickError):
-    """5xx or 429 that persisted through the retries."""
+    """5xx or 429 that persisted through the retries, or an answer that is not a zoopick
+    server's (a page where the API's JSON was due; a 404 without its problem document)."""
 
     exit_code = EXIT_UNAVAILABLE
 

@@ -33,6 +33,8 @@ from .retry import MAYBE_SENT, NOT_SENT, RETRY_STATUSES, RetryPolicy
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 API = "/api/v1"
+PROBLEM_TYPE = "urn:zoopick:problem:"
+"""How every problem document of a zoopick server's ``type`` begins (RFC 9457)."""
 
 Progress = Callable[[int, int], None]
 """``progress(done_bytes, total_bytes)``."""
@@ -160,6 +162,12 @@ def _parsed_items(items: Iterator[dict], parse: Callable[[dict], Any]) -> list[A
         ) from None
 
 
+def _is_problem(body: Any) -> bool:
+    """Whether ``body`` is a zoopick server's problem document (``urn:zoopick:problem:...``)."""
+    kind = body.get("type") if isinstance(body, dict) else None
+    return isinstance(kind, str) and kind.startswith(PROBLEM_TYPE)
+
+
 def _parsed(response: httpx.Response, parse: Callable[[Any], Any]) -> Any:
     """``parse`` of a response's JSON; anything that is not the zoopick API's JSON (a proxy's
     HTML page, another service) is a :class:`ServerError` saying so (exit 4), not a crash."""
@@ -261,8 +269,14 @@ class Client:
         except ValueError:
             body = None
         fallback = response.reason_phrase or f"HTTP {response.status_code}"
-        if response.status_code == 404 and not isinstance(body, dict):
-            fallback = f"{response.request.url} not found: is {self.url} a zoopick server?"
+        if response.status_code == 404 and not _is_problem(body):
+            # a zoopick server answers every 404 with its problem document: a page or
+            # another JSON (a plain web server, another service, a proxy's path) is an answer
+            # that is not a zoopick server's, exit 4 as README says, not "bad input" (2)
+            return ServerError(
+                f"{response.request.url} not found: is {self.url} a zoopick server? (HTTP 404)",
+                status=404,
+            )
         return from_response(response.status_code, body, fallback)
 
     def _pages(self, path: str, params: dict[str, Any], limit: int | None) -> Iterator[dict]:

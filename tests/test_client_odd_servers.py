@@ -7,13 +7,16 @@ runs as users run it (``python -m zoopick.cli``), so its entry point's handling 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -66,6 +69,30 @@ def test_answers_that_are_not_a_zoopick_servers_are_exit_4_not_a_crash():
             done = cli("zoo", "list", url=url)
         assert done.returncode == 4 and said in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_plain_web_server_is_exit_4_as_readme_says(tmp_path):
+    """A plain ``python -m http.server`` answers the API's paths 404 with a page (its GETs
+    had exited 2, "bad input"; its POSTs 4): README's exit 4, "an answer that is not a
+    zoopick server's", for every command. Another service's JSON 404 is one too; a zoopick
+    server's own 404 (a problem document) stays 2 (``test_client_inputs``)."""
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        for args in (("jobs", "list"), ("zoo", "list"), ("jobs", "status", JOB),
+                     ("jobs", "wait", JOB), ("jobs", "cancel", JOB)):  # fmt: skip
+            done = cli(*args, url=url)
+            assert done.returncode == 4, (args, done.stderr)
+            assert "Traceback" not in done.stderr
+        assert f"is {url} a zoopick server?" in cli("jobs", "list", url=url).stderr
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    with server(lambda h: reply(h, {"detail": "Not Found"}, 404)) as (url, _):
+        done = cli("datasets", "list", url=url)
+    assert done.returncode == 4 and "a zoopick server?" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(
