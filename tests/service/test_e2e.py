@@ -283,6 +283,53 @@ def test_job_with_finetuning_stores_curve_and_model(stack, tmp_path):
     _the_cli_downloads_the_log(stack, jid, tmp_path)
 
 
+def _digits_npz() -> bytes:
+    """scikit-learn's digits (real 8x8 scans, scaled to 0-255): 898 images, a seeded half."""
+    import io
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    keep = np.random.default_rng(0).permutation(len(d.target))[:898]
+    buf = io.BytesIO()
+    np.savez(buf, x=(d.images[keep] * 16).clip(0, 255).astype(np.uint8), y=d.target[keep])
+    return buf.getvalue()
+
+
+def test_a_default_finetune_reaches_the_accuracy_the_old_defaults_missed(stack):
+    """A job with ``"finetune": {}`` on digits: the auto recipe searches the rate, records
+    what it chose, returns its best validation checkpoint, and its model reaches at least
+    97.5 % test accuracy, where the old defaults (``recipe: fixed``: 3 epochs of SGD at 0.01)
+    stay at least 2 points below it on the same job."""
+    client = stack["client"]
+    gpu_worker(stack)
+    dataset = _upload_ready(stack, _digits_npz())
+    finished = {}
+    for recipe, ft in (("auto", {}), ("fixed", {"recipe": "fixed"})):
+        body = {"dataset_id": dataset, "models": ["tiny-resnet"], "metrics": ["logme"]}
+        resp = client.post("/jobs", json=body | {"finetune": ft})
+        assert resp.status_code == 202, resp.text
+        assert resp.json()["finetune"]["recipe"] == recipe
+        finished[recipe] = poll(
+            lambda jid=resp.json()["id"]: _job(client, jid),
+            lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+            timeout=400,
+            interval=2,
+            what=f"the {recipe} fine-tune",
+        )
+        assert finished[recipe]["status"] == "succeeded", finished[recipe]
+    auto = finished["auto"]["training"]
+    chosen = auto["recipe"]
+    assert chosen["plan"]["lr_source"] == "search" and len(chosen["trials"]) >= 3
+    assert chosen["lr"] in [t["lr"] for t in chosen["trials"]]
+    assert chosen["plan"]["steps"] >= 400 and chosen["best_step"] is not None
+    acc = auto["epochs"][-1]["test_accuracy"]
+    old = finished["fixed"]["training"]["epochs"][-1]["test_accuracy"]
+    assert acc >= 0.975 and acc >= old + 0.02, (acc, old)
+    assert finished["fixed"]["training"]["recipe"]["plan"]["recipe"] == "fixed"
+
+
 def _the_cli_downloads_the_log(stack, jid: str, tmp_path: Path) -> None:
     """``zoopick jobs log``: the training log the API serves (``GET /jobs/{id}/log``), on
     stdout or into a file, byte for byte."""
