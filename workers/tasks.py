@@ -264,7 +264,13 @@ def score_one(entry: Any, dataset_path: str, metrics: list[str], cfg: Settings) 
         dataset_path, max_per_class=cfg.score_max_per_class, limits=cfg.dataset_limits()
     )
     return score_model(
-        entry, dataset, metrics, cache_dir=cfg.cache_dir, batch_size=cfg.score_batch_size
+        entry,
+        dataset,
+        metrics,
+        cache_dir=cfg.cache_dir,
+        batch_size=cfg.score_batch_size,
+        max_logits_bytes=cfg.max_logits_bytes,
+        preprocess_cache_bytes=cfg.preprocess_cache_bytes,
     )
 
 
