@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from zoopick.app import bodies, dashboard
+from zoopick.app import apidocs, bodies, dashboard
 from zoopick.app import metrics as prometheus
 from zoopick.app.api import datasets, health, jobs, zoo
 from zoopick.app.api import webhooks as webhook_api
@@ -65,7 +65,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="zoopick",
         version="0.1.0",
         description=DESCRIPTION,
-        docs_url="/docs",
+        # /docs and /redoc with their assets served here, not from a CDN (zoopick.app.apidocs)
+        docs_url=None,
+        redoc_url=None,
         openapi_url="/openapi.json",
         lifespan=lifespan,
         # no Starlette body cap: zoopick.app.bodies caps JSON and form bodies (its 413 is a
@@ -87,6 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (datasets, zoo, jobs, webhook_api):
         app.include_router(module.router, prefix=API_PREFIX)
     dashboard.install(app)  # the web pages at /, over the same functions
+    apidocs.install(app)  # /docs and /redoc, working offline
     bodies.install(app, settings.body_max_bytes)  # JSON and form bodies: size, depth
     prometheus.install(app)  # GET /metrics and the HTTP latency histogram
     return app

@@ -5,8 +5,9 @@ escaped by its templates; these headers are the second line: a page may not be f
 (``X-Frame-Options``, ``frame-ancestors``), a response is never sniffed into another type
 (``nosniff``), and a dashboard page runs only the scripts, styles and images this server
 serves (its one script is ``/static/app.js``; it has no inline script or style, and its charts
-are inline SVG with presentation attributes, which the policy allows). FastAPI's own ``/docs``
-and ``/redoc`` pages load Swagger UI and ReDoc from a CDN, so they get no policy.
+are inline SVG with presentation attributes, which the policy allows). The API's ``/docs`` and
+``/redoc`` pages (``zoopick.app.apidocs``: Swagger UI and ReDoc, served by this server) start
+them with inline script and styles, so they get no policy.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ rules, idempotency, cancellation of a queued job and pagination. Upload tests ar
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -540,3 +541,30 @@ def test_bad_input_never_gives_a_500(service_app, alice, admin):
         resp = c.request(method, API + path, **kw)
         assert 400 <= resp.status_code < 500, (method, path, resp.status_code, resp.text)
         assert resp.headers["content-type"].startswith(PROBLEM), (method, path)
+
+
+def test_the_api_docs_pages_name_only_assets_this_server_serves(client):
+    """``/docs`` was blank offline: Swagger UI's script and style came from a CDN (ReDoc's
+    too, for ``/redoc``). Each page names only this server's paths, and each is served with
+    its type from the installed package."""
+    kinds = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+    for page, named in (
+        ("/docs", ("/docs/assets/swagger-ui-bundle.js", "/docs/assets/swagger-ui.css")),
+        ("/redoc", ("/docs/assets/redoc.standalone.js",)),
+    ):
+        resp = client.get(page)
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+        html = resp.text
+        assert "http:" not in html and "https:" not in html and "cdn" not in html, html
+        urls = re.findall(r'(?:src|href|spec-url)="([^"]*)"', html)
+        urls += re.findall(r"url: '([^']*)'", html)
+        assert set(named) | {"/static/favicon.svg", "/openapi.json"} == set(urls), urls
+        for url in urls:
+            served = client.get(url)
+            assert served.status_code == 200, url
+            suffix = url[url.rfind(".") :]
+            kind = kinds.get(suffix, "application/json")
+            assert served.headers["content-type"].startswith(kind), (url, served.headers)
+            assert len(served.content) > 300, url  # the file, not an empty answer
+    assert "SwaggerUIBundle" in client.get("/docs/assets/swagger-ui-bundle.js").text
+    assert client.get("/docs/oauth2-redirect").status_code == 200  # as FastAPI's own

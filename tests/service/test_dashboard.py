@@ -513,7 +513,7 @@ def test_pages_carry_a_content_security_policy_and_no_response_is_framed(service
     api = b.get(f"{API}/jobs", headers=alice.headers)
     assert api.headers["x-content-type-options"] == "nosniff"
     assert "content-security-policy" not in api.headers  # JSON: nothing to run
-    docs = b.get("/docs")  # Swagger UI loads its script from a CDN: no policy there
+    docs = b.get("/docs")  # Swagger UI's page starts it with an inline script: no policy there
     assert docs.status_code == 200 and "content-security-policy" not in docs.headers
 
 

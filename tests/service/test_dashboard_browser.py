@@ -326,3 +326,39 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     expect(page).to_have_url(re.compile(r"/login\?next=/jobs"))
     assert violations == []
     context.close()
+
+
+def test_the_api_docs_render_with_nothing_from_elsewhere(stack, browser):
+    """``/docs`` and ``/redoc`` in a browser that can reach nothing but this server (every
+    other request is refused): Swagger UI renders the OpenAPI 3.1 document (Swagger UI 4,
+    which ``swagger-ui-bundle`` ships, refuses it), asking nothing of elsewhere, and ReDoc
+    its operations."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    elsewhere: list[str] = []
+
+    def only_this_server(route) -> None:
+        if route.request.url.startswith(stack.url + "/"):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_this_server)
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(stack.url + "/docs")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("zoopick")
+    expect(page.locator(".swagger-ui")).to_contain_text("OAS 3.1")
+    expect(
+        page.locator(".opblock-summary-path", has_text="/api/v1/jobs/{job_id}")
+    ).not_to_have_count(0)
+    assert elsewhere == []
+    page.goto(stack.url + "/redoc")
+    expect(page.get_by_role("heading", name=re.compile(r"^zoopick"))).to_be_visible()
+    expect(page.locator("redoc")).to_contain_text("/api/v1/jobs/{job_id}")
+    # ReDoc's bundle asks its vendor for the "API docs by Redocly" footer logo: offline,
+    # only that picture is missing
+    assert set(elsewhere) <= {"https://cdn.redoc.ly/redoc/logo-mini.svg"}, elsewhere
+    context.close()
