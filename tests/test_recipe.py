@@ -65,10 +65,11 @@ def test_the_search_goes_past_an_end_and_finds_a_known_best_rate():
     assert recipe.pick(low) == pytest.approx(1e-3 / 10**0.5)
 
 
-def test_pick_breaks_ties_by_loss_then_the_smaller_rate_and_skips_diverged():
+def test_pick_takes_the_lowest_loss_then_accuracy_then_the_smaller_rate_and_skips_diverged():
     t = recipe.Trial
-    assert recipe.pick([t(1e-3, 0.9, 0.5), t(3e-3, 0.9, 0.4)]) == 3e-3
-    assert recipe.pick([t(1e-3, 0.9, 0.4), t(3e-3, 0.9, 0.4)]) == 1e-3
+    assert recipe.pick([t(1e-3, 0.9, 0.5), t(3e-3, 0.8, 0.4)]) == 3e-3  # loss first
+    assert recipe.pick([t(1e-3, 0.8, 0.4), t(3e-3, 0.9, 0.4)]) == 3e-3  # then accuracy
+    assert recipe.pick([t(1e-3, 0.9, 0.4), t(3e-3, 0.9, 0.4)]) == 1e-3  # then the smaller
     assert recipe.pick([t(1e-3, 0.5, 1.0), t(3e-3, 0.95, math.inf)]) == 1e-3
     with pytest.raises(ValueError, match="diverged"):
         recipe.pick([t(1e-3, 0.1, math.inf)])
@@ -102,18 +103,18 @@ def test_plans_fill_only_what_the_user_left_unset():
     )
     assert auto.steps == 400 and auto.warmup_steps == 20 and auto.trial_steps == 32
     assert auto.candidates == recipe.LR_CANDIDATES["adamw"] and auto.keep_best
-    assert (auto.label_smoothing, auto.augment, auto.head_lr_scale) == (0.1, True, 10.0)
+    assert (auto.label_smoothing, auto.augment, auto.head_lr_scale) == (0.1, False, 10.0)
     assert auto.weight_decay == recipe.ADAMW_WEIGHT_DECAY and auto.eval_every == 40
 
     given = recipe.plan(
-        FinetuneConfig(**WHERE, lr=0.02, optimizer="sgd", augment=False, epochs=20),
+        FinetuneConfig(**WHERE, lr=0.02, optimizer="sgd", augment=True, epochs=20),
         steps_per_epoch=28,
         validation=0.1,
     )
     assert (given.lr, given.lr_source, given.candidates) == (0.02, "given", ())
     assert (given.optimizer, given.augment, given.steps, given.weight_decay) == (
         "sgd",
-        False,
+        True,
         560,
         0.0,
     )

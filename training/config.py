@@ -86,7 +86,7 @@ class FinetuneOptions(BaseModel):
         "auto",
         description="How unset fields are chosen. auto: a length in steps from the data, "
         "warm-up and cosine, AdamW with the head's rate apart, a learning rate found by short "
-        "trials on a validation split, label smoothing, light augmentation, and the best "
+        "trials on a validation split, label smoothing, and the best "
         "validation checkpoint returned (training.recipe). fixed: the defaults before it "
         "(3 epochs, SGD at a constant 0.01, the last weights).",
     )
@@ -143,8 +143,7 @@ class FinetuneOptions(BaseModel):
     )
     augment: bool | None = Field(
         None,
-        description="Random shifts of up to 1/8 of the image side while training; unset: on "
-        "(auto), off (fixed).",
+        description="Random shifts of up to 1/8 of the image side while training; unset: off.",
     )
     seed: int = Field(0, ge=0, le=2**31 - 1)
     max_per_class: int | None = Field(None, ge=1, description="Images kept per class.")
