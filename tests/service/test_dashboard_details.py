@@ -86,3 +86,46 @@ def test_zoo_page_and_submit_form_reach_every_model_of_a_zoo_over_100(isolated_s
         assert sorted(offered) == sorted(ids)
         limit = settings.max_models_per_job
         assert f"which holds 118: a job scores at most {limit}" in form
+
+
+def test_the_run_page_says_what_the_recipe_chose_with_the_search_curve(service_app, make_key):
+    """A fine-tuned job's page shows the recipe's choices: the rate, how it was found, each
+    trial of the search (the chosen one marked) and the best validation step."""
+    from zoopick.service.db.models import Job, JobStatus, TrainingRun
+    from zoopick.service.db.session import session_scope
+    from zoopick.service.security import get_or_create_tenant
+    from zoopick.training import recipe
+
+    name = f"recipe-{uuid.uuid4().hex[:6]}"
+    b = sign_in(service_app, make_key(name).token)
+    plan = recipe.plan(FinetuneOptions(), steps_per_epoch=28, validation=0.1)
+    trials = [recipe.Trial(3e-4, 0.71, 1.61), recipe.Trial(1e-3, 0.76, 0.95),
+              recipe.Trial(3e-3, 0.89, 0.47), recipe.Trial(3e-3 * 10**0.5, 0.79, 0.63)]  # fmt: skip
+    chosen = recipe.Choices(
+        plan=plan.to_dict(),
+        lr=recipe.pick(trials),
+        trials=[vars(t) for t in trials],
+        best_step=360,
+        best_val_accuracy=0.9889,
+    )
+    with session_scope(service_app.state.sessionmaker) as session:
+        tenant = get_or_create_tenant(session, name)
+        job = Job(tenant_id=tenant.id, request={}, models=["a"], metrics=["logme"],
+                  select_by="logme", status=JobStatus.succeeded.value, chosen_model="a",
+                  finetune=FinetuneOptions().model_dump(mode="json"))  # fmt: skip
+        session.add(job)
+        session.flush()
+        session.add(TrainingRun(job_id=job.id, model_id="a", config={}, world_size=2,
+                                output_dir="/nowhere", status="succeeded",
+                                recipe=chosen.to_dict()))  # fmt: skip
+        jid = job.id
+    page = b.get(f"/jobs/{jid}")
+    assert page.status_code == 200, page.text
+    section = page.text[page.text.index('id="recipe"') :]
+    assert "adamw at learning rate 0.003" in section, section[:600]
+    assert "found by 4 short trials of 32 steps" in section
+    assert "step 360" in section and "0.9889" in section
+    rows = re.findall(r"<tr( class=\"chosen\")?><td class=\"num\">([0-9.e-]+)", section)
+    assert [r[1] for r in rows] == ["0.0003000", "0.001000", "0.003000", "0.009487"], rows
+    assert [bool(r[0]) for r in rows] == [False, False, True, False]
+    assert "recipe auto, length from the data" in page.text
