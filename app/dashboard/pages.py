@@ -327,6 +327,22 @@ def job_live(request: Request, job_id: str, session: SessionDep) -> Response:
     return render(request, "_job_live.html", **context)
 
 
+@router.get("/jobs/{job_id}/cancel")
+def job_cancel_confirm(request: Request, job_id: str, session: SessionDep) -> Response:
+    """The job page's Cancel button leads here: a page that asks before the cancel is posted
+    (no script needed; a cancelled job cannot be taken back). A finished job goes back to
+    its page, saying so."""
+    try:
+        caller = _session_caller(request, session)
+        row = get_owned(session, caller, Job, job_id, "job")
+    except Problem as p:
+        return error_page(request, p)
+    if row.status in TERMINAL:
+        note = auth.note_query(request, "message", f"This job is already {row.status}.")
+        return RedirectResponse(f"/jobs/{row.id}?" + urlencode(note), 303)
+    return render(request, "cancel.html", signed_in=True, job=row)
+
+
 @router.post("/jobs/{job_id}/cancel")
 async def job_cancel(request: Request, job_id: str, form: FormDep, session: SessionDep) -> Response:
     auth.check_csrf(request, form.get(auth.CSRF_FIELD))
@@ -380,14 +396,9 @@ def compare(request: Request, session: SessionDep) -> Response:
     """Two or more jobs side by side: facts, rankings and training curves."""
     caller = _session_caller(request, session)
     ids = list(dict.fromkeys(request.query_params.getlist("jobs")))
+    if not 2 <= len(ids) <= MAX_COMPARE:
+        return _compare_refused(request, session, ids)
     try:
-        if not 2 <= len(ids) <= MAX_COMPARE:
-            raise Problem(
-                400,
-                f"pick 2 to {MAX_COMPARE} jobs to compare (tick them in the jobs list); "
-                f"{len(ids)} picked",
-                kind="compare-count",
-            )
         rows = [get_owned(session, caller, Job, job_id, "job") for job_id in ids]
     except Problem as p:
         return error_page(request, p)
@@ -396,6 +407,25 @@ def compare(request: Request, session: SessionDep) -> Response:
     return render(
         request, "compare.html", signed_in=True, jobs=views, names=names,
         charts=figures.compare_charts(views),
+    )  # fmt: skip
+
+
+def _compare_refused(request: Request, session, ids: list[str]) -> Response:
+    """Compare with fewer than two jobs ticked (or too many): the jobs list again (400), the
+    ticks kept and a line above it saying what to do, where a bare "Bad Request" page was."""
+    try:
+        context = _jobs_page(request, session)
+    except Problem as p:
+        return error_page(request, p)
+    context["rows_url"] = "/jobs/rows"  # the list's own rows, not the compare query's
+    ticked = f"{len(ids) or 'none'} ticked"
+    message = (
+        f"To compare, pick 2 to {MAX_COMPARE} jobs: tick them in the list below, then press "
+        f"Compare selected jobs again ({ticked})."
+    )
+    return render(
+        request, "jobs.html", code=400, signed_in=True, compare_error=message,
+        ticked=set(ids), **context,
     )  # fmt: skip
 
 

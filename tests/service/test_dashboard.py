@@ -202,12 +202,27 @@ def test_jobs_list_filters_pages_and_hides_other_tenants(service_app, make_key, 
     for _ in range(3):
         _, loc, _ = _submit(b, dataset_id=ds, models=zoo[0], metrics="sms", select_by="sms")
         ids.append(loc.rsplit("/", 1)[1])
-    # cancel one through its page's button (a queued job is cancelled at once)
+    # cancel one through its page's button (a queued job is cancelled at once): the button
+    # asks first, on a page of its own (no script), and only its "yes" cancels
     page = b.get(f"/jobs/{ids[0]}")
+    assert f'<form method="get" action="/jobs/{ids[0]}/cancel">' in page.text
+    ask = b.get(f"/jobs/{ids[0]}/cancel")
+    assert ask.status_code == 200 and "Yes, cancel this job" in ask.text, ask.text
+    assert f'<form method="post" action="/jobs/{ids[0]}/cancel"' in ask.text
+    assert f'<a class="button" href="/jobs/{ids[0]}">No, keep it</a>' in ask.text
+    assert "It is queued." in ask.text
+    with session_scope(service_app.state.sessionmaker) as session:
+        from zoopick.service.db.models import Job
+
+        assert session.get(Job, uuid.UUID(ids[0])).status == "queued"  # asking cancels nothing
     assert b.post(f"/jobs/{ids[0]}/cancel", data={}).status_code == 403  # CSRF
-    resp = b.post(f"/jobs/{ids[0]}/cancel", data={"csrf": csrf_of(page.text)})
+    resp = b.post(f"/jobs/{ids[0]}/cancel", data={"csrf": csrf_of(ask.text)})
     assert resp.status_code == 303
     assert "cancelled" in b.get(resp.headers["location"]).text
+    # once finished, the question is moot: back to the job's page, saying so
+    again = b.get(f"/jobs/{ids[0]}/cancel")
+    assert again.status_code == 303 and again.headers["location"].startswith(f"/jobs/{ids[0]}?")
+    assert "This job is already cancelled." in b.get(again.headers["location"]).text
 
     rows = lambda html: re.findall(r'<tr data-job="([^"]+)" data-status="(\w+)">', html)  # noqa: E731
     listed = rows(b.get("/jobs").text)
@@ -232,6 +247,7 @@ def test_jobs_list_filters_pages_and_hides_other_tenants(service_app, make_key, 
     assert other.status_code == 404 and "no job" in other.text
     assert a.get(f"/datasets/{ds}").status_code == 404
     assert a.post(f"/jobs/{ids[1]}/cancel", data={"csrf": csrf_of(other.text)}).status_code == 404
+    assert a.get(f"/jobs/{ids[1]}/cancel").status_code == 404
     with session_scope(service_app.state.sessionmaker) as session:
         from zoopick.service.db.models import Job
 
@@ -361,6 +377,18 @@ def test_job_page_shows_ties_charts_and_the_training_curve(service_app, make_key
     assert f"{str(jid)[:8]} {zoo[0]} at epoch 2: 1.5<" in curve
     one = b.get(f"/compare?jobs={jid}")
     assert one.status_code == 400 and "pick 2 to 6 jobs" in one.text
+    # not a bare "Bad Request": the jobs list again, the one tick kept, saying what to do
+    assert "Bad Request" not in one.text and "<h1>Jobs</h1>" in one.text
+    alert = re.search(r'<p class="error" role="alert" id="compare-error">([^<]+)</p>', one.text)
+    assert alert and "tick them in the list below" in alert.group(1) and "(1 ticked)" in alert[1]
+    ticks = re.findall(r'<input type="checkbox" name="jobs" value="([^"]+)"[^>]*>', one.text)
+    assert set(ticks) == {str(jid), jid2}
+    checked = re.findall(r'value="([^"]+)" form="compare-form" checked', one.text)
+    assert checked == [str(jid)]
+    none = b.get("/compare")
+    assert none.status_code == 400 and "(none ticked)" in none.text
+    assert 'form="compare-form" checked' not in none.text
+    assert 'data-live-url="/jobs/rows"' in none.text
     assert other.get(f"/compare?jobs={jid}&jobs={jid2}").status_code == 404
     live = b.get(f"/jobs/{jid}/live").text
     assert 'data-done="false"' in live and "Download" not in live

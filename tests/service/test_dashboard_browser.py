@@ -5,8 +5,10 @@ Signs in with the keyboard, uploads through the form, submits a job and watches 
 ``succeeded`` without a reload, checks every model is in every chart, reads the run's details,
 sorts the ranking, downloads the model and the training log, follows a second job's training
 live (phase, epoch, time to go, a growing curve, a cached forward pass), sees a job cancelled
-before scoring list its models as never scored, cancels the second job, compares two jobs
-picked in the list, checks the phone-width layout and signs out. A screenshot of each page
+before scoring list its models as never scored, cancels the second job (through the page that
+asks first), is told to pick more than one job to compare, compares two jobs picked in the
+list, checks the phone-width layout and signs out; and reads the API's docs pages with every
+other host out of reach. A screenshot of each page
 goes to ``$ZOOPICK_SCREENSHOTS`` (default: ``.artifacts/screenshots``, git-ignored, for CI to
 keep as artefacts; the committed ones in docs/screenshots/ come from
 ``ZOOPICK_SCREENSHOTS=docs/screenshots``)."""
@@ -165,7 +167,7 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     page.get_by_label("Compressor").select_option("spardl")
     page.get_by_label("Density (fraction of gradients sent)").fill("0.1")
     page.get_by_label("Workers").fill("2")
-    page.get_by_label("Epochs", exact=True).fill("1")
+    page.get_by_label("Epochs (blank: the recipe's length)", exact=True).fill("1")
     page.get_by_role("button", name="Submit job").click()
     expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f-]{36}$"))
     job_url = page.url
@@ -233,7 +235,7 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     page.get_by_label("Workers").fill("1")
     # long enough to be running however slowly the page gets to its cancel button (a job
     # whose last epoch ended before the cancel reached it succeeds, as it should)
-    page.get_by_label("Epochs", exact=True).fill("1000")
+    page.get_by_label("Epochs (blank: the recipe's length)", exact=True).fill("1000")
     page.get_by_role("button", name="Submit job").click()
     expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f-]{36}$"))
     second = page.url.rsplit("/", 1)[1]
@@ -279,7 +281,16 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     expect(page.locator(f'tr[data-model="{MODELS[0]}"] .badge.cached')).to_be_visible()
     page.screenshot(path=str(shots / "job-training.png"), full_page=True)
 
-    page.get_by_role("button", name="Cancel job").click()  # a form post: a new document
+    # Cancel asks first, on a page of its own (no script): "No" keeps the job, "Yes" cancels
+    page.get_by_role("button", name="Cancel job").click()
+    expect(page).to_have_url(re.compile(rf"/jobs/{second}/cancel"))
+    page.screenshot(path=str(shots / "job-cancel-confirm.png"), full_page=True)
+    page.get_by_role("link", name="No, keep it").click()
+    expect(page).to_have_url(f"{stack.url}/jobs/{second}")
+    expect(page.locator("#job-status")).to_have_text(re.compile("scoring|training"))
+    page.get_by_role("button", name="Cancel job").click()
+    page.get_by_role("button", name="Yes, cancel this job").click()  # a form post
+    expect(page).to_have_url(re.compile(rf"/jobs/{second}\?"))
     expect(page.locator("p.note")).to_have_text("Cancel requested.")
     no_reload_marker(page)
     expect(page.locator("#job-status")).to_have_text("cancelled", timeout=90_000)
@@ -294,8 +305,13 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     # compare: tick two jobs in the (live) list, see their rankings and curves side by side
     page.get_by_role("link", name="Jobs", exact=True).click()
     first = job_url.rsplit("/", 1)[1]
-    for job_id in (first, second):
-        page.get_by_label(f"compare job {job_id[:8]}").check()
+    # one ticked is too few: the list again (400) saying what to do, with the tick kept
+    page.get_by_label(f"compare job {first[:8]}").check()
+    page.get_by_role("button", name="Compare selected jobs").click()
+    expect(page.locator("#compare-error")).to_contain_text("pick 2 to 6 jobs")
+    expect(page.get_by_label(f"compare job {first[:8]}")).to_be_checked()
+    page.screenshot(path=str(shots / "compare-too-few.png"), full_page=True)
+    page.get_by_label(f"compare job {second[:8]}").check()
     page.wait_for_timeout(1700)  # a live refresh of the rows keeps the ticks
     expect(page.get_by_label(f"compare job {first[:8]}")).to_be_checked()
     page.get_by_role("button", name="Compare selected jobs").click()
