@@ -519,34 +519,23 @@ def finetune(self, job_id: str) -> str:
         with session_scope(factory()) as session:
             pipeline.record_run_event(session, run_id, event)
 
-    lease_lost: list[bool] = []
-
-    def keep_going() -> bool:
-        """Heartbeat between epochs/polls: renew the lease, honour a cancel."""
-        with session_scope(factory()) as session:
-            if not pipeline.renew_lease(session, jid, owner, cfg.lease_seconds):
-                lease_lost.append(True)  # a sweeper gave the job to a new task
-                return False
-            job = session.get(Job, jid)
-            return job is not None and not job.cancel_requested
-
-    try:
-        result = training_runner.run(
-            lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
-            on_record=on_record,
-            keep_going=keep_going,
-            on_event=on_event,
-            log=out,
+    def timed_out(session: Session) -> None:
+        pipeline.finish_run(session, jid, "failed", "training exceeded its time limit")
+        pipeline.fail(
+            session, jid, f"training exceeded the time limit of {cfg.train_soft_time_limit} s"
         )
-    except SoftTimeLimitExceeded:
-        with session_scope(factory()) as session:
-            pipeline.finish_run(session, jid, "failed", "training exceeded its time limit")
-            pipeline.fail(
-                session, jid, f"training exceeded the time limit of {cfg.train_soft_time_limit} s"
-            )
-        raise
 
-    if result.stopped and lease_lost:
+    result = training_runner.follow_run(
+        lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
+        factory(),
+        jid,
+        renew=lambda session: pipeline.renew_lease(session, jid, owner, cfg.lease_seconds),
+        on_time_limit=timed_out,
+        on_record=on_record,
+        on_event=on_event,
+        log=out,
+    )
+    if result.lease_lost:
         # the job, its running run and its folder are the new task's now: settle nothing
         return "lease lost"
     with session_scope(factory()) as session:
@@ -667,7 +656,6 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
 
     last: list[EpochRecord] = []
     started = time.monotonic()
-    lease_lost: list[bool] = []
 
     def reached(steps: int) -> None:
         """How far the rung has got, for the API, the dashboard and the job's progress."""
@@ -687,33 +675,31 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
         if event.event == "progress" and event.epoch and event.steps and event.step is not None:
             reached((event.epoch - 1) * event.steps + event.step)
 
-    def keep_going() -> bool:
-        with session_scope(factory()) as session:
-            if not races.renew(session, entry_id, owner, cfg.lease_seconds):
-                lease_lost.append(True)  # a sweeper gave the candidate to a new task
-                return False
-            pipeline.claim_lease(session, jid, shared, cfg.lease_seconds)
-            job = session.get(Job, jid)
-            return job is not None and not job.cancel_requested
+    def renew(session: Session) -> bool:
+        if not races.renew(session, entry_id, owner, cfg.lease_seconds):
+            return False  # a sweeper gave the candidate to a new task
+        pipeline.claim_lease(session, jid, shared, cfg.lease_seconds)
+        return True
 
-    try:
-        result = training_runner.run(
-            lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
-            on_record=on_record,
-            on_event=on_event,
-            keep_going=keep_going,
-            poll=min(5.0, cfg.lease_seconds / 4),  # renewed well before it runs out
-        )
-    except SoftTimeLimitExceeded:
-        with session_scope(factory()) as session:
-            races.settle(session, entry_id, "failed", error="the rung exceeded its time limit")
-        raise
+    def timed_out(session: Session) -> None:
+        races.settle(session, entry_id, "failed", error="the rung exceeded its time limit")
+
+    result = training_runner.follow_run(
+        lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
+        factory(),
+        jid,
+        renew=renew,
+        on_time_limit=timed_out,
+        on_record=on_record,
+        on_event=on_event,
+        poll=min(5.0, cfg.lease_seconds / 4),  # renewed well before it runs out
+    )
     seconds = time.monotonic() - started
+    if result.lease_lost:
+        # the entry belongs to the task the sweeper sent (it resumes the checkpoint):
+        # settling it here would cancel a candidate nobody cancelled
+        return "lease lost"
     with session_scope(factory()) as session:
-        if result.stopped and lease_lost:
-            # the entry belongs to the task the sweeper sent (it resumes the checkpoint):
-            # settling it here would cancel a candidate nobody cancelled
-            return "lease lost"
         if result.stopped:
             races.settle(session, entry_id, "cancelled", seconds=seconds)
             return "cancelled"

@@ -10,6 +10,10 @@ to a callback as it arrives, asks ``keep_going()`` between records and at least 
 or when the task itself is interrupted. Run events (started, resumed, the live progress) go to
 ``on_event``; everything else the trainer prints is kept in the run folder's ``train.log``
 (``service.run_log``, bounded) when ``log`` names the folder.
+
+:func:`follow_run` is how a task follows its run (the fine-tune's and each of the race's
+rungs): :func:`run` with the database check between records, which renews the task's lease,
+notes a lease another task took over, and honours the job's cancel.
 """
 
 from __future__ import annotations
@@ -19,12 +23,18 @@ import queue
 import subprocess
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy.orm import Session, sessionmaker
+
+from zoopick.service.db.models import Job
+from zoopick.service.db.session import session_scope
 from zoopick.service.processes import die_with_parent, lowered_priority, stop_group
 from zoopick.service.run_log import LogWriter
 from zoopick.training.backends import Backend
@@ -44,6 +54,9 @@ class Result:
     error: str | None = None
     stderr_tail: list[str] = field(default_factory=list)
     records: int = 0
+    lease_lost: bool = False
+    """Stopped because another task holds the lease now (:func:`follow_run`): the run, its
+    rows and its folder are that task's, so this one settles nothing."""
 
 
 def spawn(cfg: FinetuneConfig, backend: Backend) -> subprocess.Popen[str]:
@@ -154,6 +167,46 @@ def run(
         result.error = "; ".join(dict.fromkeys(errors)) or (
             " | ".join(list(tail)[-5:]) or f"exit code {result.returncode}"
         )
+    return result
+
+
+def follow_run(
+    start: Callable[[], subprocess.Popen],
+    sessions: sessionmaker[Session],
+    job_id: uuid.UUID,
+    *,
+    renew: Callable[[Session], bool],
+    on_time_limit: Callable[[Session], None],
+    on_record: Callable[[EpochRecord], None],
+    on_event: Callable[[RunEvent], None] = lambda _: None,
+    poll: float = 5.0,
+    log: Path | None = None,
+) -> Result:
+    """Run a task's trainer (:func:`run`) and, between records and at least every ``poll``
+    seconds, keep it going only while ``renew(session)`` renews the task's lease (False: a
+    sweeper gave the work to a new task, so the run stops with ``lease_lost``) and the job is
+    there without a cancel requested (it stops with ``stopped``). The task's soft time limit
+    stops the run and ``on_time_limit(session)`` records it before the exception goes on."""
+    lost: list[bool] = []
+
+    def keep_going() -> bool:
+        """Heartbeat between epochs/polls: renew the lease, honour a cancel."""
+        with session_scope(sessions) as session:
+            if not renew(session):
+                lost.append(True)  # a sweeper gave the work to a new task
+                return False
+            job = session.get(Job, job_id)
+            return job is not None and not job.cancel_requested
+
+    try:
+        result = run(
+            start, on_record=on_record, keep_going=keep_going, on_event=on_event, poll=poll, log=log
+        )
+    except SoftTimeLimitExceeded:
+        with session_scope(sessions) as session:
+            on_time_limit(session)
+        raise
+    result.lease_lost = result.stopped and bool(lost)
     return result
 
 

@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
+
+import pytest
+from sqlalchemy.orm import Session
 
 from zoopick.workers import training_runner
 
@@ -217,3 +221,133 @@ def test_lowered_priority_nices_the_child_and_its_session():
         check=True,
     ).stdout.split()
     assert out == [nicer, nicer]
+
+
+# -- follow_run: a task following its run against the database ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def jobs_db(new_pg_database):
+    """A migrated database of this module's own, and a job in it to follow."""
+    from zoopick.service.db import migrate
+    from zoopick.service.db.models import Job
+    from zoopick.service.db.session import make_engine, make_sessionmaker
+    from zoopick.service.security import get_or_create_tenant
+
+    url = new_pg_database()
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    factory = make_sessionmaker(engine)
+
+    def new_job() -> uuid.UUID:
+        with factory.begin() as session:
+            tenant = get_or_create_tenant(session, "runner").id
+            job = Job(
+                tenant_id=tenant,
+                request={},
+                models=["m1"],
+                metrics=["logme"],
+                select_by="logme",
+                finetune={"epochs": 1},
+                status="training",
+            )
+            session.add(job)
+            session.flush()
+            return job.id
+
+    yield factory, new_job
+    engine.dispose()
+
+
+def test_follow_run_renews_between_records_and_honours_a_cancel(tmp_path, jobs_db):
+    """``follow_run`` (the fine-tune's and the race's rungs' loop) renews the task's lease at
+    every check, and a cancel requested on the job stops the run (not a lost lease)."""
+    from sqlalchemy import update
+
+    from zoopick.service.db.models import Job
+
+    factory, new_job = jobs_db
+    jid = new_job()
+    renewals, seen, procs = [], [], []
+    launch = start(tmp_path, "100", "ok", "0.1")
+
+    def started():
+        procs.append(launch())
+        return procs[-1]
+
+    def on_record(record) -> None:
+        seen.append(record)
+        if len(seen) == 2:
+            with factory.begin() as session:
+                session.execute(update(Job).where(Job.id == jid).values(cancel_requested=True))
+
+    result = training_runner.follow_run(
+        started,
+        factory,
+        jid,
+        renew=lambda session: renewals.append(session) or True,
+        on_time_limit=lambda session: pytest.fail("no time limit here"),
+        on_record=on_record,
+        poll=0.2,
+    )
+    assert result.stopped and not result.lease_lost and result.error is None
+    assert 2 <= len(seen) < 10
+    assert len(renewals) >= 2 and all(isinstance(s, Session) for s in renewals)
+    time.sleep(0.2)
+    assert live_in_group(procs[0].pid) == []
+
+
+def test_follow_run_stops_when_another_task_took_the_lease(tmp_path, jobs_db):
+    factory, new_job = jobs_db
+    jid = new_job()
+    seen = []
+    result = training_runner.follow_run(
+        start(tmp_path, "100", "ok", "0.1"),
+        factory,
+        jid,
+        renew=lambda session: not seen,  # renewed until the first record, then lost
+        on_time_limit=lambda session: pytest.fail("no time limit here"),
+        on_record=seen.append,
+        poll=0.2,
+    )
+    assert result.stopped and result.lease_lost
+    assert 1 <= len(seen) < 10
+
+
+def test_follow_run_records_the_time_limit_and_lets_it_go_on(tmp_path, jobs_db):
+    """The task's soft time limit, raised while the run goes on, is recorded by
+    ``on_time_limit`` in a session that is committed, and raised again; the trainer stops."""
+    from celery.exceptions import SoftTimeLimitExceeded
+    from sqlalchemy import update
+
+    from zoopick.service.db.models import Job
+
+    factory, new_job = jobs_db
+    jid = new_job()
+    procs = []
+    launch = start(tmp_path, "100", "ok", "0.1")
+
+    def started():
+        procs.append(launch())
+        return procs[-1]
+
+    def on_record(record) -> None:
+        raise SoftTimeLimitExceeded()
+
+    def timed_out(session) -> None:
+        session.execute(update(Job).where(Job.id == jid).values(error="timed out"))
+
+    with pytest.raises(SoftTimeLimitExceeded):
+        training_runner.follow_run(
+            started,
+            factory,
+            jid,
+            renew=lambda session: True,
+            on_time_limit=timed_out,
+            on_record=on_record,
+            poll=0.2,
+        )
+    with factory() as session:
+        assert session.get(Job, jid).error == "timed out"
+    time.sleep(0.2)
+    assert live_in_group(procs[0].pid) == []
