@@ -5,7 +5,7 @@ download the fine-tuned model. A thin adapter over the service core's use cases
 from __future__ import annotations
 
 import os
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -60,27 +60,33 @@ def problem(exc: jobs.Rejected) -> Problem:
     return Problem(STATUS_OF_KIND.get(exc.kind, 422), exc.detail, kind=exc.kind, headers=headers)
 
 
+def summary_fields(job: Job) -> dict[str, Any]:
+    """A job's ``JobSummary`` fields as its row holds them: the stored options are read, not
+    validated again (``schemas.JobSummary._as_stored``)."""
+    return {
+        "id": job.id,
+        "status": job.status,
+        "progress": job.progress,
+        "error": job.error,
+        "dataset_id": job.dataset_id,
+        "models": job.models,
+        "metrics": job.metrics,
+        "select_by": job.select_by,
+        "finetune": jobs.options_of(job),
+        "selection": job.selection,
+        "chosen_model": job.chosen_model,
+        "cancel_requested": job.cancel_requested,
+        "recoveries": job.recoveries or 0,
+        "model_errors": job.model_errors or {},
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }
+
+
 def summary(job: Job) -> dict:
-    return JobSummary(
-        id=job.id,
-        status=job.status,
-        progress=job.progress,
-        error=job.error,
-        dataset_id=job.dataset_id,
-        models=job.models,
-        metrics=job.metrics,
-        select_by=job.select_by,
-        finetune=jobs.options_of(job),
-        selection=job.selection,
-        chosen_model=job.chosen_model,
-        cancel_requested=job.cancel_requested,
-        recoveries=job.recoveries or 0,
-        model_errors=job.model_errors or {},
-        created_at=job.created_at,
-        updated_at=job.updated_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-    ).model_dump()
+    return JobSummary(**summary_fields(job)).model_dump()
 
 
 def detail(session: Session, job: Job, base: str) -> JobOut:
@@ -115,7 +121,7 @@ def detail(session: Session, job: Job, base: str) -> JobOut:
         job.status in TERMINAL,
     )
     return JobOut(
-        **summary(job),
+        **summary_fields(job),  # not a dumped JobSummary: that validated its options again
         ranking=[RankedModel(**r) for r in view.ranking],
         race=race.view(session, job),
         training=training,

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import AliasPath, BaseModel, ConfigDict, Field
+from pydantic import (
+    AliasPath,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from zoopick.selection.zoo import MAX_NUM_CLASSES
 from zoopick.service.db.models import DatasetStatus, JobStatus
@@ -30,6 +39,21 @@ def one_of(enum: type[StrEnum]) -> Any:
 def pattern_of(enum: type[StrEnum]) -> str:
     """A query parameter's ``pattern`` that admits exactly ``enum``'s values."""
     return f"^({'|'.join(re.escape(member.value) for member in enum)})$"
+
+
+def stored_selection(data: Mapping[str, Any]) -> SelectionOptions:
+    """A job's ``selection`` as stored, not validated again (``FinetuneOptions.stored``'s
+    counterpart); fields added since take their defaults."""
+    return SelectionOptions.model_construct(
+        **{k: v for k, v in data.items() if k in SelectionOptions.model_fields}
+    )
+
+
+STORED_OPTIONS: dict[str, tuple[type[BaseModel], Callable[[Mapping[str, Any]], BaseModel]]] = {
+    "finetune": (FinetuneOptions, FinetuneOptions.stored),
+    "selection": (SelectionOptions, stored_selection),
+}
+"""A job's option fields, each with how a row's stored value is read back unvalidated."""
 
 
 class Page(BaseModel, Generic[T]):
@@ -275,6 +299,21 @@ class JobSummary(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+
+    @field_validator(*STORED_OPTIONS, mode="wrap")
+    @classmethod
+    def _as_stored(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> Any:
+        """The options as the job row stored them (validated once, when the job was
+        submitted): a mapping is read back without validating it again, an instance taken as
+        it is (pydantic would run its ``after`` validators on it). A poll runs no option
+        validator, and a rule tightened since the job was submitted cannot make its view, or
+        the list, fail; the fields' schema stays the models'."""
+        model, read = STORED_OPTIONS[info.field_name]
+        if isinstance(value, model):
+            return value
+        return read(value) if isinstance(value, Mapping) else handler(value)
 
 
 class JobOut(JobSummary):

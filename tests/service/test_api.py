@@ -421,6 +421,89 @@ def test_a_job_poll_runs_two_statements_and_keeps_401_before_404(
     assert client.get(f"{API}/datasets/{ds}", headers=alice.headers).status_code == 200
 
 
+OPTION_CHECKS = ("validate", "check_world", "options_model")
+"""``training.comm_options``' functions that validating a ``FinetuneOptions`` calls."""
+
+
+def counting_option_checks(monkeypatch) -> dict[str, int]:
+    """Wrap the fine-tune options' checks with counters (in this process, where the
+    TestClient runs the API): how often each ran since."""
+    from zoopick.training import comm_options
+
+    calls = dict.fromkeys(OPTION_CHECKS, 0)
+    for name in OPTION_CHECKS:
+        real = getattr(comm_options, name)
+
+        def counted(*args, _name=name, _real=real, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(comm_options, name, counted)
+    return calls
+
+
+def test_a_poll_validates_no_fine_tune_option(client, service_app, make_key, zoo, monkeypatch):
+    """A job's options are validated where they enter (its submission), not again on every
+    ``GET /jobs/{id}`` or list (issue 42: each poll ran ``check_world`` twice and
+    ``validate`` once)."""
+    poller = make_key(f"poller-{uuid.uuid4().hex[:8]}")
+    ds = ready_dataset(service_app, poller.name)
+    calls = counting_option_checks(monkeypatch)
+    finetune = {"epochs": 1, "workers": 2, "compressor": "spardl", "hook_options": {"teams": 2}}
+    job = submit(client, poller, ds, models=zoo, finetune=finetune).json()
+    assert calls["validate"] >= 1 and calls["check_world"] >= 1  # the counters count
+    for name in OPTION_CHECKS:
+        calls[name] = 0
+    polled = client.get(f"{API}/jobs/{job['id']}", headers=poller.headers)
+    listed = client.get(f"{API}/jobs", headers=poller.headers)
+    assert polled.status_code == 200, polled.text
+    assert polled.json()["finetune"] == job["finetune"]
+    assert polled.json()["finetune"]["hook_options"] == {"teams": 2}
+    assert listed.status_code == 200, listed.text
+    assert [j["finetune"] for j in listed.json()["items"]] == [job["finetune"]]
+    assert calls == dict.fromkeys(OPTION_CHECKS, 0)
+
+
+@pytest.mark.parametrize(
+    ("column", "stored"),
+    [
+        ("finetune", {"compressor": "retired-hook"}),  # a hook since removed
+        ("finetune", {"compressor": "spardl", "hook_options": {"retired_option": 1}}),
+        ("finetune", {"compressor": "spardl", "workers": 3, "hook_options": {"teams": 2}}),
+        ("finetune", {"density": 2.0}),  # a range since narrowed
+        ("selection", {"shortlist": 100, "budget_epochs": 3.0, "validation_fraction": 0.2}),
+    ],
+    ids=["hook", "hook-option", "world", "range", "selection"],
+)
+def test_a_job_whose_stored_options_todays_rules_refuse_is_still_shown(
+    client, service_app, make_key, zoo, column, stored
+):
+    """Stored options are read as they were stored: a rule tightened since the job was
+    submitted does not make its view, or the list, a 500 (issue 42)."""
+    from zoopick.training.config import FinetuneOptions
+    from zoopick.training.race import SelectionOptions
+
+    frank = make_key(f"frank-{uuid.uuid4().hex[:8]}")
+    ds = ready_dataset(service_app, frank.name)
+    job = submit(client, frank, ds, models=zoo, finetune={"epochs": 1}).json()
+    if column == "finetune":
+        options = {**job["finetune"], **stored}
+        model = FinetuneOptions
+    else:
+        options, model = stored, SelectionOptions
+    with pytest.raises(ValueError):  # today's rules refuse it
+        model.model_validate(options)
+    with session_scope(service_app.state.sessionmaker) as session:
+        setattr(session.get(Job, uuid.UUID(job["id"])), column, options)  # written directly
+    polled = client.get(f"{API}/jobs/{job['id']}", headers=frank.headers)
+    assert polled.status_code == 200, polled.text
+    assert polled.json()[column] == options
+    assert polled.json()["links"]["model"].endswith("/model")
+    listed = client.get(f"{API}/jobs", headers=frank.headers)
+    assert listed.status_code == 200, listed.text
+    assert [j[column] for j in listed.json()["items"]] == [options]
+
+
 def test_model_download_of_a_scoring_only_job_is_404(client, service_app, alice, zoo):
     ds = ready_dataset(service_app, "alice")
     job = submit(client, alice, ds, models=zoo).json()
