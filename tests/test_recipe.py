@@ -103,7 +103,7 @@ def test_plans_fill_only_what_the_user_left_unset():
     )
     assert auto.steps == 400 and auto.warmup_steps == 20 and auto.trial_steps == 32
     assert auto.candidates == recipe.LR_CANDIDATES["adamw"] and auto.keep_best
-    assert (auto.label_smoothing, auto.augment, auto.head_lr_scale) == (0.1, False, 10.0)
+    assert (auto.label_smoothing, auto.augment, auto.head_lr_scale) == (0.1, False, 1.0)
     assert auto.weight_decay == recipe.ADAMW_WEIGHT_DECAY and auto.eval_every == 40
 
     given = recipe.plan(
@@ -112,6 +112,7 @@ def test_plans_fill_only_what_the_user_left_unset():
         validation=0.1,
     )
     assert (given.lr, given.lr_source, given.candidates) == (0.02, "given", ())
+    assert given.head_lr_scale == 10.0  # SGD's discriminative rate for the new head
     assert (given.optimizer, given.augment, given.steps, given.weight_decay) == (
         "sgd",
         True,

@@ -67,10 +67,13 @@ PAIRS = {
         Pair("fmnist6-resnet/digits", "fmnist6-resnet", "digits", 32, role="seen"),
         Pair("fmnist6-resnet/fmnist4", "fmnist6-resnet", "fmnist4", 32, role="seen"),
         Pair("lite0-in1k/fmnist", "lite0", "fmnist", 64, role="seen"),
+        Pair("random-convnext/digits", "test_convnext", "digits", 32, role="seen"),
+        Pair("random-efficientnet/fmnist", "test_efficientnet", "fmnist", 32, role="seen"),
+        Pair("random-lcnet/fmnist4", "lcnet_035", "fmnist4", 32, role="seen"),
         Pair("lite0-in1k/digits", "lite0", "digits", 64),
-        Pair("random-convnext/digits", "test_convnext", "digits", 32),
-        Pair("random-efficientnet/fmnist", "test_efficientnet", "fmnist", 32),
-        Pair("random-lcnet/fmnist4", "lcnet_035", "fmnist4", 32),
+        Pair("random-byobnet/fmnist4", "test_byobnet", "fmnist4", 32),
+        Pair("random-nfnet/digits", "test_nfnet", "digits", 32),
+        Pair("random-mambaout/fmnist", "test_mambaout", "fmnist", 32),
     )
 }
 
@@ -305,10 +308,20 @@ def run_pair(pair: Pair, args: argparse.Namespace) -> dict:
     reused = args.truths.get(pair.name)
     if reused is not None:  # the same plain loop's results from an earlier run of this script
         result["truth"] = reused
+    # each field run's accuracy is kept in the work folder as it is measured, so a run that
+    # was stopped picks up where it was (the plain loop is seeded: the same numbers again)
+    cache = work / "field_runs.json"
+    done = json.loads(cache.read_text()) if cache.exists() else {}
     for seed in range(args.seeds):
         for lr in GRID if reused is None else ():
+            key = f"{pair.name}|{pair.side}|{lr}|{seed}"
+            if key in done:
+                result["truth"].setdefault(str(lr), []).append(done[key])
+                continue
             t0 = time.perf_counter()
             acc = field_run(zoo, pair.model, data, lr, seed)
+            done[key] = acc
+            cache.write_text(json.dumps(done, indent=1))
             result["truth"].setdefault(str(lr), []).append(acc)
             print(
                 f"{pair.name} field lr {lr:g} seed {seed}: {acc:.4f} "
