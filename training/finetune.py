@@ -318,7 +318,7 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     plan = r.plan = recipe.plan(
         cfg,
         steps_per_epoch=r.steps,
-        validation=None if val is None else cfg_validation(train, val),
+        validation=None if val is None else _validation_share(train, val),
         rung=cfg.max_steps is not None,
     )
 
@@ -493,7 +493,7 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     return record.to_dict() if record else {}
 
 
-def cfg_validation(train, val) -> float:
+def _validation_share(train, val) -> float:
     """The share of the training images the validation split took (for the plan's record)."""
     return len(val) / (len(train) + len(val))
 
