@@ -161,6 +161,11 @@ def _optimizer(model: torch.nn.Module, plan: recipe.Plan, lr: float) -> torch.op
     return kind(groups, lr=lr, weight_decay=plan.weight_decay)
 
 
+def _copy_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the model's state (parameters and buffers) that later steps do not change."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     for group in opt.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
@@ -236,7 +241,7 @@ class _Run:
         short annealed run (warm-up and cosine over ``trial_steps``) at each rate, judged on
         the validation split. The model and the hook are left at the starting point."""
         plan = self.plan
-        start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        start = _copy_weights(self.model)
         warm = recipe.warmup_steps(plan.trial_steps)
         tried = itertools.count(1)
 
@@ -325,8 +330,11 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     start_epoch = start_step = 0
     resumed = cfg.resume and (out / CHECKPOINT).exists()
     saved: dict[str, Any] = {}
-    if not resumed and cfg.init_from:
-        _init_weights(Path(cfg.init_from), model)
+    # another run's checkpoint (a race winner's) that this one starts from: read once, its
+    # weights now (the search starts from them), its optimizer state once the optimizer exists
+    seed = _load(Path(cfg.init_from)) if cfg.init_from and not resumed else None
+    if seed is not None:  # the comm hook's residuals start from zero: that run had its own
+        model.load_state_dict(seed["model"])
     if resumed:
         start_epoch, start_step, saved = _restore(out, cfg, model, state, rank, world)
     choices = saved.get("recipe")
@@ -342,8 +350,8 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
         opt.load_state_dict(saved["optimizer"])
         if rank == 0:
             _log(RunEvent("resumed", epoch=start_epoch, workers=world), out)
-    elif cfg.init_from:
-        _init_optimizer(Path(cfg.init_from), cfg, opt)
+    elif seed is not None:
+        _init_optimizer(seed, cfg, opt)
     best = saved.get("best")
     history: list[float] = list(saved.get("history", []))
     timer = _CommTimer(state)
@@ -397,7 +405,7 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
                 history.append(acc)
                 if recipe.better(acc, choices.best_val_accuracy):
                     choices.best_val_accuracy, choices.best_step = acc, at + 1
-                    best = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                    best = _copy_weights(model)
                 ddp.train()
                 stop = recipe.should_stop(history, step=at + 1, steps=limit, patience=plan.patience)
                 if stop and at + 1 < limit:
@@ -564,7 +572,7 @@ def _restore(out, cfg, model, state, rank, world) -> tuple[int, int, dict[str, A
     back too, unless the run continues on another number of workers (an elastic run that lost
     or gained one): each rank's residuals belong to its shard of the data, so they start from
     zero then, as at the start of a run."""
-    blob = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=False)
+    blob = _load(out / CHECKPOINT)
     changed = cfg.same_run(blob["config"])
     if changed:
         raise ValueError(f"--resume: the run's settings changed since the checkpoint: {changed}")
@@ -579,22 +587,17 @@ def _restore(out, cfg, model, state, rank, world) -> tuple[int, int, dict[str, A
     return (*where, blob)
 
 
-def _init_weights(path: Path, model) -> None:
-    """Start from another run's checkpoint (a race winner's): its model. The comm hook's
-    residuals start from zero (the other run had its own workers)."""
-    blob = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(blob["model"])
+def _load(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def _init_optimizer(path: Path, cfg: FinetuneConfig, opt) -> None:
-    """The other run's optimizer state (momentum, Adam's moments) when it used the same
-    optimizer and parameter groups, so no step it took is lost; this run's own rate (set at
-    every step), weight decay and momentum apply from here on."""
-    blob = torch.load(path, map_location="cpu", weights_only=False)
+def _init_optimizer(blob: dict[str, Any], cfg: FinetuneConfig, opt) -> None:
+    """Another run's optimizer state (``blob``, its checkpoint: momentum, Adam's moments) when
+    it used the same optimizer and parameter groups, so no step it took is lost; this run's
+    own rate (set at every step), weight decay and momentum apply from here on."""
     saved = blob.get("optimizer", {})
-    same = recipe.value(FinetuneConfig.stored(blob.get("config", {})), "optimizer") == (
-        cfg.resolved("optimizer")
-    )
+    theirs = FinetuneConfig.stored(blob.get("config", {})).resolved("optimizer")
+    same = theirs == cfg.resolved("optimizer")
     if not same or len(saved.get("param_groups", [])) != len(opt.param_groups):
         return
     mine = [(g["lr_scale"], g["weight_decay"], g.get("momentum")) for g in opt.param_groups]
