@@ -75,19 +75,53 @@ def test_pick_takes_the_lowest_loss_then_accuracy_then_the_smaller_rate_and_skip
         recipe.pick([t(1e-3, 0.1, math.inf)])
 
 
-def test_early_stop_and_the_best_checkpoint_rule():
-    # before half the schedule: never
-    assert not recipe.should_stop([0.9, 0.5, 0.5, 0.5, 0.5], step=40, steps=100, patience=4)
-    # after it: four checks all below the best before them
-    assert recipe.should_stop([0.9, 0.5, 0.5, 0.5, 0.5], step=60, steps=100, patience=4)
-    # a tie with the best is not a decline
-    assert not recipe.should_stop([0.9, 0.5, 0.9, 0.5, 0.5], step=60, steps=100, patience=4)
-    assert not recipe.should_stop([0.9, 0.5, 0.5], step=60, steps=100, patience=4)
-    assert recipe.better(0.9, None) and recipe.better(0.9, 0.9) and not recipe.better(0.8, 0.9)
+def test_early_stop_and_the_best_checkpoint_rule(monkeypatch):
+    # with no noise band (the rule before it): the maximum, ties to the later check
+    monkeypatch.setattr(recipe, "BAND_STANDARD_ERRORS", 0.0)
+
+    def stop(history, step):
+        return recipe.should_stop(history, step=step, steps=100, patience=4, n=100)
+
+    assert not stop([0.9, 0.5, 0.5, 0.5, 0.5], 40)  # before half the schedule: never
+    assert stop([0.9, 0.5, 0.5, 0.5, 0.5], 60)  # after it: four checks all below the best
+    assert not stop([0.9, 0.5, 0.9, 0.5, 0.5], 60)  # a tie with the best is not a decline
+    assert not stop([0.9, 0.5, 0.5], 60)
+    assert recipe.keeps([0.9], 100) and recipe.keeps([0.9, 0.9], 100)
+    assert not recipe.keeps([0.9, 0.89], 100)
 
 
-def test_validation_share_is_bounded_and_skipped_for_tiny_classes():
+def test_the_noise_band_by_hand(monkeypatch):
+    monkeypatch.setattr(recipe, "BAND_STANDARD_ERRORS", 1.0)
+    # best 0.9 on 100 images: se = sqrt(0.9 * 0.1 / 100) = 0.03, the band starts at 0.87
+    assert recipe.band([0.5, 0.9], 100) == pytest.approx(0.87)
+    assert recipe.keeps([0.9, 0.87], 100) and not recipe.keeps([0.9, 0.86], 100)
+    # a perfect check is no more certain than one image: the band is 1 - 1/n
+    assert recipe.band([1.0], 80) == pytest.approx(1 - 1 / 80)
+    # the early stop needs a decline past the band, not below the maximum
+    assert not recipe.should_stop(
+        [0.9, 0.88, 0.88, 0.88, 0.88], step=60, steps=100, patience=4, n=100
+    )
+    assert recipe.should_stop([0.9, 0.8, 0.8, 0.8, 0.86], step=60, steps=100, patience=4, n=100)
+    # kept online, the check returned is the latest one within the final best's band
+    history: list[float] = []
+    kept = None
+    for i, acc in enumerate([0.70, 0.90, 0.88, 0.91, 0.85, 0.89]):
+        history.append(acc)
+        if recipe.keeps(history, 100):
+            kept = i
+    # best 0.91: se = sqrt(.91 * .09 / 100) = 0.0286, so 0.89 (the last check) is within it
+    assert kept == 5
+    assert kept == max(i for i, a in enumerate(history) if a >= recipe.band(history, 100))
+
+
+def test_validation_share_is_bounded_and_skipped_for_tiny_classes(monkeypatch):
+    monkeypatch.setattr(recipe, "SMALL_SPLIT_VALIDATION", 0)  # a flat tenth
     assert recipe.validation_fraction([100] * 10) == pytest.approx(0.1)
+    assert recipe.validation_fraction([40] * 10) == pytest.approx(0.1)
+    monkeypatch.setattr(recipe, "SMALL_SPLIT_VALIDATION", 100)
+    assert recipe.validation_fraction([100] * 10) == pytest.approx(0.1)
+    assert recipe.validation_fraction([100] * 4) == pytest.approx(0.2)  # 100/400, capped
+    assert recipe.validation_fraction([90] * 10) == pytest.approx(100 / 900)
     assert recipe.validation_fraction([6000] * 10) == pytest.approx(2000 / 60000)
     assert recipe.validation_fraction([100, 4]) is None
     assert recipe.validation_fraction([]) is None

@@ -354,6 +354,7 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
         _init_optimizer(seed, cfg, opt)
     best = saved.get("best")
     history: list[float] = list(saved.get("history", []))
+    n_val = len(val) if val is not None else 0  # every rank's shards together
     timer = _CommTimer(state)
 
     steps = r.steps
@@ -403,11 +404,13 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
             if plan.keep_best and ((at + 1) % plan.eval_every == 0 or at + 1 == limit):
                 acc, _ = r.evaluate(r.val)
                 history.append(acc)
-                if recipe.better(acc, choices.best_val_accuracy):
+                if recipe.keeps(history, n_val):
                     choices.best_val_accuracy, choices.best_step = acc, at + 1
                     best = _copy_weights(model)
                 ddp.train()
-                stop = recipe.should_stop(history, step=at + 1, steps=limit, patience=plan.patience)
+                stop = recipe.should_stop(
+                    history, step=at + 1, steps=limit, patience=plan.patience, n=n_val
+                )
                 if stop and at + 1 < limit:
                     choices.stopped_early = True
                     break

@@ -28,9 +28,11 @@ processes with disjoint ``--pairs`` and merge with ``--merge``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import shutil
 import socket
 import sys
 import time
@@ -55,7 +57,8 @@ class Pair:
     role: str = "report"
     """"dev": looked at while the recipe's rules were set or revised; "seen": reported under
     the first rules (before the revision that dev pairs prompted); "report": run only under
-    the rules as they now stand. The goals' verdicts are read on "report" pairs."""
+    rules 3; "fresh": named in PREREGISTRATION.md before any run, where rules 4 is judged
+    against rules 3. The goals' verdicts are read on "report" and "fresh" pairs."""
 
 
 PAIRS = {
@@ -74,8 +77,26 @@ PAIRS = {
         Pair("random-byobnet/fmnist4", "test_byobnet", "fmnist4", 32),
         Pair("random-nfnet/digits", "test_nfnet", "digits", 32),
         Pair("random-mambaout/fmnist", "test_mambaout", "fmnist", 32),
+        # rules 4's fresh pairs (PREREGISTRATION.md), named before any of them ran
+        Pair("random-vit2/fmnist4", "test_vit2", "fmnist4", 32, role="fresh"),
+        Pair("random-convnext2/fmnist", "test_convnext2", "fmnist", 32, role="fresh"),
+        Pair("random-efficientnet-gn/digits", "test_efficientnet_gn", "digits", 32, role="fresh"),
+        Pair("lite0-in1k/fmnist4", "lite0", "fmnist4", 64, role="fresh"),
     )
 }
+
+RULES = {
+    "rules3": {"BAND_STANDARD_ERRORS": 0.0, "SMALL_SPLIT_VALIDATION": 0},
+    "rules4": {"BAND_STANDARD_ERRORS": 1.0, "SMALL_SPLIT_VALIDATION": 100},
+}
+"""The checkpoint rules an ``auto-<rules>`` arm runs under, set on ``training.recipe`` for
+that run only (this process runs the trainer in-process): rules 3, the maximum of the checks
+on a flat tenth of the training split; rules 4, the pre-registered noise band and the larger
+share for a small split."""
+ARMS = ("auto", "auto-rules3", "auto-rules4", "fixed")
+"""What runs against the truth: the trainer with every option at its default ("auto": the
+recipe as it ships; "auto-<rules>": under one version of its checkpoint rules) and the recipe
+before it ("fixed")."""
 
 
 # -- data --------------------------------------------------------------------------------------
@@ -244,12 +265,31 @@ def field_run(zoo: Path, model: str, data: Path, lr: float, seed: int) -> float:
 # -- the trainer's recipes -------------------------------------------------------------------
 
 
-def trainer_run(zoo: Path, model: str, data: Path, out: Path, recipe: str, seed: int) -> dict:
+@contextlib.contextmanager
+def rules_of(arm: str):
+    """Within it, ``training.recipe`` runs under the arm's rules (:data:`RULES`; none for
+    "auto" and "fixed"), restored after."""
+    from zoopick.training import recipe
+
+    changes = RULES.get(arm.partition("-")[2], {})
+    saved = {k: getattr(recipe, k) for k in changes}
+    try:
+        for k, v in changes.items():
+            setattr(recipe, k, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(recipe, k, v)
+
+
+def trainer_run(zoo: Path, model: str, data: Path, out: Path, arm: str, seed: int) -> dict:
     """One run of zoopick's trainer (one worker, dense: what the recipe does, not the wire)
-    with every other option at its default; its final test accuracy, recipe and compute."""
+    with every other option at its default; its final test accuracy, recipe and compute.
+    ``arm``: "fixed", "auto", or "auto-<rules>" (:data:`RULES`)."""
     from zoopick.training.config import METRICS, FinetuneConfig
     from zoopick.training.finetune import run
 
+    recipe = arm.partition("-")[0]
     cfg = FinetuneConfig(
         zoo=str(zoo),
         model=model,
@@ -262,7 +302,8 @@ def trainer_run(zoo: Path, model: str, data: Path, out: Path, recipe: str, seed:
         seed=seed,
     )
     t0 = time.perf_counter()
-    final = run(cfg)
+    with rules_of(arm):
+        final = run(cfg)
     seconds = time.perf_counter() - t0
     meta = json.loads((out / "model.json").read_text())
     choices = meta["recipe"]
@@ -302,8 +343,7 @@ def run_pair(pair: Pair, args: argparse.Namespace) -> dict:
         "train_images": n_train,
         "field_steps": field_steps(n_train),
         "truth": {},
-        "auto": [],
-        "fixed": [],
+        "runs": {arm: [] for arm in args.arms},
     }
     reused = args.truths.get(pair.name)
     if reused is not None:  # the same plain loop's results from an earlier run of this script
@@ -328,89 +368,137 @@ def run_pair(pair: Pair, args: argparse.Namespace) -> dict:
                 f"({time.perf_counter() - t0:.0f} s)",
                 flush=True,
             )
-        for recipe in ("auto", "fixed"):
-            out = work / "runs" / pair.name.replace("/", "_") / f"{recipe}-{seed}"
+        for arm in args.arms:
+            out = work / "runs" / pair.name.replace("/", "_") / f"{arm}-{seed}"
             if out.exists():
-                import shutil
-
                 shutil.rmtree(out)
-            r = trainer_run(zoo, pair.model, data, out, recipe, seed)
-            result[recipe].append(r)
+            r = trainer_run(zoo, pair.model, data, out, arm, seed)
+            result["runs"][arm].append(r)
             print(
-                f"{pair.name} {recipe} seed {seed}: {r['test_acc']:.4f} lr {r['lr']:.3g} "
-                f"({r['lr_source']}) {r['seconds']:.0f} s",
+                f"{pair.name} {arm} seed {seed}: {r['test_acc']:.4f} lr {r['lr']:.3g} "
+                f"({r['lr_source']}) best step {r['best_step']} of {r['steps']} "
+                f"{r['seconds']:.0f} s",
                 flush=True,
             )
     return summarise(result)
 
 
+def upgrade(r: dict) -> dict:
+    """A result of this script before its arms were named: its "auto" ran under rules 3."""
+    if "runs" not in r:
+        r = {**r, "runs": {"auto-rules3": r["auto"], "fixed": r["fixed"]}}
+    return {k: v for k, v in r.items() if k not in ("auto", "fixed")}
+
+
 def summarise(r: dict) -> dict:
+    """The truth (the best rate's mean over seeds) and each arm's accuracy, ratio to the
+    truth and compute per field run."""
     means = {lr: float(np.mean(v)) for lr, v in r["truth"].items()}
     best_lr = max(means, key=means.get)
     truth = means[best_lr]
     field_images = r["field_steps"] * BATCH
-    for recipe in ("auto", "fixed"):
-        runs = r[recipe]
+    r["arms"] = {}
+    for arm, runs in r["runs"].items():
+        if not runs:
+            continue
         acc = float(np.mean([x["test_acc"] for x in runs]))
-        r[f"{recipe}_acc"] = acc
-        r[f"{recipe}_ratio"] = acc / truth
-        r[f"{recipe}_compute"] = float(np.mean([x["images"] for x in runs])) / field_images
+        r["arms"][arm] = {
+            "acc": acc,
+            "ratio": acc / truth,
+            "compute": float(np.mean([x["images"] for x in runs])) / field_images,
+            "lrs": [f"{x['lr']:.2g} ({x['lr_source']})" for x in runs],
+            "early": sum(bool(x["stopped_early"]) for x in runs),
+        }
     r.update(truth_acc=truth, truth_lr=float(best_lr))
     return r
 
 
+def merge(results: list[dict]) -> list[dict]:
+    """Results of several invocations as one per pair: their arms together (an arm run in
+    two, the later one's), the truth of whichever ran it with every rate and seed."""
+    by_pair: dict[str, dict] = {}
+    for r in map(upgrade, results):
+        have = by_pair.get(r["pair"])
+        if have is None:
+            by_pair[r["pair"]] = {**r, "runs": dict(r["runs"])}
+            continue
+        have["runs"].update({a: v for a, v in r["runs"].items() if v})
+        if sum(map(len, r["truth"].values())) > sum(map(len, have["truth"].values())):
+            have["truth"] = r["truth"]
+    order = list(PAIRS)
+    return [summarise(r) for r in sorted(by_pair.values(), key=lambda r: order.index(r["pair"]))]
+
+
+def _verdict(results: list[dict], arm: str, label: str) -> list[str]:
+    rows = [r for r in results if arm in r["arms"]]
+    if not rows:
+        return []
+    ratios = [r["arms"][arm]["ratio"] for r in rows]
+    worst = min(rows, key=lambda r: r["arms"][arm]["ratio"])
+    cost = max(r["arms"][arm]["compute"] for r in rows)
+    mean = float(np.mean(ratios))
+    return [
+        f"- {label}, **{arm}** on {len(rows)} pairs: **{mean:.3f}** of the truth on average "
+        f"(goal 0.99: {'met' if mean >= 0.99 else 'not met'}), "
+        f"**{worst['arms'][arm]['ratio']:.3f}** at worst ({worst['pair']}; goal 0.97: "
+        f"{'met' if worst['arms'][arm]['ratio'] >= 0.97 else 'not met'}), at most "
+        f"**{cost:.2f}x** one field run's compute (goal 1.5x: "
+        f"{'met' if cost <= 1.5 else 'not met'})"
+    ]
+
+
 def report(results: list[dict], path: Path) -> None:
     path.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    arms = [a for a in ARMS if any(a in r["arms"] for r in results)]
+    head = " | ".join(f"{a} / truth | {a} compute" for a in arms)
     rows = [
-        "| pair | role | train images | truth (best lr) | auto | auto / truth | auto compute | "
-        "auto lr (how) | fixed | fixed / truth |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| pair | role | train images | truth (best lr) | {head} | rates chosen |",
+        "|---|---|---|---|" + "---|---|" * len(arms) + "---|",
     ]
     for r in results:
-        lrs = ", ".join(f"{x['lr']:.2g} ({x['lr_source']})" for x in r["auto"])
+        cells = []
+        for a in arms:
+            x = r["arms"].get(a)
+            cells.append(
+                ""
+                if x is None
+                else f"**{x['ratio']:.3f}**"
+                + (f" ({x['early']} stopped early)" if x["early"] else "")
+            )
+            cells.append("" if x is None else f"{x['compute']:.2f}x")
+        lrs = "; ".join(
+            f"{a}: {', '.join(r['arms'][a]['lrs'])}"
+            for a in arms
+            if a.startswith("auto") and a in r["arms"]
+        )
         rows.append(
             f"| {r['pair']} | {r['role']} | {r['train_images']} | {r['truth_acc']:.4f} "
-            f"({r['truth_lr']:g}) | {r['auto_acc']:.4f} | **{r['auto_ratio']:.3f}** | "
-            f"{r['auto_compute']:.2f}x | {lrs} | {r['fixed_acc']:.4f} | {r['fixed_ratio']:.3f} |"
+            f"({r['truth_lr']:g}) | {' | '.join(cells)} | {lrs} |"
         )
-    reported = [r for r in results if r["role"] == "report"]
     lines = [
         "# Default fine-tune against the field truth (issue 39)",
         "",
-        "Recipe, roles and goals: `benchmarks/finetune/README.md`; produced by "
-        "`benchmarks/finetune/run.py`. Ratios are of the mean over seeds; compute is images "
-        "through forward and backward (the search included) per field run's.",
+        "Recipe, roles, arms and goals: `benchmarks/finetune/README.md`; produced by "
+        "`benchmarks/finetune/run.py`. Ratios are of the mean over seeds to the truth; "
+        "compute is images through forward and backward (the search included, a validation "
+        "image counted as 1/3) per field run's.",
         "",
         *rows,
         "",
+        "Verdicts (goals: 0.99 of the truth on average, 0.97 on every pair, at most 1.5x):",
+        "",
     ]
-    if reported:
-        mean = float(np.mean([r["auto_ratio"] for r in reported]))
-        worst = min(reported, key=lambda r: r["auto_ratio"])
-        cost = max(r["auto_compute"] for r in reported)
-        fixed = float(np.mean([r["fixed_ratio"] for r in reported]))
-        lines += [
-            f"On the {len(reported)} report pairs (dev and seen pairs left out): auto reaches "
-            f"**{mean:.3f}** of the truth on average (goal 0.99: "
-            f"{'met' if mean >= 0.99 else 'not met'}), **{worst['auto_ratio']:.3f}** at worst "
-            f"({worst['pair']}; goal 0.97 on every pair: "
-            f"{'met' if worst['auto_ratio'] >= 0.97 else 'not met'}), at most "
-            f"**{cost:.2f}x** one field run's compute (goal 1.5x: "
-            f"{'met' if cost <= 1.5 else 'not met'}). The fixed recipe: {fixed:.3f} on average.",
-            "",
-        ]
+    for role, label in (
+        ("fresh", "fresh pairs (named before they ran)"),
+        ("report", "report pairs (first run under rules 3)"),
+    ):
+        part = [r for r in results if r["role"] == role]
+        for arm in arms:
+            lines += _verdict(part, arm, label)
     unseen = [r for r in results if r["role"] != "dev"]
-    if unseen:
-        mean = float(np.mean([r["auto_ratio"] for r in unseen]))
-        fixed = float(np.mean([r["fixed_ratio"] for r in unseen]))
-        cost = max(r["auto_compute"] for r in unseen)
-        lines += [
-            f"On every pair but the dev ones ({len(unseen)}, seen included): auto {mean:.3f} "
-            f"on average, {min(r['auto_ratio'] for r in unseen):.3f} at worst, at most "
-            f"{cost:.2f}x; the fixed recipe {fixed:.3f}.",
-            "",
-        ]
-    path.with_suffix(".md").write_text("\n".join(lines))
+    for arm in arms:
+        lines += _verdict(unseen, arm, "every pair but the dev ones")
+    path.with_suffix(".md").write_text("\n".join(lines + [""]))
 
 
 def _process_group() -> None:
@@ -430,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
         "--pairs", default="all", help=f"comma-separated, or all: {', '.join(PAIRS)}"
     )
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument(
+        "--arms", default="auto,fixed", help=f"comma-separated, of: {', '.join(ARMS)}"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--work", type=Path, default=Path("/tmp/zoopick-finetune-bench"))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/finetune"))
@@ -449,10 +540,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in json.loads(path.read_text())
         if all(len(v) >= args.seeds for v in r["truth"].values()) and len(r["truth"]) == len(GRID)
     }
+    args.arms = args.arms.split(",")
+    if unknown := set(args.arms) - set(ARMS):
+        parser.error(f"unknown arms: {', '.join(sorted(unknown))}")
     if args.merge:
-        results = [r for p in args.merge for r in json.loads(p.read_text())]
-        order = list(PAIRS)
-        report(sorted(results, key=lambda r: order.index(r["pair"])), args.out)
+        report(merge([r for p in args.merge for r in json.loads(p.read_text())]), args.out)
         return 0
     torch.set_num_threads(args.threads)
     names = list(PAIRS) if args.pairs == "all" else args.pairs.split(",")
