@@ -76,16 +76,36 @@ def test_spec_summary_comes_from_the_hook_docstring():
     assert "top-k" in comm.get("topk").summary
 
 
-def test_option_models_declare_exactly_the_state_classes_options():
-    """``training.comm_options`` (torch-free, what the API validates with) and the state
-    classes' keyword arguments are one list of names and defaults."""
+def test_each_hook_is_declared_once_and_its_state_reads_every_option():
+    """``training.comm_options.HOOKS`` (torch-free, what the API validates with) is the one
+    declaration: the registry's names and options are its, and each state class reads every
+    option its model declares (an option declared and never read would do nothing)."""
     from zoopick.training import comm_options
 
     assert comm_options.names() == comm.available()
+    elsewhere = {"sync_cuda_timing": lambda s: s.stats.sync_cuda,
+                 "cuda_graphs": lambda s: s.graphs is not None}  # fmt: skip
     for name in comm.available():
         model = comm_options.options_model(name)
         declared = {k: f.default for k, f in model.model_fields.items()}
         assert declared == comm.get(name).options, name
+        state, _ = comm.make_hook(name, density=declared["density"])
+        assert isinstance(state.options, model), name
+        for option, default in declared.items():
+            read = elsewhere.get(option, lambda s, o=option: getattr(s, o))
+            assert read(state) == default, (name, option)
+
+
+def test_build_takes_validated_options_and_checks_them_no_more():
+    """``build`` is ``make_hook`` for options validated before: the state gets that object."""
+    from zoopick.training import comm_options
+
+    options = comm_options.validate("spardl", density=0.05, options={"teams": 2})
+    state, hook = comm.build("spardl", options)
+    assert state.options is options and (state.teams, state.density) == (2, 0.05)
+    assert hook is comm.get("spardl").hook
+    with pytest.raises(TypeError, match="SparDLOptions"):
+        comm.build("spardl", comm_options.validate("topk", density=0.05, options={}))
 
 
 def test_options_validate_without_torch():

@@ -148,7 +148,7 @@ def test_training_file_as_test_data_uses_its_test_split(tmp_path):
 def test_sparse_hooks_get_the_default_warmup_unless_the_run_sets_one():
     """A run that names no warm-up gets ``SPARSE_WARMUP`` iterations of DGC's exponential
     warm-up on a sparse hook (dense has none); an explicit ``warmup`` (0 included) is kept."""
-    from zoopick.training.comm import make_hook
+    from zoopick.training.comm import build, make_hook
     from zoopick.training.config import SPARSE_WARMUP, FinetuneConfig
 
     def options(compressor: str, **hook_options):
@@ -163,6 +163,14 @@ def test_sparse_hooks_get_the_default_warmup_unless_the_run_sets_one():
     assert options("dense") == {}
     state, _ = make_hook("spardl", density=0.01, **options("spardl"))
     assert [state.density_at(t) for t in range(5)] == [0.25, 0.0625, 0.015625, 0.01, 0.01]
+    # what the trainer builds: the run's typed hook options, the same schedule
+    def run_hook(compressor: str):
+        cfg = FinetuneConfig(zoo="z", model="m", data="d", out="o", compressor=compressor)
+        return build(compressor, cfg.comm_hook())[0]
+
+    state = run_hook("spardl")
+    assert [state.density_at(t) for t in range(5)] == [0.25, 0.0625, 0.015625, 0.01, 0.01]
+    assert run_hook("dense").warmup == 0
 
 
 def _diverging(rank: int, world: int, config: dict) -> str:

@@ -1,15 +1,21 @@
-"""The comm hooks' names and options, without torch: what a job submission, ``zoopick train``
-and :func:`zoopick.training.comm.make_hook` validate a hook's options against.
+"""The comm hooks' one declaration, without torch: :data:`HOOKS`, each hook's name, its options
+and where its implementation is. What a job submission, ``zoopick train`` and
+:func:`zoopick.training.comm.make_hook` validate a hook's options against, and what the
+registry (``training/comm/registry.py``) builds a hook from.
 
 The hooks themselves (``training/comm/``) import torch; the API process must not (it would
 load torch into every API worker on the first fine-tune submission). So each hook's options
-are declared here once, as a strict pydantic model (names, types, defaults, ranges, the checks
-between options), and the hook's state class takes the same keyword arguments
-(``tests/test_comm_registry.py`` checks that both agree, names and defaults).
+are declared here, once, as a strict pydantic model (names, types, defaults, ranges, the checks
+between options), and its implementation is named by module and attribute, imported only when
+a hook is built. A hook's state class takes the validated model: options are checked where they
+enter (:func:`validate`) and passed on as that typed object, never checked again. Adding a hook
+is its implementation module plus one :data:`HOOKS` entry (and its model, when it has options
+of its own).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -19,18 +25,20 @@ class CommError(ValueError):
     """A bad hook name or option (``training.comm.CommError`` is this class)."""
 
 
-class _Options(BaseModel):
+class HookOptions(BaseModel):
+    """What every hook takes (each hook's model adds ``density`` and its own options)."""
+
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     fp16: bool = False
     sync_cuda_timing: bool = False
 
 
-class DenseOptions(_Options):
+class DenseOptions(HookOptions):
     density: float = Field(1.0, gt=0, le=1)
 
 
-class SparseOptions(_Options):
+class SparseOptions(HookOptions):
     """What every sparse hook shares (``training.comm.state.HookState``)."""
 
     density: float = Field(0.01, gt=0, le=1)
@@ -96,23 +104,37 @@ class DFSOptions(SparseOptions):
         return self
 
 
-HOOKS: dict[str, type[_Options]] = {
-    "dense": DenseOptions,
-    "topk": TopkOptions,
-    "gaussiank": GaussianKOptions,
-    "spardl": SparDLOptions,
-    "exdyna": ExDynaOptions,
-    "dfs": DFSOptions,
+@dataclass(frozen=True)
+class Hook:
+    """One hook: its options model and its implementation, ``zoopick.training.comm.<module>``'s
+    ``state`` class (built from a validated ``options`` instance and a process group) and
+    ``hook`` function (DDP's ``hook(state, bucket)``), named rather than imported: this module
+    stays torch-free."""
+
+    options: type[HookOptions]
+    module: str
+    state: str
+    hook: str
+
+
+HOOKS: dict[str, Hook] = {
+    "dense": Hook(DenseOptions, "dense", "DenseState", "dense_hook"),
+    "topk": Hook(TopkOptions, "topk", "TopKState", "topk_hook"),
+    "gaussiank": Hook(GaussianKOptions, "gaussiank", "GaussianKState", "gaussiank_hook"),
+    "spardl": Hook(SparDLOptions, "spardl", "SparDLState", "spardl_hook"),
+    "exdyna": Hook(ExDynaOptions, "exdyna", "ExDynaState", "exdyna_hook"),
+    "dfs": Hook(DFSOptions, "dfs", "DFSState", "dfs_hook"),
 }
-"""Every hook by name: the names the job schema, the dashboard and the CLI offer."""
+"""Every hook by name: the names the job schema, the dashboard and the CLI offer, and the one
+place a hook is declared (``training.comm.registry`` builds its hooks from here)."""
 
 
 def option_schemas() -> list[dict[str, Any]]:
     """Each hook's options as a JSON schema (``density`` aside: it is a field of its own),
     for the job schema's ``hook_options``: published in the OpenAPI document, one per hook."""
     schemas = []
-    for name, model in HOOKS.items():
-        schema = model.model_json_schema()
+    for name, hook in HOOKS.items():
+        schema = hook.options.model_json_schema()
         schema["properties"].pop("density", None)
         schema["title"] = f"{name} options"
         schema["description"] = f'hook_options when "compressor" is "{name}"'
@@ -128,23 +150,33 @@ def has_option(name: str, option: str) -> bool:
     return option in options_model(name).model_fields
 
 
-def options_model(name: str) -> type[_Options]:
+def options_model(name: str) -> type[HookOptions]:
     try:
-        return HOOKS[name]
+        return HOOKS[name].options
     except KeyError:
         raise CommError(f"unknown comm hook {name!r}; available: {', '.join(names())}") from None
 
 
-def validate(name: str, *, density: float, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with ``density`` checked for hook ``name``: the keyword arguments of its
-    state class, defaults filled in. Raises :class:`CommError` naming the bad option."""
+def validate(name: str, *, density: float, options: dict[str, Any]) -> HookOptions:
+    """``options`` with ``density`` checked for hook ``name``, where they enter (a job's
+    submission, a run's config, ``make_hook``'s keywords): the typed options its state class
+    takes, defaults filled in. Raises :class:`CommError` naming the bad option."""
     model = options_model(name)
     if "density" in options:  # make_hook's own argument: the options must not say it twice
         raise CommError(f"comm hook {name!r}: density is set on its own, not as an option")
     try:
-        return model.model_validate({**options, "density": density}).model_dump()
+        return model.model_validate({**options, "density": density})
     except ValidationError as exc:
         raise CommError(f"comm hook {name!r}: {describe(exc, model)}") from None
+
+
+def stored(name: str, *, density: float, options: dict[str, Any]) -> HookOptions:
+    """Options :func:`validate` accepted before (a job's stored ``finetune``, a run's config
+    validated when its process read it) as the typed object, without checking them again:
+    defaults filled in, an option the model does not know left out."""
+    model = options_model(name)
+    known = {k: v for k, v in options.items() if k in model.model_fields}
+    return model.model_construct(**known, density=density)
 
 
 def check_world(name: str, options: dict[str, Any], min_workers: int, max_workers: int) -> None:

@@ -245,6 +245,14 @@ class FinetuneOptions(BaseModel):
             options["warmup"] = SPARSE_WARMUP
         return options
 
+    def comm_hook(self) -> comm_options.HookOptions:
+        """The hook's options as the typed object its state takes (``training.comm.build``):
+        :meth:`comm_options` with ``density``, not validated again (they were, with these
+        options, where they entered)."""
+        return comm_options.stored(
+            self.compressor, density=self.density, options=self.comm_options()
+        )
+
     @classmethod
     def stored(cls, data: Mapping[str, Any]) -> FinetuneOptions:
         """Options as a job row stored them (validated when the job was submitted): read
@@ -315,14 +323,23 @@ class FinetuneConfig(FinetuneOptions):
     def for_run(
         cls, options: FinetuneOptions, *, zoo: str, model: str, data: str, out: str, **where: Any
     ) -> FinetuneConfig:
-        """``options`` (already valid) placed: zoo, model, data, run folder."""
-        return cls(**options.model_dump(), zoo=zoo, model=model, data=data, out=out, **where)
+        """``options`` placed: zoo, model, data, run folder (and what ``where`` adds: a rung's
+        steps, a run to resume). Not validated again: the options were where they entered (a
+        job's submission, ``zoopick train``) and a job row holds them as validated then; the
+        run's process validates the whole config once, when it reads its file
+        (:meth:`from_json`)."""
+        unknown = sorted(set(where) - set(cls.model_fields))
+        if unknown:
+            raise TypeError(f"FinetuneConfig has no field(s) {unknown}")
+        fields = {k: getattr(options, k) for k in FinetuneOptions.model_fields}
+        return cls.model_construct(**fields, zoo=zoo, model=model, data=data, out=out, **where)
 
     def to_json(self) -> str:
         return self.model_dump_json()
 
     @classmethod
     def from_json(cls, text: str) -> FinetuneConfig:
+        """A run's config as its process reads it from a file: the one validation there."""
         return cls.model_validate_json(text)
 
     # fields that name files: one file however it is spelt (./zoo.yaml, an absolute path)

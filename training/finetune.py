@@ -274,7 +274,7 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     rate is searched first and the model returned is the best validation checkpoint. Returns
     the last epoch's record (the same on every rank)."""
     from zoopick.selection.zoo import load_zoo, save_checkpoint
-    from zoopick.training.comm import make_hook
+    from zoopick.training.comm import build
     from zoopick.training.comm.stats import dense_allreduce_bytes
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -317,7 +317,7 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=cfg.bucket_cap_mb,
     )
-    state, hook = make_hook(cfg.compressor, density=cfg.density, **cfg.comm_options())
+    state, hook = build(cfg.compressor, cfg.comm_hook())  # validated when launch read cfg
     ddp.register_comm_hook(state, hook)
     r = _Run(cfg, model, ddp, state, device, amp, data_config, data, rank, world)
     plan = r.plan = recipe.plan(

@@ -1,7 +1,8 @@
 """Sparse gradient communication as PyTorch DDP communication hooks.
 
 ``make_hook(name, density=..., **options) -> (state, hook)`` for
-``ddp_model.register_comm_hook(state, hook)``; ``available()`` lists the names:
+``ddp_model.register_comm_hook(state, hook)`` (``build(name, options)`` from options validated
+before); ``available()`` lists the names, each declared once in ``training.comm_options.HOOKS``:
 
 - ``dense``: all-reduce average (DDP's default, instrumented);
 - ``topk``: exact local top-k, all-gather of (index, value) pairs;
@@ -20,10 +21,10 @@ steady state they read no tensor value on the host (fixed-capacity payloads; see
 ``hostread``).
 """
 
-from zoopick.training.comm import dense, dfs, exdyna, gaussiank, spardl, topk  # noqa: F401  (register)
+from zoopick.training.comm import dense, dfs, exdyna, gaussiank, spardl, topk  # noqa: F401
 from zoopick.training.comm.bucket import SimpleBucket
 from zoopick.training.comm.errors import CommError
-from zoopick.training.comm.registry import available, check_options, get, make_hook
+from zoopick.training.comm.registry import available, build, check_options, get, make_hook
 from zoopick.training.comm.spardl import (
     Transfer,
     message_steps,
@@ -40,6 +41,7 @@ __all__ = [
     "SimpleBucket",
     "Transfer",
     "available",
+    "build",
     "check_options",
     "get",
     "make_hook",

@@ -11,24 +11,20 @@ import torch
 import torch.distributed as dist
 
 from zoopick.training.comm.exchange import allreduce_sum, to_wire
-from zoopick.training.comm.registry import register
 from zoopick.training.comm.state import HookState
+from zoopick.training.comm_options import DenseOptions, SparseOptions
 
 
 class DenseState(HookState):
     name = "dense"
 
     def __init__(
-        self,
-        process_group: dist.ProcessGroup | None = None,
-        *,
-        density: float = 1.0,
-        fp16: bool = False,
-        sync_cuda_timing: bool = False,
+        self, options: DenseOptions, process_group: dist.ProcessGroup | None = None
     ) -> None:
-        super().__init__(
-            process_group, density=density, fp16=fp16, sync_cuda_timing=sync_cuda_timing
-        )
+        """The sparse hooks' state with what a dense hook lacks (warm-up, momentum, ...) at
+        its defaults, which leave them off."""
+        super().__init__(SparseOptions.model_construct(**dict(options)), process_group)
+        self.options = options
 
 
 def dense_hook(state: DenseState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -48,5 +44,3 @@ def dense_hook(state: DenseState, bucket: dist.GradBucket) -> torch.futures.Futu
     fut.set_result(buf)
     return fut
 
-
-register("dense", DenseState, dense_hook)

@@ -30,13 +30,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import INDEX_DTYPE, allgather_parts, to_wire
 from zoopick.training.comm.hostread import Deferred
-from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import k_for, topk_indices
 from zoopick.training.comm.state import HookState, id_key, named_key, run_hook
 from zoopick.training.comm.store import BucketLayout
+from zoopick.training.comm_options import DFSOptions
 
 SAMPLE = 4096
 
@@ -49,27 +48,13 @@ class DFSState(HookState):
         return False
 
     def __init__(
-        self,
-        process_group: dist.ProcessGroup | None = None,
-        *,
-        block_size: int = 16,
-        max_block: int = 256,
-        grow_at: float = 0.6,
-        shrink_at: float = 0.3,
-        **common: Any,
+        self, options: DFSOptions, process_group: dist.ProcessGroup | None = None
     ) -> None:
-        """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
-        super().__init__(process_group, **common)
-        if not isinstance(max_block, int) or max_block < 1:
-            raise CommError(f"dfs: max_block must be a positive int, got {max_block!r}")
-        if not isinstance(block_size, int) or not 1 <= block_size <= max_block:
-            raise CommError(f"dfs: block_size must be an int in [1, max_block], got {block_size!r}")
-        if not 0.0 <= shrink_at < grow_at <= 1.0:
-            raise CommError(f"dfs: need 0 <= shrink_at < grow_at <= 1, got {shrink_at}, {grow_at}")
-        self.block_size = block_size
-        self.max_block = max_block
-        self.grow_at = grow_at
-        self.shrink_at = shrink_at
+        super().__init__(options, process_group)
+        self.block_size = options.block_size
+        self.max_block = options.max_block
+        self.grow_at = options.grow_at
+        self.shrink_at = options.shrink_at
         self.sizes: dict[tuple[int, ...], int] = {}
         # per bucket: (every worker's fill, block size, numel) of the last iteration
         self.fills: dict[tuple[int, ...], tuple[Deferred, int, int]] = {}
@@ -160,5 +145,3 @@ def dfs_hook(state: DFSState, bucket: dist.GradBucket) -> torch.futures.Future[t
     whole blocks (ids + values), dynamic block size, bytes linear in P; error feedback."""
     return run_hook(state, bucket, _exchange)
 
-
-register("dfs", DFSState, dfs_hook)

@@ -61,20 +61,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import INDEX_DTYPE, allgather_parts, allreduce_sum, to_wire
 from zoopick.training.comm.hostread import Deferred
-from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import capped_indices, even_bounds, k_for, topk_indices
 from zoopick.training.comm.sparse import slot_numbers
 from zoopick.training.comm.state import HookState, id_key, named_key, run_hook
 from zoopick.training.comm.store import BucketLayout
+from zoopick.training.comm_options import ExDynaOptions
 
 PROBES = tuple(2.0 ** (e / 2) for e in range(-4, 5))
 CAP_FACTOR = 1.5
 RATIO_LIMIT = 16.0
 TARGET_GAIN = 0.3
-CONTROLLERS = ("paper", "probes")
 
 
 @dataclass
@@ -110,25 +108,12 @@ class ExDynaState(HookState):
         return False
 
     def __init__(
-        self,
-        process_group: dist.ProcessGroup | None = None,
-        *,
-        blocks: int = 256,
-        max_shift: int = 1,
-        controller: str = "probes",
-        **common: Any,
+        self, options: ExDynaOptions, process_group: dist.ProcessGroup | None = None
     ) -> None:
-        """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
-        super().__init__(process_group, **common)
-        if controller not in CONTROLLERS:
-            raise CommError(f"exdyna: controller must be one of {CONTROLLERS}, got {controller!r}")
-        self.controller = controller
-        if not isinstance(blocks, int) or blocks < 1:
-            raise CommError(f"exdyna: blocks must be a positive int, got {blocks!r}")
-        if not isinstance(max_shift, int) or max_shift < 0:
-            raise CommError(f"exdyna: max_shift must be a non-negative int, got {max_shift!r}")
-        self.blocks = blocks
-        self.max_shift = max_shift
+        super().__init__(options, process_group)
+        self.controller = options.controller
+        self.blocks = options.blocks
+        self.max_shift = options.max_shift
         self.partitions: dict[tuple[int, ...], _Partitioning] = {}
 
     def reset_state(self) -> None:
@@ -359,5 +344,3 @@ def exdyna_hook(state: ExDynaState, bucket: dist.GradBucket) -> torch.futures.Fu
     all-reduce; error feedback."""
     return run_hook(state, bucket, _exchange)
 
-
-register("exdyna", ExDynaState, exdyna_hook)

@@ -9,14 +9,11 @@ largest ones when more pass, the rest stays in the residual), padded with index 
 size header is exchanged: no host sync in the steady state (see ``hostread``).
 """
 
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from zoopick.training.comm import triton_kernels
-from zoopick.training.comm.errors import CommError
-from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import (
     capped_indices,
     gaussian_threshold,
@@ -26,23 +23,17 @@ from zoopick.training.comm.select import (
 from zoopick.training.comm.sparse import allgather_exchange
 from zoopick.training.comm.state import HookState, run_hook
 from zoopick.training.comm.store import BucketLayout
+from zoopick.training.comm_options import GaussianKOptions
 
 
 class GaussianKState(HookState):
     name = "gaussiank"
 
     def __init__(
-        self,
-        process_group: dist.ProcessGroup | None = None,
-        *,
-        refine: int = 3,
-        **common: Any,
+        self, options: GaussianKOptions, process_group: dist.ProcessGroup | None = None
     ) -> None:
-        """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
-        super().__init__(process_group, **common)
-        if not isinstance(refine, int) or refine < 0:
-            raise CommError(f"gaussiank: refine must be a non-negative int, got {refine!r}")
-        self.refine = refine
+        super().__init__(options, process_group)
+        self.refine = options.refine
 
     def scan_spans(self, numel: int, density: float) -> list[tuple[int, int]] | None:
         """No grouped scan (a threshold, not a top-k), but the sum is a ``PairSum``: the
@@ -77,5 +68,3 @@ def gaussiank_hook(
     """GaussianK threshold selection of gradient + residual, all-gathered; error feedback."""
     return run_hook(state, bucket, _exchange)
 
-
-register("gaussiank", GaussianKState, gaussiank_hook)

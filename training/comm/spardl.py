@@ -111,7 +111,6 @@ from zoopick.training.comm.exchange import (
 )
 from zoopick.training.comm.hostread import Deferred
 from zoopick.training.comm.pairs import PairCodec
-from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import (
     SAMPLED_MIN_NUMEL,
     Blocks,
@@ -124,6 +123,7 @@ from zoopick.training.comm.select import (
 )
 from zoopick.training.comm.state import HookState, id_key, named_key, run_hook
 from zoopick.training.comm.store import BucketLayout
+from zoopick.training.comm_options import SparDLOptions
 
 SPLITS = ("gap", "halving", "pow2")
 PAIRS16 = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -245,31 +245,14 @@ class SparDLState(HookState):
     name = "spardl"
 
     def __init__(
-        self,
-        process_group: dist.ProcessGroup | None = None,
-        *,
-        teams: int = 1,
-        split: str = "gap",
-        pairs16: str | None = None,
-        **common: Any,
+        self, options: SparDLOptions, process_group: dist.ProcessGroup | None = None
     ) -> None:
-        """Own options here; ``density``, ``warmup``, ... are :class:`HookState`'s."""
-        super().__init__(process_group, **common)
-        if not isinstance(teams, int) or teams < 1:
-            raise CommError(f"spardl: teams must be a positive int, got {teams!r}")
-        if split not in SPLITS:
-            raise CommError(f"spardl: split must be one of {SPLITS}, got {split!r}")
-        if pairs16 is not None and pairs16 not in PAIRS16:
-            raise CommError(
-                f"spardl: pairs16 must be one of {sorted(PAIRS16)} or None, got {pairs16!r}"
-            )
-        if pairs16 == "bf16" and self.fp16:
-            raise CommError("spardl: pairs16='bf16' sends bfloat16 values; drop fp16=True")
-        self.teams = teams
-        self.split = split
-        self.pairs16 = pairs16
-        if pairs16 is not None:
-            self.codec = PairCodec(PAIRS16[pairs16], index16=True)
+        super().__init__(options, process_group)
+        self.teams = options.teams
+        self.split = options.split
+        self.pairs16 = options.pairs16
+        if self.pairs16 is not None:
+            self.codec = PairCodec(PAIRS16[self.pairs16], index16=True)
         else:
             self.codec = PairCodec(torch.float16 if self.fp16 else torch.float32)
         self.shares: dict[tuple[int, ...], int] = {}  # cross-team share h per bucket
@@ -534,5 +517,3 @@ def spardl_hook(state: SparDLState, bucket: dist.GradBucket) -> torch.futures.Fu
     """SparDL sparse reduce-scatter + (team) all-gather with global residual collection."""
     return run_hook(state, bucket, _exchange)
 
-
-register("spardl", SparDLState, spardl_hook)

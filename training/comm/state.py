@@ -40,17 +40,15 @@ import torch
 import torch.distributed as dist
 
 from zoopick.training.comm import select, triton_kernels
-from zoopick.training.comm.errors import CommError
 from zoopick.training.comm.exchange import PairSum, allreduce_sum, to_wire
 from zoopick.training.comm.graphs import BucketGraphs
 from zoopick.training.comm.prescan import Prescan, accumulate
 from zoopick.training.comm.stats import CommStats
 from zoopick.training.comm.store import BucketLayout, ParamStore
+from zoopick.training.comm_options import SparseOptions
 
 if TYPE_CHECKING:
     from zoopick.training.comm.cpu_kernels import Scan
-
-WARMUP_MODES = ("exp", "dense")
 
 # An exchange step: (state, layout, acc, density) -> (sum over workers, residual, sent
 # positions). The sum is a dense tensor or a ``PairSum``; the sent positions are read only
@@ -67,37 +65,20 @@ class HookState:
     name = "base"
 
     def __init__(
-        self,
-        process_group: dist.ProcessGroup | None = None,
-        *,
-        density: float = 0.01,
-        warmup: int = 0,
-        warmup_mode: str = "exp",
-        momentum: float = 0.0,
-        fp16: bool = False,
-        sync_cuda_timing: bool = False,
-        async_comm: bool = False,
-        cuda_graphs: bool = False,
+        self, options: SparseOptions, process_group: dist.ProcessGroup | None = None
     ) -> None:
-        if not isinstance(density, int | float) or not 0.0 < float(density) <= 1.0:
-            raise CommError(f"{self.name}: density must be in (0, 1], got {density!r}")
-        if not isinstance(warmup, int) or warmup < 0:
-            raise CommError(f"{self.name}: warmup must be a non-negative int, got {warmup!r}")
-        if warmup_mode not in WARMUP_MODES:
-            raise CommError(
-                f"{self.name}: warmup_mode must be one of {WARMUP_MODES}, got {warmup_mode!r}"
-            )
-        if not 0.0 <= float(momentum) < 1.0:
-            raise CommError(f"{self.name}: momentum must be in [0, 1), got {momentum!r}")
+        """``options`` validated where they entered (``comm_options.validate``): read, not
+        checked again."""
+        self.options = options
         self.process_group = process_group
-        self.density = float(density)
-        self.warmup = warmup
-        self.warmup_mode = warmup_mode
-        self.momentum = float(momentum)
-        self.fp16 = bool(fp16)
-        self.async_comm = bool(async_comm)
+        self.density = float(options.density)
+        self.warmup = options.warmup
+        self.warmup_mode = options.warmup_mode
+        self.momentum = float(options.momentum)
+        self.fp16 = options.fp16
+        self.async_comm = options.async_comm
         # CUDA graphs of the buckets' steady-state steps (graphs.py); None: always eager
-        self.graphs = BucketGraphs() if cuda_graphs else None
+        self.graphs = BucketGraphs() if options.cuda_graphs else None
         self._comm_thread: ThreadPoolExecutor | None = None
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
         self._scratch: dict[torch.device, torch.Tensor] = {}
@@ -109,7 +90,7 @@ class HookState:
             self.process_group = dist.new_group(list(range(dist.get_world_size())))
         self.residuals = ParamStore()
         self.momenta = ParamStore()
-        self.stats = CommStats(sync_cuda=sync_cuda_timing)
+        self.stats = CommStats(sync_cuda=options.sync_cuda_timing)
         self.iteration = 0
         self.device = torch.device("cpu")
         # the column maxima or candidates of the bucket being exchanged (CPU; see _run)

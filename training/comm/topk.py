@@ -8,7 +8,6 @@ from every worker, so no size header), scatter-adds them and keeps ``acc - sent`
 import torch
 import torch.distributed as dist
 
-from zoopick.training.comm.registry import register
 from zoopick.training.comm.select import SAMPLED_MIN_NUMEL, k_for, topk_indices
 from zoopick.training.comm.sparse import allgather_exchange
 from zoopick.training.comm.state import HookState, run_hook
@@ -36,5 +35,3 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
     """Exact local top-k of gradient + residual, all-gathered; error feedback."""
     return run_hook(state, bucket, _exchange)
 
-
-register("topk", TopKState, topk_hook)
