@@ -37,11 +37,11 @@ class RaceRefused(ValueError):
 def race_options(job: Job) -> FinetuneOptions:
     """How every candidate trains: the job's fine-tune options (or the defaults when it only
     selects), on one worker each (candidates race in parallel, one per worker), with the dense
-    all-reduce (nothing to compress on one worker)."""
+    all-reduce (nothing to compress on one worker). The stored options are not validated
+    again (they were at submission), and these three changes need no check: one worker and
+    no hook options suit every dataset and optimizer."""
     base = FinetuneOptions.stored(job.finetune) if job.finetune else FinetuneOptions()
-    values = base.model_dump()
-    values.update(workers=1, compressor="dense", hook_options={})
-    return FinetuneOptions(**values)
+    return base.model_copy(update={"workers": 1, "compressor": "dense", "hook_options": {}})
 
 
 def plan_for(
@@ -115,7 +115,7 @@ def start(session: Session, job: Job, ranked: list[str]) -> list[str]:
     """Stage 1 is over: shortlist the metric's best ``ranked`` models and open rung 1; returns
     the models whose rung tasks to send (none when this was already done). Fewer than two
     ranked models race nobody: the caller lets the metric pick."""
-    selection = race.SelectionOptions.model_validate(job.selection)
+    selection = race.SelectionOptions.stored(job.selection)
     ds = session.get(Dataset, job.dataset_id) if job.dataset_id else None
     counts = dict((ds.counts if ds is not None else None) or {})
     shortlist = ranked[: selection.shortlist]

@@ -193,8 +193,7 @@ def build(session: Session, job: Job, settings: Settings) -> RunRecord:
     if job.finetune:
         params.update(_options("finetune", FinetuneOptions.stored(job.finetune).model_dump()))
     if job.selection:
-        params.update(_options("selection", SelectionOptions.model_validate(job.selection)
-                               .model_dump()))  # fmt: skip
+        params.update(_options("selection", SelectionOptions.stored(job.selection).model_dump()))
     if run is not None:
         params.update({"training.backend": run.backend, "training.world_size": str(run.world_size)})
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,6 +67,12 @@ class SelectionOptions(BaseModel):
         description="Stratified share of the training split the candidates are validated on "
         "(the test split is never used by the race).",
     )
+
+    @classmethod
+    def stored(cls, data: Mapping[str, Any]) -> SelectionOptions:
+        """A job's ``selection`` as its row stored it (validated when the job was submitted):
+        read back without validating again; fields added since take their defaults."""
+        return cls.model_construct(**{k: v for k, v in data.items() if k in cls.model_fields})
 
 
 class BudgetTooSmall(ValueError):

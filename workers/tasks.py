@@ -611,7 +611,7 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
             else:
                 out = race_dir(cfg, jid, model_id)
                 manifest = zoo_catalog.write_manifest([row], out / "zoo.json")
-                selection = SelectionOptions.model_validate(job.selection)
+                selection = SelectionOptions.stored(job.selection)
                 run_cfg = FinetuneConfig.for_run(
                     races.race_options(job),
                     zoo=str(manifest),

@@ -41,17 +41,9 @@ def pattern_of(enum: type[StrEnum]) -> str:
     return f"^({'|'.join(re.escape(member.value) for member in enum)})$"
 
 
-def stored_selection(data: Mapping[str, Any]) -> SelectionOptions:
-    """A job's ``selection`` as stored, not validated again (``FinetuneOptions.stored``'s
-    counterpart); fields added since take their defaults."""
-    return SelectionOptions.model_construct(
-        **{k: v for k, v in data.items() if k in SelectionOptions.model_fields}
-    )
-
-
 STORED_OPTIONS: dict[str, tuple[type[BaseModel], Callable[[Mapping[str, Any]], BaseModel]]] = {
     "finetune": (FinetuneOptions, FinetuneOptions.stored),
-    "selection": (SelectionOptions, stored_selection),
+    "selection": (SelectionOptions, SelectionOptions.stored),
 }
 """A job's option fields, each with how a row's stored value is read back unvalidated."""
 
