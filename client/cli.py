@@ -45,7 +45,7 @@ from rich.progress import (
 
 from .errors import EXIT_BAD_INPUT, JobFailed, ZoopickError
 from .http import DEFAULT_URL, Client, regular_file
-from .models import Dataset, Job
+from .models import Dataset, Job, ZooModel
 from .retry import RetryPolicy
 from .tables import PlainConsole, show, table, visible
 
@@ -795,3 +795,124 @@ def zoo_list(url: Url = None, api_key: Key = None, as_json: AsJson = False) -> N
     for m in models:
         rows.add_row(m.id, m.arch, str(m.num_classes), m.source or "", ", ".join(m.tags))
     show(out, rows)
+
+
+def _numbers(option: str, given: str | None, kind: type) -> list | None:
+    """``--mean 0.5,0.5,0.5`` as three numbers (exit 2 naming the option otherwise)."""
+    if given is None:
+        return None
+    try:
+        values = [kind(v) for v in given.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 3:
+        typer.echo(f"error: {option} {given!r}: give three comma-separated numbers", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    return values
+
+
+def _print_model(model: ZooModel) -> None:
+    raw = model.raw
+    out.print(
+        f"{model.id}  {model.arch}  {model.num_classes} classes  weights {raw.get('weights')}",
+        markup=False,
+        highlight=False,
+    )
+    cfg = raw.get("data_config")
+    if cfg:
+        size = "x".join(str(v) for v in cfg.get("input_size", []))
+        out.print(
+            f"  data config: input {size}, {cfg.get('interpolation')}, crop_pct "
+            f"{cfg.get('crop_pct')} ({cfg.get('crop_mode')}), mean {cfg.get('mean')}, "
+            f"std {cfg.get('std')}",
+            markup=False,
+            highlight=False,
+        )
+
+
+@zoo_app.command("get")
+def zoo_get(
+    model_id: Annotated[str, typer.Argument(metavar="ID")],
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """One model, with the data config timm resolves for it (what scoring feeds it)."""
+    with _errors(), _client(url, api_key) as client:
+        model = client.get_model(model_id)
+    _emit(model.raw) if as_json else _print_model(model)
+
+
+@zoo_app.command("add")
+def zoo_add(
+    arch: Annotated[
+        str,
+        typer.Argument(
+            metavar="NAME",
+            help="A timm name, with a pretrained tag if wanted (resnet50.a1_in1k), or a "
+            "hub name timm knows (hf-hub:timm/resnet50.a1_in1k).",
+        ),
+    ],
+    weights: Annotated[
+        str,
+        typer.Option(
+            help="hub (the tag's pretrained weights), none (random init) or a checkpoint path "
+            "on the workers' file system."
+        ),
+    ] = "hub",
+    model_id: Annotated[
+        str | None, typer.Option("--id", help="Its id in jobs (default: timm's name).")
+    ] = None,
+    num_classes: Annotated[
+        int | None,
+        typer.Option(
+            "--num-classes", min=1, help="Source head size (default for hub weights: theirs)."
+        ),
+    ] = None,
+    input_size: Annotated[
+        str | None, typer.Option(help="Override: C,H,W (default: timm's data config).")
+    ] = None,
+    mean: Annotated[str | None, typer.Option(help="Override: three numbers.")] = None,
+    std: Annotated[str | None, typer.Option(help="Override: three numbers.")] = None,
+    interpolation: Annotated[str | None, typer.Option(help="Override: bicubic...")] = None,
+    crop_pct: Annotated[float | None, typer.Option(help="Override: 0 < crop_pct <= 1.")] = None,
+    crop_mode: Annotated[str | None, typer.Option(help="Override: center...")] = None,
+    source: Annotated[str | None, typer.Option(help="Where the weights come from.")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="A tag (repeat).")] = None,
+    url: Url = None,
+    api_key: Key = None,
+    as_json: AsJson = False,
+) -> None:
+    """Add a model to the zoo (an admin key). The server checks it (the architecture, the
+    tag, a checkpoint's shapes) and resolves its data config with timm, downloading
+    nothing; prints the model as registered, data config included."""
+    _refuse_empty(("NAME", arch), ("--weights", weights), ("--id", model_id))
+    fields = {
+        "id": model_id,
+        "num_classes": num_classes,
+        "input_size": _numbers("--input-size", input_size, int),
+        "mean": _numbers("--mean", mean, float),
+        "std": _numbers("--std", std, float),
+        "interpolation": interpolation,
+        "crop_pct": crop_pct,
+        "crop_mode": crop_mode,
+        "source": source,
+        "tags": tag,
+    }
+    with _errors(), _client(url, api_key) as client:
+        model = client.add_model(arch, weights=weights, **fields)
+    err.print(f"added {model.id} to the zoo", highlight=False)
+    _emit(model.raw) if as_json else _print_model(model)
+
+
+@zoo_app.command("remove")
+def zoo_remove(
+    model_id: Annotated[str, typer.Argument(metavar="ID")],
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """Take a model out of the zoo (an admin key). Jobs that used it keep their results and
+    downloads; its id stays with them (it cannot be registered again)."""
+    with _errors(), _client(url, api_key) as client:
+        client.remove_model(model_id)
+    err.print(f"removed {model_id} from the zoo", highlight=False)

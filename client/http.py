@@ -140,6 +140,19 @@ def _resource_id(kind: str, value: str) -> str:
         raise ZoopickError(f"{value!r} is not a {kind} id (a UUID)") from None
 
 
+ZOO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
+
+
+def _zoo_id(value: str) -> str:
+    """A zoo model id as it goes into a URL path (the server's id pattern), else a
+    :class:`ZoopickError` (exit 2): ``../jobs`` must not reach another endpoint."""
+    if not ZOO_ID.fullmatch(value):
+        raise ZoopickError(
+            f"{value!r} is not a zoo model id (letters, digits and . _ + -, from a letter or digit)"
+        )
+    return value
+
+
 def regular_file(dest: Path, what: str) -> Path:
     """``dest`` unless it is a link or a special file (:class:`ZoopickError`): a download is
     written beside it and renamed over it, so a link, a FIFO or a device (``/dev/full`` as
@@ -534,6 +547,26 @@ class Client:
 
     def list_zoo(self) -> list[ZooModel]:
         return _parsed_items(self._pages("/zoo", {}, None), ZooModel.from_json)
+
+    def get_model(self, model_id: str) -> ZooModel:
+        """One zoo model, with the data config timm resolves for it (``raw["data_config"]``)."""
+        return _parsed(self._send("GET", f"/zoo/{_zoo_id(model_id)}"), ZooModel.from_json)
+
+    def add_model(self, arch: str, *, weights: str = "hub", **fields: Any) -> ZooModel:
+        """Register a model (an admin key): ``arch`` a timm name, with a pretrained tag if
+        wanted (``resnet50.a1_in1k``) or a hub name timm knows (``hf-hub:timm/...``);
+        ``weights`` "hub", "none" or a checkpoint path on the workers' file system; other
+        fields (``id``, ``num_classes``, ``input_size``, ``mean``, ``std``, ``interpolation``,
+        ``crop_pct``, ``crop_mode``, ``source``, ``tags``) as ``POST /zoo`` takes them, None
+        left out. Not retried once it may have reached the server (a retry would be a 409)."""
+        body = {"arch": arch, "weights": weights}
+        body.update({k: v for k, v in fields.items() if v is not None})
+        response = self._send("POST", "/zoo", json=body, idempotent=False)
+        return _parsed(response, ZooModel.from_json)
+
+    def remove_model(self, model_id: str) -> None:
+        """Take a model out of the zoo (an admin key); jobs that used it keep their results."""
+        self._send("DELETE", f"/zoo/{_zoo_id(model_id)}")
 
 
 __all__ = ["Client", "JobFailed"]

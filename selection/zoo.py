@@ -40,7 +40,9 @@ __all__ = [
     "load_state_dict",
     "load_zoo",
     "resize_side",
+    "hub_num_classes",
     "save_checkpoint",
+    "timm_name",
     "write_zoo",
 ]
 
@@ -466,10 +468,7 @@ def _parse_entry(raw: Any, index: int, root: Path, *, check_files: bool) -> ZooE
     arch = raw["arch"]
     if not isinstance(arch, str) or not arch:
         raise ZooError(f"{label}: arch must be a timm model name, got {arch!r}")
-    import timm
-
-    if not timm.is_model(arch):
-        raise ZooError(f"{label}: unknown arch {arch!r} (not in timm.list_models())")
+    arch = timm_name(arch, label)
     num_classes = raw["num_classes"]
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
         raise ZooError(f"{label}: num_classes must be a positive integer, got {num_classes!r}")
@@ -512,6 +511,72 @@ def _parse_entry(raw: Any, index: int, root: Path, *, check_files: bool) -> ZooE
     if check_files:
         _check_weights(entry, label)
     return entry
+
+
+HF_HUB_PREFIX = "hf-hub:"
+
+
+def timm_name(arch: str, label: str = "arch") -> str:
+    """The registry name timm builds ``arch`` from, checked without downloading anything.
+
+    A pretrained tag (``resnet50.a1_in1k``) must be one of the architecture's own:
+    ``timm.is_model`` accepts any tag, and an unknown one only failed when a job built the
+    model. A Hugging Face hub name (``hf-hub:timm/resnet50.a1_in1k``) is mapped to the
+    registry entry whose weights live in that repository, so its data config (input size,
+    normalisation, crop) comes from timm's pretrained config as a registry name's does; a hub
+    repository timm's registry does not know would need its config downloaded to be checked,
+    and is refused naming the way round (download the weights, register the checkpoint)."""
+    import timm
+
+    if arch.startswith(HF_HUB_PREFIX):
+        repo = arch.removeprefix(HF_HUB_PREFIX)
+        name = _hub_repos().get(repo)
+        if name is None:
+            raise ZooError(
+                f"{label}: {arch!r} is not a hub repository timm's registry knows (its weights "
+                "would be fetched with a config nothing here can check first); give timm's "
+                "name for it (timm.list_pretrained()), or download its checkpoint and give "
+                "its path as weights with the arch it was trained as"
+            )
+        return name
+    if not timm.is_model(arch):
+        raise ZooError(f"{label}: unknown arch {arch!r} (not in timm.list_models())")
+    from timm.models import get_pretrained_cfg, split_model_name_tag
+
+    base, tag = split_model_name_tag(arch)
+    if tag:
+        try:
+            get_pretrained_cfg(arch)
+        except RuntimeError:
+            tags = [n.split(".", 1)[1] for n in timm.list_pretrained(f"{base}.*")]
+            known = ", ".join(tags[:12]) + (f" (+{len(tags) - 12} more)" if len(tags) > 12 else "")
+            raise ZooError(
+                f"{label}: {arch!r}: {base!r} has no pretrained tag {tag!r}"
+                + (f" (its tags: {known})" if tags else " (it has no pretrained weights)")
+            ) from None
+    return arch
+
+
+@lru_cache(maxsize=1)
+def _hub_repos() -> dict[str, str]:
+    """Hugging Face repository -> timm's registry name of the weights it holds."""
+    import timm
+    from timm.models import get_pretrained_cfg
+
+    repos: dict[str, str] = {}
+    for name in timm.list_pretrained():
+        cfg = get_pretrained_cfg(name)
+        if cfg is not None and cfg.hf_hub_id:
+            repos.setdefault(cfg.hf_hub_id, name)
+    return repos
+
+
+def hub_num_classes(arch: str) -> int | None:
+    """The head size of ``arch``'s hub weights (its pretrained config), if timm records one."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(timm_name(arch))
+    return int(cfg.num_classes) if cfg is not None and cfg.num_classes else None
 
 
 @lru_cache(maxsize=256)

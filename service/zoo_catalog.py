@@ -19,6 +19,13 @@ from sqlalchemy.orm import Session
 from zoopick.service.db.models import ZooModel
 
 MANIFEST_ORIGIN = "manifest"
+REMOVED_ORIGIN = "removed"
+"""A model an admin removed (``DELETE /zoo/{id}``). Its row stays, out of every list, lookup
+and new job: jobs refer to models by id (``Job.models``, ``Job.chosen_model``, each score's
+``model_id``), so past jobs keep their ranking, and their fine-tuned model can still be
+exported to timm or ONNX, which needs the architecture the row records. A job submitted before
+the removal still scores and trains it. Its id is not given to another model: past jobs would
+then name a model they never used."""
 
 
 def row_values(entry: Any) -> dict[str, Any]:
@@ -36,13 +43,15 @@ def row_values(entry: Any) -> dict[str, Any]:
 def sync_manifest(session: Session, manifest: Path) -> list[str]:
     """Insert or update every model of ``manifest``; returns their ids. Models registered
     through the API are left alone, and so are manifest models no longer listed (jobs may
-    still name them)."""
+    still name them) and those an admin removed (``REMOVED_ORIGIN``: not returned)."""
     from zoopick.selection.zoo import load_zoo
 
     ids = []
     for entry in load_zoo(manifest):
         values = row_values(entry)
         row = session.get(ZooModel, entry.id)
+        if row is not None and row.origin == REMOVED_ORIGIN:
+            continue  # an admin removed it: the manifest does not bring it back
         if row is None:
             session.add(ZooModel(id=entry.id, origin=MANIFEST_ORIGIN, **values))
         elif row.origin == MANIFEST_ORIGIN:
@@ -94,5 +103,24 @@ def check_fields(values: dict[str, Any]) -> Any:
     return entry
 
 
+def listed() -> Any:
+    """The condition of a model that is in the zoo (not removed)."""
+    return ZooModel.origin != REMOVED_ORIGIN
+
+
 def all_ids(session: Session) -> list[str]:
-    return list(session.scalars(select(ZooModel.id).order_by(ZooModel.id)))
+    """The zoo's model ids (what ``"models": "all"`` scores), removed ones left out."""
+    return list(session.scalars(select(ZooModel.id).where(listed()).order_by(ZooModel.id)))
+
+
+def remove(row: ZooModel) -> None:
+    """Take ``row`` out of the zoo, keeping it for the jobs that used it (``REMOVED_ORIGIN``)."""
+    row.origin = REMOVED_ORIGIN
+
+
+def data_config(row: ZooModel) -> dict[str, Any]:
+    """timm's eval data config of the model (its pretrained config, its tag's for a tagged
+    name), with the entry's overrides applied, as JSON: what scoring resizes, crops and
+    normalises each image with. Read from timm's registry, nothing downloaded."""
+    cfg = to_entry(row).data_config()
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}

@@ -92,6 +92,17 @@ def bootstrap(settings: Settings, *, demo: bool, local_key: bool = True) -> str 
     return key_file.read_text().strip() if key_file.exists() else None
 
 
+def wants_demo(settings: Settings, asked: bool | None) -> bool:
+    """Whether ``serve`` builds the demo zoo into an empty zoo: as asked (``--demo`` or
+    ``--no-demo``), else only for the embedded single-user service (SQLite and the file
+    broker, ``zoopick serve`` on its defaults). A production deployment's first start (its own
+    database) once got the demo's toy models in its zoo, among the models every job of
+    ``"models": "all"`` scores."""
+    if asked is not None:
+        return asked
+    return settings.database_url.startswith("sqlite") and settings.embedded_broker
+
+
 @service_app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
@@ -119,8 +130,15 @@ def serve(
         ),
     ] = 1,
     demo: Annotated[
-        bool, typer.Option("--demo/--no-demo", help="Build the demo zoo if the zoo is empty.")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--demo/--no-demo",
+            help="Build the demo zoo (toy models and a dataset) if the zoo is empty. Default: "
+            "only on the embedded defaults (SQLite and the file broker), never on a "
+            "production database.",
+            show_default=False,
+        ),
+    ] = None,
     local_key: Annotated[
         bool,
         typer.Option(
@@ -145,7 +163,7 @@ def serve(
     )
 
     settings = get_settings()
-    key = bootstrap(settings, demo=demo, local_key=local_key)
+    key = bootstrap(settings, demo=wants_demo(settings, demo), local_key=local_key)
     url = f"http://{host}:{port}"
     typer.echo(f"zoopick: serving {url}  (API docs: {url}/docs)", err=True)
     typer.echo(f"database: {settings.database_url}", err=True)

@@ -19,6 +19,7 @@ from zoopick.service.db.models import Dataset, Job, ZooModel
 from zoopick.service.dispatch import Dispatcher
 from zoopick.service.security import authenticate, authenticate_owned, touch
 from zoopick.service.settings import Settings
+from zoopick.service.zoo_catalog import REMOVED_ORIGIN
 
 T = TypeVar("T")
 
@@ -214,7 +215,11 @@ def owned_job(job_id: str, request: Request, session: SessionDep, creds: Creds) 
 
 
 def zoo_model(model_id: str, session: SessionDep, caller: CallerDep) -> ZooModel:
-    return get_owned(session, caller, ZooModel, model_id, "zoo model")
+    """A model in the zoo; a removed one is not found (``zoo_catalog.REMOVED_ORIGIN``)."""
+    row = get_owned(session, caller, ZooModel, model_id, "zoo model")
+    if row.origin == REMOVED_ORIGIN:
+        raise Problem(404, f"no zoo model {model_id!r}", kind=_not_found("zoo model"))
+    return row
 
 
 DatasetDep = Annotated[Dataset, Depends(owned_dataset)]

@@ -85,10 +85,26 @@ class ZooModelIn(NoNulModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
-    arch: str = Field(min_length=1, max_length=200)
+    id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$",
+        description="The model's id in jobs; default: timm's name of arch "
+        '("hf-hub:timm/resnet50.a1_in1k" is "resnet50.a1_in1k").',
+    )
+    arch: str = Field(
+        min_length=1,
+        max_length=200,
+        description="A timm model name, with a pretrained tag if wanted (resnet50.a1_in1k), "
+        "or a Hugging Face hub name timm's registry knows (hf-hub:timm/resnet50.a1_in1k).",
+    )
     weights: str = Field(min_length=1, max_length=4096)
-    num_classes: int = Field(ge=1, le=MAX_NUM_CLASSES)
+    num_classes: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_NUM_CLASSES,
+        description="Outputs of the source head; default for hub weights: their pretrained "
+        "config's (1000 for ImageNet-1k), required otherwise.",
+    )
     input_size: list[int] | None = Field(None, min_length=3, max_length=3)
     mean: list[float] | None = Field(None, min_length=3, max_length=3)
     std: list[float] | None = Field(None, min_length=3, max_length=3)
@@ -113,6 +129,12 @@ class ZooModelOut(BaseModel):
     tags: list[str]
     origin: str
     created_at: datetime
+    data_config: dict[str, Any] | None = Field(
+        None,
+        description="timm's eval data config with the overrides applied (input_size, mean, "
+        "std, interpolation, crop_pct, crop_mode): what scoring feeds the model. In a "
+        "registration's answer and a single model's view; null in lists.",
+    )
 
 
 class RankedModel(BaseModel):

@@ -50,7 +50,7 @@ def list_zoo(
 ) -> dict:
     return pagination.list_page(
         session,
-        select(ZooModel),
+        select(ZooModel).where(zoo_catalog.listed()),
         ZooModel,
         token=page_token,
         page_size=page_size,
@@ -78,11 +78,46 @@ def check_weights(weights: str) -> None:
         )
 
 
-def check_arch(arch: str) -> None:
-    import timm  # only here: registering a model is rare, and timm pulls in torch
+def with_data_config(row: ZooModel, caller: Caller) -> ZooModelOut:
+    """``zoo_out`` with timm's resolved data config (imports timm: single-model views only)."""
+    out = zoo_out(row, caller)
+    out.data_config = zoo_catalog.data_config(row)
+    return out
 
-    if not timm.is_model(arch):
-        raise Problem(422, f"unknown timm architecture {arch!r}", kind="invalid-zoo-model")
+
+def resolved_fields(body: ZooModelIn) -> dict:
+    """The body as the manifest rules take it: arch as timm's registry name (a hub name
+    mapped, a pretrained tag checked), the id defaulting to it, and hub weights' head size
+    from their pretrained config when not given. 422 naming what is wrong."""
+    # only here: registering a model is rare, and timm pulls in torch
+    from zoopick.selection.zoo import ZooError, hub_num_classes, timm_name
+
+    values = body.model_dump(exclude_none=True)
+    try:
+        values["arch"] = timm_name(body.arch)
+        if body.num_classes is None:
+            if body.weights != "hub":
+                raise ZooError("num_classes: required unless weights is 'hub'")
+            values["num_classes"] = hub_num_classes(values["arch"])
+            if values["num_classes"] is None:
+                raise ZooError(
+                    f"num_classes: timm records no head size for {values['arch']!r}: give it"
+                )
+    except ZooError as exc:
+        raise Problem(422, str(exc), kind="invalid-zoo-model") from None
+    values.setdefault("id", values["arch"])
+    return values
+
+
+def already(model_id: str, row: ZooModel) -> Problem:
+    if row.origin == zoo_catalog.REMOVED_ORIGIN:
+        return Problem(
+            409,
+            f"zoo model {model_id!r} was removed, and past jobs name it by this id: "
+            "register the model under another id",
+            kind="zoo-model-exists",
+        )
+    return Problem(409, f"zoo model {model_id!r} already exists", kind="zoo-model-exists")
 
 
 @router.post(
@@ -95,31 +130,46 @@ def check_arch(arch: str) -> None:
 def register_model(
     body: ZooModelIn, request: Request, response: Response, admin: AdminDep, session: SessionDep
 ) -> ZooModelOut:
-    if session.get(ZooModel, body.id) is not None:
-        raise Problem(409, f"zoo model {body.id!r} already exists", kind="zoo-model-exists")
+    """Add a model to the zoo. The answer carries timm's data config for it."""
+    if body.id is not None and (row := session.get(ZooModel, body.id)) is not None:
+        raise already(body.id, row)
     check_weights(body.weights)
-    check_arch(body.arch)
+    fields = resolved_fields(body)
+    if body.id is None and (row := session.get(ZooModel, fields["id"])) is not None:
+        raise already(fields["id"], row)
     from zoopick.selection.zoo import ZooError
 
     try:
-        entry = zoo_catalog.check_fields(body.model_dump(exclude_none=True))
+        entry = zoo_catalog.check_fields(fields)
     except ZooError as exc:
         raise Problem(422, str(exc), kind="invalid-zoo-model") from None
     # the entry as checked: its checkpoint path resolved (no "..", no symbolic link), so the
     # file jobs load is the one whose shapes were checked
-    row = ZooModel(id=body.id, origin="api", **zoo_catalog.row_values(entry))
+    row = ZooModel(id=entry.id, origin="api", **zoo_catalog.row_values(entry))
     session.add(row)
     try:
         session.commit()
     except IntegrityError:  # registered concurrently
         session.rollback()
         raise Problem(
-            409, f"zoo model {body.id!r} already exists", kind="zoo-model-exists"
+            409, f"zoo model {entry.id!r} already exists", kind="zoo-model-exists"
         ) from None
     response.headers["Location"] = f"{request.url.path}/{row.id}"
-    return ZooModelOut.model_validate(row)
+    return with_data_config(row, admin)
 
 
 @router.get("/{model_id}", response_model=ZooModelOut, responses=ERRORS, summary="Show a model")
 def get_model(row: ZooModelDep, caller: CallerDep) -> ZooModelOut:
-    return zoo_out(row, caller)
+    """One model, with the data config timm resolves for it."""
+    return with_data_config(row, caller)
+
+
+@router.delete("/{model_id}", status_code=204, responses=ERRORS, summary="Remove a model (admin)")
+def remove_model(row: ZooModelDep, admin: AdminDep, session: SessionDep) -> Response:
+    """Take the model out of the zoo: no list shows it and no new job may name it. Jobs that
+    used it keep their results and downloads, and one submitted before still runs with it;
+    its id stays taken (past jobs name it). A manifest model stays out at the next start:
+    take it out of the manifest as well."""
+    zoo_catalog.remove(row)
+    session.commit()
+    return Response(status_code=204)

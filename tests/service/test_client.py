@@ -340,3 +340,47 @@ def test_wait_timeout_from_the_client(client, dataset):
         client.wait_job(job.id, timeout=0)
     assert t.value.exit_code == 3
     client.wait_job(job.id, timeout=90, interval=0.3)
+
+
+# -- the zoo, managed with an admin key --------------------------------------------------------
+
+
+def test_zoo_add_get_and_remove_from_the_command_line(stack):
+    """``zoopick-client zoo add`` (the same commands ``zoopick zoo`` has), in-process: an admin
+    adds a model with overrides and sees timm's data config; a user may read it but neither
+    add nor remove (exit 4); removed, it is gone from the list and a second remove is exit 2."""
+    from typer.testing import CliRunner
+
+    from zoopick.client.main import app
+
+    def run(*args: str, key: str = stack.admin):
+        env = {"ZOOPICK_URL": stack.url, "ZOOPICK_API_KEY": key, "ZOOPICK_RETRIES": "1"}
+        return CliRunner().invoke(app, ["zoo", *args], env=env)
+
+    added = run("add", "test_resnet", "--weights", "none", "--num-classes", "3")
+    assert added.exit_code == 0, added.output  # the default id: timm's name, shown
+    added = run(
+        "add", "test_resnet", "--weights", "none", "--num-classes", "3", "--id", "cli-added",
+        "--input-size", "3,32,32", "--tag", "cli", "--json",
+    )  # fmt: skip
+    assert added.exit_code == 0, added.output
+    model = json.loads(added.stdout)
+    assert model["id"] == "cli-added" and model["tags"] == ["cli"]
+    assert model["data_config"]["input_size"] == [3, 32, 32]
+    shown = run("get", "cli-added", key=stack.key)
+    assert shown.exit_code == 0, shown.output
+    assert "data config: input 3x32x32, bilinear" in shown.stdout
+    refused = run("add", "test_vit", "--weights", "none", "--num-classes", "3", key=stack.key)
+    assert refused.exit_code == 4 and "admin" in refused.output
+    bad = run("add", "test_resnet", "--mean", "0.5,0.5", "--num-classes", "3")
+    assert bad.exit_code == 2 and "--mean '0.5,0.5'" in bad.output
+    assert run("remove", "cli-added", key=stack.key).exit_code == 4
+    removed = run("remove", "cli-added")
+    assert removed.exit_code == 0 and "removed cli-added" in removed.output
+    listed = run("list", "--json", key=stack.key)
+    assert "cli-added" not in {m["id"] for m in json.loads(listed.stdout)}
+    again = run("remove", "cli-added")
+    assert again.exit_code == 2 and "cli-added" in again.output
+    assert run("remove", "../jobs").exit_code == 2
+    # other tests of this server score the whole zoo: leave it as it was
+    assert run("remove", "test_resnet").exit_code == 0
