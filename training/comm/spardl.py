@@ -340,180 +340,216 @@ def _adapt_pending(state: "SparDLState", key: tuple[int, ...]) -> None:
         _adapt_share(state, key, h, int(union.get()), kbq, d)
 
 
-def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, density: float):
-    P, d = state.size, state.teams
-    if P % d:
-        raise CommError(f"spardl: teams={d} does not divide the {P} workers")
-    _adapt_pending(state, layout.key)
-    t = P // d
-    team, q = divmod(state.rank, t)
-    base = team * t  # group rank of team position 0
-    n = acc.numel()
-    k = k_for(density, n)
-    bounds = even_bounds(n, t)
-    kb = math.ceil(k / t) if k else 0
-    kbs = [min(kb, bounds[j + 1] - bounds[j]) for j in range(t)]
-    codec = state.codec
-    stats = state.stats
-    W = acc  # becomes this worker's residual
-    # momentum factor masking is the only reader of the sent positions
-    sent = torch.zeros(n, dtype=torch.bool, device=acc.device) if state.momentum > 0 else None
+class _Bucket:
+    """One bucket's exchange on this worker: its team's blocks, ``W`` (this worker's copy of
+    ``acc``, its residual when the exchange ends) and the selection steps that take pairs out
+    of ``W`` for a message (see the module docstring's global residual collection)."""
 
-    def extent(j: int, count: int | None = None) -> tuple[int, int, int]:
+    def __init__(self, state: SparDLState, acc: torch.Tensor, density: float) -> None:
+        self.state, self.acc = state, acc
+        self.t = t = state.size // state.teams
+        self.team, self.q = divmod(state.rank, t)
+        self.base = self.team * t  # group rank of team position 0
+        self.n = n = acc.numel()
+        self.k = k = k_for(density, n)
+        self.bounds = bounds = even_bounds(n, t)
+        kb = math.ceil(k / t) if k else 0
+        self.kbs = [min(kb, bounds[j + 1] - bounds[j]) for j in range(t)]
+        self.codec = state.codec
+        self.stats = state.stats
+        self.W = acc  # becomes this worker's residual
+        # momentum factor masking is the only reader of the sent positions
+        self.sent = (
+            torch.zeros(n, dtype=torch.bool, device=acc.device) if state.momentum > 0 else None
+        )
+
+    def extent(self, j: int, count: int | None = None) -> tuple[int, int, int]:
         """(pairs, first element, length) of block j, for the codec."""
-        return (kbs[j] if count is None else count), bounds[j], bounds[j + 1] - bounds[j]
+        bounds = self.bounds
+        return (self.kbs[j] if count is None else count), bounds[j], bounds[j + 1] - bounds[j]
 
-    def size(j: int, count: int | None = None) -> int:
+    def size(self, j: int, count: int | None = None) -> int:
         """Bytes of block j's pairs on the wire."""
-        pairs, _, length = extent(j, count)
-        return codec.nbytes(pairs, length)
+        pairs, _, length = self.extent(j, count)
+        return self.codec.nbytes(pairs, length)
 
-    def take_fused(js: tuple[int, ...], count: int) -> list[tuple[torch.Tensor, ...]]:
+    def take_fused(self, js: tuple[int, ...], count: int) -> list[tuple[torch.Tensor, ...]]:
         """``take`` of blocks ``js`` at once by the Triton kernels (CUDA with
         ``select.cuda_triton()``): one selection whose last pass also rounds the values and
         takes them out of W; a single block starts from the first radix level that the
         error-feedback pass took (``triton_kernels.Scan``)."""
-        with stats.timer("select_s"):
+        W, bounds = self.W, self.bounds
+        with self.stats.timer("select_s"):
             starts = [bounds[j] for j in js]
             lengths = [bounds[j + 1] - bounds[j] for j in js]
-            scan = state.prescan
+            scan = self.state.prescan
             hist = None
             if len(js) == 1 and isinstance(scan, triton_kernels.Scan):
                 hist = scan.histogram(starts[0], starts[0] + lengths[0])
             where = triton_kernels.blocks(starts, lengths, W.device)
-            idx, payload = triton_kernels.take_topk(W, where, count, codec.value_dtype, hist)
-            if sent is not None:
-                sent.index_fill_(0, idx.flatten(), True)
+            idx, payload = triton_kernels.take_topk(W, where, count, self.codec.value_dtype, hist)
+            if self.sent is not None:
+                self.sent.index_fill_(0, idx.flatten(), True)
         return [(i, v, v.float()) for i, v in zip(idx.unbind(0), payload.unbind(0), strict=True)]
 
-    def take(j: int, cap: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def take(
+        self, j: int, cap: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Remove the top-``cap`` (default kb) pairs of block j from W: (positions, payload,
         value seen)."""
-        lo, hi = bounds[j], bounds[j + 1]
+        W, state = self.W, self.state
+        lo, hi = self.bounds[j], self.bounds[j + 1]
         if triton_kernels.applies(W):
-            i, v, seen = take_fused((j,), kbs[j] if cap is None else cap)[0]
+            i, v, seen = self.take_fused((j,), self.kbs[j] if cap is None else cap)[0]
             return i, v, seen
-        with stats.timer("select_s"):
-            scratch = state.scratch(acc.device, hi - lo)
+        with self.stats.timer("select_s"):
+            scratch = state.scratch(self.acc.device, hi - lo)
             peaks = None if state.prescan is None else state.prescan.peaks(lo, hi)
-            count = kbs[j] if cap is None else cap
+            count = self.kbs[j] if cap is None else cap
             idx = topk_indices(W[lo:hi], count, scratch=scratch, peaks=peaks) + lo
-            kernels = cpu_kernels(W) if codec.value_dtype == torch.float32 else None
+            kernels = cpu_kernels(W) if self.codec.value_dtype == torch.float32 else None
             if kernels is not None:  # the same values and residual, one compiled loop
                 payload = seen = kernels.take(W, idx)
             else:
-                payload, seen = round_to(W.index_select(0, idx), codec.value_dtype)
+                payload, seen = round_to(W.index_select(0, idx), self.codec.value_dtype)
                 W.index_add_(0, idx, -seen)
-            if sent is not None:
-                sent.index_fill_(0, idx, True)
+            if self.sent is not None:
+                self.sent.index_fill_(0, idx, True)
         return idx, payload, seen
 
-    def take_message(blocks: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def take_message(self, blocks: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``take(j)`` for every block of one message: (positions, payload) per block. Off
         the CPU shortcut, one batched ``topk`` over the blocks (``block_topk_indices``) when
         they keep the same count; on the CPU, block by block (the sampled selection there
         costs a sixth of a ``topk``)."""
+        W, bounds, kbs = self.W, self.bounds, self.kbs
         kmsg = kbs[blocks[0]]
         lengths = [bounds[j + 1] - bounds[j] for j in blocks]
         uneven = any(kbs[j] != kmsg for j in blocks) or kmsg > min(lengths)
         if len(blocks) == 1 or cpu_shortcut(W) or uneven:
-            return [take(j)[:2] for j in blocks]
+            return [self.take(j)[:2] for j in blocks]
         if triton_kernels.applies(W):
-            return [(i, v) for i, v, _ in take_fused(blocks, kmsg)]
-        with stats.timer("select_s"):
-            key = (n, t, blocks, acc.device)
-            spec = state.blocks.get(key)
+            return [(i, v) for i, v, _ in self.take_fused(blocks, kmsg)]
+        with self.stats.timer("select_s"):
+            key = (self.n, self.t, blocks, self.acc.device)
+            spec = self.state.blocks.get(key)
             if spec is None:
-                spec = state.blocks[key] = Blocks.of(
-                    [bounds[j] for j in blocks], lengths, acc.device
+                spec = self.state.blocks[key] = Blocks.of(
+                    [bounds[j] for j in blocks], lengths, self.acc.device
                 )
             idx = block_topk_indices(W, spec, kmsg)
-            payload, seen = round_to(W[idx], codec.value_dtype)
+            payload, seen = round_to(W[idx], self.codec.value_dtype)
             flat = idx.flatten()
             W.index_add_(0, flat, -seen.flatten())
-            if sent is not None:
-                sent.index_fill_(0, flat, True)
+            if self.sent is not None:
+                self.sent.index_fill_(0, flat, True)
         return list(zip(idx.unbind(0), payload.unbind(0), strict=True))
 
-    def pack(j: int, idx: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        return codec.pack(idx, payload, bounds[j], bounds[j + 1] - bounds[j])
+    def pack(self, j: int, idx: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        return self.codec.pack(idx, payload, self.bounds[j], self.bounds[j + 1] - self.bounds[j])
 
-    # Spar-Reduce-Scatter inside the team: one packed message per peer and round.
-    for rnd in spardl_schedule(t, state.split):
+
+def _reduce_scatter(b: _Bucket) -> None:
+    """Spar-Reduce-Scatter inside the team: one packed message per peer and round; afterwards
+    this worker's W holds its team's partial sum of the block it owns."""
+    state, q, base = b.state, b.q, b.base
+    for rnd in spardl_schedule(b.t, state.split):
         sends, recvs, layouts = [], [], []
         for tr in rnd:
             if tr.src == q:
-                picked = take_message(tr.blocks)
-                buf = torch.cat([pack(j, *p) for j, p in zip(tr.blocks, picked, strict=True)])
+                picked = b.take_message(tr.blocks)
+                buf = torch.cat([b.pack(j, *p) for j, p in zip(tr.blocks, picked, strict=True)])
                 sends.append((base + tr.dst, [buf]))
             if tr.dst == q:
-                length = sum(size(j) for j in tr.blocks)
+                length = sum(b.size(j) for j in tr.blocks)
                 recvs.append((base + tr.src, [(length, torch.uint8)]))
-                layouts.append([extent(j) for j in tr.blocks])
+                layouts.append([b.extent(j) for j in tr.blocks])
         if sends or recvs:
             got = p2p_exchange(state, sends, recvs)
             received = [
-                pair for g, lay in zip(got, layouts, strict=True) for pair in codec.split(g[0], lay)
+                pair
+                for g, lay in zip(got, layouts, strict=True)
+                for pair in b.codec.split(g[0], lay)
             ]
-            add_pairs(W, received)
+            add_pairs(b.W, received)
             if state.prescan is not None:  # those values may have grown: rescan them
                 for idx, _ in received:
                     state.prescan.touch(idx)
 
-    # The owned block: this team's sum, then (d > 1) merged across teams.
-    lo = bounds[q]
-    if d > 1:
-        kbq = kbs[q]
-        h = kbq if k >= n else _share(state, layout.key, kbq, d)
-        own_idx, own_payload, own_seen = take(q, h)
-        peers = [s * t + q for s in range(d) if s != team]
-        got = p2p_exchange(
-            state,
-            [(peer, [pack(q, own_idx, own_payload)]) for peer in peers],
-            [(peer, [(size(q, h), torch.uint8)]) for peer in peers],
-        )
-        pieces = [codec.unpack(g[0], *extent(q, h)) for g in got]
-        pieces.insert(team, (own_idx, own_payload))  # team order: same sum on every owner
-        with stats.timer("select_s"):
-            block_sum = torch.zeros(bounds[q + 1] - lo, device=acc.device)
-            add_pairs(block_sum, [(i.long() - lo, v) for i, v in pieces])
-            fin, fin_valid, union = _merge(
-                torch.cat([i.long() for i, _ in pieces]) - lo, block_sum, kbq
-            )
-            if k < n:  # read (and h adapted) when this bucket comes back: no host sync
-                state.unions[layout.key] = (Deferred(union), h, kbq, d)
-            kept = torch.zeros_like(block_sum).index_add_(0, fin, fin_valid.float()) > 0
-            dropped = ~kept[own_idx - lo]
-            W.index_add_(0, own_idx, own_seen * dropped)
-            vals = block_sum[fin] * fin_valid
-            fin_payload, fin_seen = round_to(vals, codec.value_dtype)
-            if team == 0 and codec.value_dtype != torch.float32:
-                W.index_add_(0, fin + lo, vals - fin_seen)
-        final = (fin + lo, fin_payload)
-    else:
-        final = take(q)[:2]
 
-    # Spread the final blocks to the team (everyone, when there is one team).
-    blocks: list[tuple[torch.Tensor, torch.Tensor]]
-    mine = pack(q, *final)
-    if d == 1:
-        sizes = [[size(j)] for j in range(t)]
-        gathered = allgather_parts(state, [mine], sizes)
-        blocks = [codec.unpack(g[0], *extent(j)) for j, g in enumerate(gathered)]
-    else:
-        mates = [j for j in range(t) if j != q]
-        got = p2p_exchange(
-            state,
-            [(base + j, [mine]) for j in mates],
-            [(base + j, [(size(j), torch.uint8)]) for j in mates],
+def _merge_teams(b: _Bucket, key: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The owned block's final pairs with teams (d > 1): each owner sends the top-``h`` of its
+    team's sum to the other teams' owners, all sum the ``d`` pieces in team order and keep the
+    top-``kb`` of the union; what an owner's piece lost goes back into its W."""
+    state, W, q, team, t, k, n = b.state, b.W, b.q, b.team, b.t, b.k, b.n
+    d, codec, bounds = state.teams, b.codec, b.bounds
+    lo = bounds[q]
+    kbq = b.kbs[q]
+    h = kbq if k >= n else _share(state, key, kbq, d)
+    own_idx, own_payload, own_seen = b.take(q, h)
+    peers = [s * t + q for s in range(d) if s != team]
+    got = p2p_exchange(
+        state,
+        [(peer, [b.pack(q, own_idx, own_payload)]) for peer in peers],
+        [(peer, [(b.size(q, h), torch.uint8)]) for peer in peers],
+    )
+    pieces = [codec.unpack(g[0], *b.extent(q, h)) for g in got]
+    pieces.insert(team, (own_idx, own_payload))  # team order: same sum on every owner
+    with b.stats.timer("select_s"):
+        block_sum = torch.zeros(bounds[q + 1] - lo, device=b.acc.device)
+        add_pairs(block_sum, [(i.long() - lo, v) for i, v in pieces])
+        fin, fin_valid, union = _merge(
+            torch.cat([i.long() for i, _ in pieces]) - lo, block_sum, kbq
         )
-        blocks = [codec.unpack(g[0], *extent(j)) for j, g in zip(mates, got, strict=True)]
-        blocks.insert(q, final)
-    stats.add(nnz=sum(int(i.numel()) for i, _ in blocks))
-    return PairSum(blocks), W, sent
+        if k < n:  # read (and h adapted) when this bucket comes back: no host sync
+            state.unions[key] = (Deferred(union), h, kbq, d)
+        kept = torch.zeros_like(block_sum).index_add_(0, fin, fin_valid.float()) > 0
+        dropped = ~kept[own_idx - lo]
+        W.index_add_(0, own_idx, own_seen * dropped)
+        vals = block_sum[fin] * fin_valid
+        fin_payload, fin_seen = round_to(vals, codec.value_dtype)
+        if team == 0 and codec.value_dtype != torch.float32:
+            W.index_add_(0, fin + lo, vals - fin_seen)
+    return fin + lo, fin_payload
+
+
+def _spread(
+    b: _Bucket, final: tuple[torch.Tensor, torch.Tensor]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every block's final pairs, in block order: this worker's ``final`` sent to its team
+    (everyone, when there is one team) and theirs received."""
+    state, q, t, codec = b.state, b.q, b.t, b.codec
+    mine = b.pack(q, *final)
+    if state.teams == 1:
+        sizes = [[b.size(j)] for j in range(t)]
+        gathered = allgather_parts(state, [mine], sizes)
+        return [codec.unpack(g[0], *b.extent(j)) for j, g in enumerate(gathered)]
+    mates = [j for j in range(t) if j != q]
+    got = p2p_exchange(
+        state,
+        [(b.base + j, [mine]) for j in mates],
+        [(b.base + j, [(b.size(j), torch.uint8)]) for j in mates],
+    )
+    blocks = [codec.unpack(g[0], *b.extent(j)) for j, g in zip(mates, got, strict=True)]
+    blocks.insert(q, final)
+    return blocks
+
+
+def _exchange(state: SparDLState, layout: BucketLayout, acc: torch.Tensor, density: float):
+    """SparDL's three steps on one bucket (see the module docstring): the sum is a
+    ``PairSum`` of every block's final pairs, W what stays behind."""
+    P, d = state.size, state.teams
+    if P % d:
+        raise CommError(f"spardl: teams={d} does not divide the {P} workers")
+    _adapt_pending(state, layout.key)
+    b = _Bucket(state, acc, density)
+    _reduce_scatter(b)
+    final = _merge_teams(b, layout.key) if d > 1 else b.take(b.q)[:2]
+    blocks = _spread(b, final)
+    state.stats.add(nnz=sum(int(i.numel()) for i, _ in blocks))
+    return PairSum(blocks), b.W, b.sent
 
 
 def spardl_hook(state: SparDLState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """SparDL sparse reduce-scatter + (team) all-gather with global residual collection."""
     return run_hook(state, bucket, _exchange)
-
