@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,7 +21,10 @@ from zoopick.client.tables import PlainConsole
 from zoopick.client.tables import show as show_table
 from zoopick.service_cli import service_app
 from zoopick.training.backends import Backend
-from zoopick.training.config import FinetuneConfig, FinetuneOptions, default
+from zoopick.training.config import FinetuneConfig, FinetuneOptions, RunEvent, default
+
+if TYPE_CHECKING:
+    import subprocess
 
 app = typer.Typer(
     name="zoopick",
@@ -315,27 +318,11 @@ def train(
     """Fine-tune a zoo model on a dataset, data-parallel with a sparse comm hook."""
     from pydantic import ValidationError
 
-    from zoopick.selection.data import DatasetError, load_dataset, load_test_data
-    from zoopick.selection.zoo import ZooError, load_zoo
     from zoopick.training.backends import spawn
-    from zoopick.training.config import (
-        DEFAULT_WORKERS,
-        FINAL_CONFIG,
-        FINAL_WEIGHTS,
-        RunEvent,
-        TrainerError,
-        describe,
-        parse_line,
-    )
-    from zoopick.training.launch import local_workers, run_records, write_config
-    from zoopick.training.recipe import describe as recipe_line
+    from zoopick.training.config import DEFAULT_WORKERS, describe
+    from zoopick.training.launch import local_workers, write_config
 
-    hook_options: dict[str, Any] = {}
-    for item in hook_option or []:
-        name, sep, raw = item.partition("=")
-        if not sep or not name:
-            raise fail(f"--hook-option {item!r}: expected NAME=VALUE")
-        hook_options[name] = json_or_text(raw)
+    hook_options = _hook_options(hook_option or [])
     # reject bad input here, before any worker process starts
     try:
         where = Backend(
@@ -369,21 +356,52 @@ def train(
         ).with_absolute_paths()  # run.json works from any directory; a resume knows its files
     except ValidationError as exc:
         raise fail(describe(exc)) from None
+    _check_run_inputs(cfg, zoo, model, data, test_data)
+    if config_only:
+        typer.echo(str(write_config(cfg)))
+        return
+    _follow_run(spawn(cfg, where), out, as_json)
+
+
+def _hook_options(items: list[str]) -> dict[str, Any]:
+    """``--hook-option NAME=VALUE`` flags as the hook's options (a value read as JSON where
+    it is, else as text); their names and values are checked with the run's config."""
+    options: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise fail(f"--hook-option {item!r}: expected NAME=VALUE")
+        options[name] = json_or_text(raw)
+    return options
+
+
+def _check_run_inputs(
+    cfg: FinetuneConfig, zoo: Path, model: str, data: Path, test_data: Path | None
+) -> None:
+    """Refuse a run whose model, datasets or split cannot work, before any worker starts
+    (else each worker, once started, would find it)."""
+    from zoopick.selection.data import DatasetError, load_dataset, load_test_data
+    from zoopick.selection.zoo import ZooError, load_zoo
+
     try:
         load_zoo(zoo)[model]
-        train = load_dataset(data, max_per_class=max_per_class)
+        train = load_dataset(data, max_per_class=cfg.max_per_class)
         if test_data:
             load_test_data(test_data, data, train.class_names)
     except (ZooError, DatasetError, ValueError) as exc:
         raise fail(str(exc)) from None
     problem = cfg.feeding_problem(train.class_counts().values(), test_share=not test_data)
-    if problem is not None:  # else the workers, once started, found it
+    if problem is not None:
         raise fail(problem)
-    if config_only:
-        typer.echo(str(write_config(cfg)))
-        return
 
-    proc = spawn(cfg, where)
+
+def _follow_run(proc: subprocess.Popen[str], out: Path, as_json: bool) -> None:
+    """Print a started run's records as they come (JSON lines with ``as_json``), then its
+    outcome: the recipe's choice and where the model is, or the failing rank's error."""
+    from zoopick.training.config import FINAL_CONFIG, FINAL_WEIGHTS, TrainerError, parse_line
+    from zoopick.training.launch import run_records
+    from zoopick.training.recipe import describe as recipe_line
+
     for record in run_records(proc):
         if as_json:
             typer.echo(record.to_json())
