@@ -285,7 +285,7 @@ class Client:
         if response.status_code == 404 and not _is_problem(body):
             # a zoopick server answers every 404 with its problem document: a page or
             # another JSON (a plain web server, another service, a proxy's path) is an answer
-            # that is not a zoopick server's, exit 4 as README says, not "bad input" (2)
+            # that is not a zoopick server's, exit 4 as docs/guide/cli.md says, not "bad input" (2)
             return ServerError(
                 f"{response.request.url} not found: is {self.url} a zoopick server? (HTTP 404)",
                 status=404,

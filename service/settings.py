@@ -52,14 +52,21 @@ class Settings(BaseSettings):
     )
 
     # uploads
-    upload_max_bytes: int = Field(2 * 1024**3, gt=0)
+    upload_max_bytes: int = Field(
+        2 * 1024**3,
+        gt=0,
+        description="Largest upload body (a dataset file and its form fields), counted as it "
+        "streams in (413 beyond).",
+    )
     body_max_bytes: int = Field(
         1024**2,
         gt=0,
         description="Largest JSON or form body (jobs, zoo entries, dashboard forms); uploads "
         "stream under upload_max_bytes instead.",
     )
-    upload_chunk_bytes: int = Field(1024 * 1024, gt=0)
+    upload_chunk_bytes: int = Field(
+        1024 * 1024, gt=0, description="Size of the pieces an upload is written to storage in."
+    )
     validate_inline: bool = Field(
         False,
         description="Validate uploads in the request instead of on the cpu queue (tests, or a "
@@ -100,8 +107,12 @@ class Settings(BaseSettings):
     )
 
     # jobs
-    max_models_per_job: int = Field(64, gt=0)
-    max_active_jobs_per_tenant: int = Field(16, gt=0)
+    max_models_per_job: int = Field(
+        64, gt=0, description="Most zoo models one job may score (422 beyond)."
+    )
+    max_active_jobs_per_tenant: int = Field(
+        16, gt=0, description="Most unfinished jobs of one tenant at once (429 beyond)."
+    )
     max_epochs: int = Field(
         100,
         gt=0,
@@ -109,7 +120,9 @@ class Settings(BaseSettings):
         "race's selection.budget_epochs (summed over its candidates and rungs); a job that "
         "races and then fine-tunes may train up to twice this.",
     )
-    max_train_workers: int = Field(8, gt=0)
+    max_train_workers: int = Field(
+        8, gt=0, description="Most data-parallel workers of one fine-tune (finetune.workers)."
+    )
     max_batch_size: int = Field(
         1024,
         gt=0,
@@ -119,7 +132,9 @@ class Settings(BaseSettings):
     score_max_per_class: int | None = Field(
         None, gt=0, description="Score on a deterministic per-class subsample of this size."
     )
-    score_batch_size: int = Field(64, gt=0)
+    score_batch_size: int = Field(
+        64, gt=0, description="Images per forward pass when scoring a model."
+    )
     max_logits_bytes: int = Field(
         1 << 30,
         gt=0,
@@ -140,9 +155,14 @@ class Settings(BaseSettings):
         "pool process when it starts, not in its first scoring task: that task then starts at "
         "once, and its time limit measures the scoring alone.",
     )
-    retry_after_seconds: int = Field(2, ge=1)
-    page_size_default: int = Field(20, gt=0)
-    page_size_max: int = Field(100, gt=0)
+    retry_after_seconds: int = Field(
+        2,
+        ge=1,
+        description="The Retry-After the API sends with a 202 or 503 that asks to come back "
+        "(an export being made, a busy database).",
+    )
+    page_size_default: int = Field(20, gt=0, description="Items of a list page by default.")
+    page_size_max: int = Field(100, gt=0, description="Most items a list page may ask for.")
 
     # where fine-tunes run (zoopick.training.backends: Backend holds the defaults and the checks)
     train_backend: Kind = Field(
@@ -177,13 +197,41 @@ class Settings(BaseSettings):
     )
 
     # workers: time limits (seconds) and the job lease
-    score_soft_time_limit: int = Field(1800, gt=0)
-    score_hard_time_limit: int = Field(1900, gt=0)
-    train_soft_time_limit: int = Field(6 * 3600, gt=0)
-    train_hard_time_limit: int = Field(6 * 3600 + 300, gt=0)
-    light_soft_time_limit: int = Field(600, gt=0)
-    light_hard_time_limit: int = Field(660, gt=0)
-    lease_seconds: int = Field(120, gt=0)
+    score_soft_time_limit: int = Field(
+        1800,
+        gt=0,
+        description="Seconds one model's scoring may take: past it the model is skipped "
+        "with the reason in the job's model_errors, and the job goes on.",
+    )
+    score_hard_time_limit: int = Field(
+        1900,
+        gt=0,
+        description="Seconds after which a scoring task that did not stop at the soft limit "
+        "is killed (its model skipped likewise); above the soft limit.",
+    )
+    train_soft_time_limit: int = Field(
+        6 * 3600, gt=0, description="Seconds a fine-tune (or a race rung) may run: then failed."
+    )
+    train_hard_time_limit: int = Field(
+        6 * 3600 + 300,
+        gt=0,
+        description="Seconds after which a training task that did not stop is killed.",
+    )
+    light_soft_time_limit: int = Field(
+        600,
+        gt=0,
+        description="Seconds a light task (dataset validation, bookkeeping, webhooks, "
+        "exports) may run.",
+    )
+    light_hard_time_limit: int = Field(
+        660, gt=0, description="Seconds after which a light task is killed."
+    )
+    lease_seconds: int = Field(
+        120,
+        gt=0,
+        description="A training job's lease: renewed while its worker lives; once it runs "
+        "out, another worker (or the sweeper) may take the job over.",
+    )
 
     # recovery of lost jobs (zoopick.service.recovery): the API sweeps every interval, a worker at
     # start

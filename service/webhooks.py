@@ -10,7 +10,7 @@ receiver.
 *Signature.* Each request carries ``Zoopick-Signature: t=<unix time>,v1=<hex>``, where ``hex``
 is HMAC-SHA256, keyed with the tenant's secret (``GET /api/v1/webhook``), of
 ``"<t>." + <raw request body>``. A receiver recomputes it over the bytes it received, compares
-in constant time and refuses a ``t`` older than a few minutes (replays); see README.
+in constant time and refuses a ``t`` older than a few minutes (replays); see docs/integrations.md.
 
 *Where to.* The URL is checked by ``zoopick.service.netguard`` when it is given and again at
 each try, which connects to the checked address; redirects are not followed.

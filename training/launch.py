@@ -5,7 +5,7 @@
 :class:`~zoopick.training.config.FinetuneConfig`, never a list of flags. ``spawn_local``
 writes it into the run folder and starts ``torchrun --standalone`` for N local workers, which
 is what the ``local`` backend does; across machines, use the ``ray`` backend or run torchrun
-yourself on every node (see README).
+yourself on every node (see docs/guide/finetune.md).
 """
 
 from __future__ import annotations
