@@ -43,7 +43,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from .errors import EXIT_BAD_INPUT, JobFailed, ZoopickError
+from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, JobFailed, ZoopickError
 from .http import DEFAULT_URL, Client, regular_file
 from .models import Dataset, Job, ZooModel
 from .retry import RetryPolicy
@@ -681,17 +681,38 @@ def jobs_results(
 
 @jobs_app.command("log")
 def jobs_log(
+    ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     out: Annotated[
         str | None,
         typer.Option("--output", "-o", help="File or folder to write (default: stdout)."),
     ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Print the log as it grows until the job ends (waiting for its run to "
+            "start); exit 0 if it succeeded, 1 if it failed or was cancelled.",
+        ),
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.05, help="With --follow: seconds between polls.")
+    ] = 2.0,
+    timeout: Timeout = None,
     url: Url = None,
     api_key: Key = None,
 ) -> None:
     """A fine-tune job's training log: what the trainer printed.
 
-    Exit 2 when the job fine-tunes nothing or its run has written no log yet."""
+    Exit 2 when the job fine-tunes nothing or its run has written no log yet (with --follow:
+    when the job ended without one)."""
+    if follow:
+        if out is not None:
+            err.print("error: --follow prints to stdout; leave out --output", highlight=False)
+            raise typer.Exit(EXIT_BAD_INPUT)
+        _follow_log(job_id, interval, timeout, url, api_key, _program(ctx))
+        return
     output = _output_path(out)
     if output is not None and not output.parent.exists():
         err.print(f"error: folder {output.parent} does not exist", highlight=False)
@@ -706,6 +727,36 @@ def jobs_log(
     # or a file gets the log as the trainer wrote it
     sys.stdout.write(visible(text) if sys.stdout.isatty() else text)
     sys.stdout.flush()
+
+
+def _follow_log(
+    job_id: str,
+    interval: float,
+    timeout: float | None,
+    url: str | None,
+    api_key: str | None,
+    program: str,
+) -> None:
+    """``jobs log --follow``: each new piece of the log to stdout as it comes (escaped on a
+    terminal, as written to a pipe), then the job's summary line and its exit code."""
+    tty = sys.stdout.isatty()
+
+    def write(text: str) -> None:
+        sys.stdout.write(visible(text) if tty else text)
+        sys.stdout.flush()
+
+    with _errors(), _client(url, api_key) as client:
+        try:
+            job = client.follow_job_log(job_id, write, interval=interval, timeout=timeout)
+        except KeyboardInterrupt:
+            err.print(
+                f"interrupted: job {job_id} keeps running ({program} jobs log {job_id} -f)",
+                highlight=False,
+            )
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+    err.print(_summary_line(job), markup=False, highlight=False)
+    if job.status != "succeeded":
+        raise typer.Exit(EXIT_JOB_FAILED)
 
 
 def _output_path(given: str | None) -> Path | None:

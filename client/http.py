@@ -22,6 +22,7 @@ import httpx
 
 from .errors import (
     JobFailed,
+    NotFound,
     ServerError,
     Unreachable,
     WaitTimeout,
@@ -138,6 +139,25 @@ def _resource_id(kind: str, value: str) -> str:
         return str(uuid.UUID(str(value)))
     except ValueError:
         raise ZoopickError(f"{value!r} is not a {kind} id (a UUID)") from None
+
+
+LOG_OVERLAP = 4096
+"""Characters of the log already shown that a later fetch is matched on, to find where the
+new part starts once the server dropped the oldest lines."""
+DROPPED = "[... older lines of the log were dropped by the server ...]\n"
+
+
+def unseen_part(shown: str, text: str) -> str:
+    """What of the log ``text`` follows the part already ``shown``: its continuation, or,
+    when the server has dropped the oldest lines meanwhile, what comes after the last lines
+    shown; when even those are gone, a line saying so and the whole of ``text``."""
+    if text.startswith(shown):
+        return text[len(shown) :]
+    tail = shown[-LOG_OVERLAP:]
+    at = text.rfind(tail)
+    if tail and at >= 0:
+        return text[at + len(tail) :]
+    return DROPPED + text
 
 
 ZOO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
@@ -437,6 +457,50 @@ class Client:
         has written no log yet."""
         response = self._send("GET", f"/jobs/{_resource_id('job', job_id)}/log")
         return response.text
+
+    def follow_job_log(
+        self,
+        job_id: str,
+        on_text: Callable[[str], None],
+        *,
+        interval: float = 2.0,
+        timeout: float | None = None,
+        on_update: Callable[[Job], None] | None = None,
+    ) -> Job:
+        """Follow a job's training log as it grows, as ``tail -f`` does: ``on_text`` gets each
+        new piece, in order, until the job is finished (its last lines included); returns the
+        job as it ended. Before its run has written anything (queued, scoring, racing) it
+        waits. :class:`NotFound` when the job ended without a log (it fine-tuned nothing, or
+        failed before training); :class:`WaitTimeout` after ``timeout`` seconds (it keeps
+        running). The server keeps the newest part of a long log: when the part already shown
+        has been dropped, ``on_text`` gets a line saying so, then the log as it is now."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        shown = ""
+        while True:
+            job = self.get_job(job_id, deadline=deadline)
+            if on_update is not None:
+                on_update(job)
+            if "finetune" in job.raw and job.raw["finetune"] is None:
+                raise ZoopickError(f"job {job.id} fine-tunes nothing: it has no training log")
+            try:
+                text = self.get_job_log(job_id)
+            except NotFound:
+                if job.done:
+                    raise
+                text = None
+            if text is not None:
+                new = unseen_part(shown, text)
+                if new:
+                    on_text(new)
+                shown = text
+            if job.done:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"job {job.id} still {job.status} after {timeout:g}s (it keeps running)", job
+                )
+            wait = interval if deadline is None else min(interval, deadline - time.monotonic())
+            time.sleep(max(0.05, wait))
 
     def cancel_job(self, job_id: str) -> Job:
         path = f"/jobs/{_resource_id('job', job_id)}/cancel"

@@ -381,3 +381,58 @@ def test_results_print_floats_to_4_significant_digits_and_json_as_sent():
     assert "recipe auto: adamw at lr 0.003162 (search), 400 steps" in text.stdout
     assert "1.638114869594574" not in text.stdout and "0.1235" in text.stdout
     assert as_json.returncode == 0 and json.loads(as_json.stdout) == done_job
+
+
+# -- 7. following a job's training log ---------------------------------------------------------
+
+
+def following_server(final: str, finetune: dict | None = {"epochs": 2}) -> Answer:  # noqa: B006
+    """A job that scores (no log yet), trains (its log grows) and ends ``final``: the n-th
+    poll of the job decides what the log holds."""
+    polls = [0]
+    steps = [("scoring", None), ("training", "epoch 1\n"), (final, "epoch 1\nepoch 2\n")]
+
+    def answer(h: BaseHTTPRequestHandler) -> None:
+        step = steps[min(polls[0], len(steps)) - 1]
+        if h.path == f"{API}/jobs/{JOB}":
+            polls[0] += 1
+            status = steps[min(polls[0], len(steps)) - 1][0]
+            reply(h, job(status, finetune=finetune))
+        elif h.path == f"{API}/jobs/{JOB}/log" and step[1] is not None:
+            reply(h, step[1].encode(), kind="text/plain; charset=utf-8")
+        else:
+            problem(h, 404, "this job has no training run (yet)")
+
+    return answer
+
+
+def test_jobs_log_follow_prints_the_log_as_it_grows_until_the_job_ends():
+    with server(following_server("succeeded")) as (url, _):
+        done = cli("jobs", "log", JOB, "-f", "--interval", "0.05", "--url", url)
+    with server(following_server("failed")) as (url, _):
+        failed = cli("jobs", "log", JOB, "--follow", "--interval", "0.05", "--url", url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "epoch 1\nepoch 2\n"  # each line once, in order
+    assert f"job {JOB} succeeded" in done.stderr
+    assert failed.returncode == 1 and failed.stdout == "epoch 1\nepoch 2\n", failed.stderr
+
+
+def test_jobs_log_follow_refuses_what_cannot_be_followed(tmp_path):
+    with server(following_server("succeeded", finetune=None)) as (url, seen):
+        nothing = cli("jobs", "log", JOB, "-f", "--url", url)
+        to_file = cli("jobs", "log", JOB, "-f", "-o", str(tmp_path / "x.log"), "--url", url)
+    assert nothing.returncode == 2 and "fine-tunes nothing" in nothing.stderr, nothing.stderr
+    assert to_file.returncode == 2 and "--follow prints to stdout" in to_file.stderr
+    assert seen.paths() == [f"{API}/jobs/{JOB}"]  # one look at the job, no wait
+
+
+def test_a_followed_log_the_server_cut_shows_the_new_lines_once():
+    from zoopick.client.http import DROPPED, unseen_part
+
+    assert unseen_part("", "a\n") == "a\n"
+    assert unseen_part("a\nb\n", "a\nb\nc\n") == "c\n"
+    # the server dropped the oldest lines: what follows the last lines shown is new
+    long = "".join(f"line {i}\n" for i in range(2000))
+    assert unseen_part(long, long[5000:] + "next\n") == "next\n"
+    # everything shown is gone: say so, then the log as it is
+    assert unseen_part("a\n", "x\ny\n") == DROPPED + "x\ny\n"
