@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.progress import (
@@ -443,6 +443,27 @@ def jobs_submit(
     compressor: Annotated[str | None, typer.Option(help="Comm hook (dense, spardl...).")] = None,
     density: Annotated[float | None, typer.Option(help="Fraction of gradients sent.")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Data-parallel workers.")] = None,
+    min_workers: Annotated[
+        int | None,
+        typer.Option(
+            "--min-workers",
+            min=1,
+            help="An elastic run (with --max-workers): it goes on with as few as this when a "
+            "machine of the Ray pool is lost.",
+        ),
+    ] = None,
+    max_workers: Annotated[
+        int | None,
+        typer.Option("--max-workers", min=1, help="An elastic run's most workers."),
+    ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", min=1, help="Images per worker and optimizer step."),
+    ] = None,
+    optimizer: Annotated[
+        Optimizer | None,
+        typer.Option(help="Fine-tune optimizer (default: the recipe's, AdamW)."),
+    ] = None,
     lr: Annotated[float | None, typer.Option(help="Fine-tune learning rate.")] = None,
     shortlist: Annotated[
         int | None,
@@ -465,6 +486,19 @@ def jobs_submit(
         str | None,
         typer.Option(help="Retrying with the same key returns the same job (default: fresh)."),
     ] = None,
+    webhook: Annotated[
+        str | None,
+        typer.Option(
+            help="URL the server POSTs the job's summary to when it ends (signed; in place of "
+            "your tenant's webhook)."
+        ),
+    ] = None,
+    webhook_phases: Annotated[
+        bool,
+        typer.Option(
+            "--webhook-phases", help="Also call --webhook at each phase (scoring, racing, ...)."
+        ),
+    ] = False,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the job to finish.")] = False,
     timeout: Timeout = None,
     url: Url = None,
@@ -476,9 +510,17 @@ def jobs_submit(
 
     Without --wait prints the job id (with --json, the job). With --wait, exits 0 if the job
     succeeded, 1 if it failed or was cancelled, 3 on --timeout."""
-    _refuse_empty(("--dataset", dataset), ("--select-by", select_by), ("--compressor", compressor))
+    _refuse_empty(
+        ("--dataset", dataset),
+        ("--select-by", select_by),
+        ("--compressor", compressor),
+        ("--webhook", webhook),
+    )
     given = {"epochs": finetune_epochs, "compressor": compressor, "density": density}
-    given.update(workers=workers, lr=lr, recipe=recipe)
+    given.update(workers=_worker_count(workers, min_workers, max_workers), lr=lr, recipe=recipe)
+    given.update(batch_size=batch_size, optimizer=optimizer.value if optimizer else None)
+    if webhook_phases and webhook is None:
+        _usage("--webhook-phases needs --webhook URL")
     finetune = {k: v for k, v in given.items() if v is not None} or None
     if finetune is None and finetune_default:
         finetune = {}
@@ -493,6 +535,7 @@ def jobs_submit(
             finetune=finetune,
             selection=selection,
             idempotency_key=idempotency_key,
+            webhook=None if webhook is None else {"url": webhook, "phases": webhook_phases},
         )
         err.print(f"submitted job {job.id} ({job.status})", highlight=False)
         if not wait:
@@ -500,6 +543,31 @@ def jobs_submit(
             return
         job, failed = _wait_json(client, job, timeout, as_json, _program(ctx))
     _finish(job, failed, as_json)
+
+
+class Optimizer(StrEnum):
+    sgd = "sgd"
+    adam = "adam"
+    adamw = "adamw"
+
+
+def _usage(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _worker_count(
+    workers: int | None, low: int | None, high: int | None
+) -> int | dict[str, int] | None:
+    """``--workers N``, or ``--min-workers``/``--max-workers`` as the API's elastic range
+    ``{"min": m, "max": n}`` (both needed; not with ``--workers``)."""
+    if low is None and high is None:
+        return workers
+    if workers is not None:
+        _usage("give --workers, or --min-workers and --max-workers (an elastic run), not both")
+    if low is None or high is None:
+        _usage("an elastic run needs both --min-workers and --max-workers")
+    return {"min": low, "max": high}
 
 
 def _program(ctx: typer.Context) -> str:

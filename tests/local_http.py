@@ -17,6 +17,8 @@ class Seen:
     """The requests a server got: (method, path, Authorization header)."""
 
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+    """Each request's body, in the order of ``requests``."""
 
     def paths(self, method: str | None = None) -> list[str]:
         return [p for m, p, _ in self.requests if method is None or m == method]
@@ -33,7 +35,7 @@ def server(answer: Answer) -> Iterator[tuple[str, Seen]]:
 
     class Handler(BaseHTTPRequestHandler):
         def _handle(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length") or 0))
+            seen.bodies.append(self.rfile.read(int(self.headers.get("content-length") or 0)))
             seen.requests.append((self.command, self.path, self.headers.get("authorization")))
             answer(self)
 

@@ -436,3 +436,33 @@ def test_a_followed_log_the_server_cut_shows_the_new_lines_once():
     assert unseen_part(long, long[5000:] + "next\n") == "next\n"
     # everything shown is gone: say so, then the log as it is
     assert unseen_part("a\n", "x\ny\n") == DROPPED + "x\ny\n"
+
+
+# -- 8. every job option the API takes, from the command line ---------------------------------
+
+
+def test_jobs_submit_sends_batch_size_optimizer_elastic_workers_and_a_webhook():
+    def answer(h: BaseHTTPRequestHandler) -> None:
+        reply(h, job("queued"), 202)
+
+    with server(answer) as (url, seen):
+        done = cli(
+            "jobs", "submit", "--dataset", DATASET, "--batch-size", "32", "--optimizer", "sgd",
+            "--min-workers", "1", "--max-workers", "4", "--webhook", "https://ci.example/hook",
+            "--webhook-phases", "--url", url,
+        )  # fmt: skip
+        both = cli("jobs", "submit", "--dataset", DATASET, "--workers", "2", "--max-workers", "4",
+                   "--url", url)  # fmt: skip
+        half = cli("jobs", "submit", "--dataset", DATASET, "--min-workers", "2", "--url", url)
+        phases = cli("jobs", "submit", "--dataset", DATASET, "--webhook-phases", "--url", url)
+        odd = cli("jobs", "submit", "--dataset", DATASET, "--optimizer", "lion", "--url", url)
+    assert done.returncode == 0 and done.stdout.strip() == JOB, done.stderr
+    (body,) = [json.loads(b) for b in seen.bodies]  # only the first reached the server
+    assert body["finetune"] == {
+        "batch_size": 32, "optimizer": "sgd", "workers": {"min": 1, "max": 4},
+    }  # fmt: skip
+    assert body["webhook"] == {"url": "https://ci.example/hook", "phases": True}
+    assert both.returncode == 2 and "not both" in both.stderr
+    assert half.returncode == 2 and "both --min-workers and --max-workers" in half.stderr
+    assert phases.returncode == 2 and "--webhook-phases needs --webhook" in phases.stderr
+    assert odd.returncode == 2 and "lion" in odd.stderr
