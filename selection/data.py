@@ -90,8 +90,11 @@ class TargetDataset:
             if arr.ndim == 3 and arr.shape[-1] == 1:
                 arr = arr[..., 0]
             return Image.fromarray(arr).convert("RGB")
+        item = self.images[i]
+        if isinstance(item, np.ndarray):  # decoded once already (``selection.decoded``)
+            return Image.fromarray(item)
         where = self.sources[i] if self.sources else f"image {i}"
-        return _decode(self.images[i], where, limits=self.limits)
+        return _decode(item, where, limits=self.limits)
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> TargetDataset:
         """The images at ``indices`` (in that order), with their own digest."""

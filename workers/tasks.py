@@ -256,13 +256,12 @@ def validate_dataset(self, dataset_id: str) -> str:
 
 def score_one(entry: Any, dataset_path: str, metrics: list[str], cfg: Settings) -> Any:
     """Forward pass + every metric for one model (``selection.rank.score_model``); returns
-    its ``ModelResult``."""
-    from zoopick.selection.data import load_dataset
+    its ``ModelResult``. The images come decoded from validation's copy
+    (``store.for_scoring``): a job of N models decodes its dataset once, and a model the
+    feature cache holds decodes nothing."""
     from zoopick.selection.rank import score_model
 
-    dataset = load_dataset(
-        dataset_path, max_per_class=cfg.score_max_per_class, limits=cfg.dataset_limits()
-    )
+    dataset = store.for_scoring(dataset_path, cfg)
     return score_model(
         entry,
         dataset,

@@ -370,7 +370,7 @@ def test_a_dataset_deleted_while_it_is_validated_leaves_no_files(live, carol, mo
     """The delete removes the files it finds; validation went on writing thumbnails for a
     dataset that no longer existed (no row, no quota, never removed). The delete is made to
     land while the validation runs (the API's own delete steps, in the thumbnail step)."""
-    from zoopick.service import datasets as store
+    from zoopick.service.datasets import store
     from zoopick.service.db.models import Dataset, Tenant
     from zoopick.service.db.session import session_scope
 

@@ -113,6 +113,24 @@ def test_upload_imagefolder_zip_is_validated(client, alice, loader):
     assert ds["format"] == "zip" and ds["name"] == "pets.zip"
 
 
+def test_validation_keeps_the_images_decoded_for_scoring(client, alice, service_settings, loader):
+    """Validation decodes an archive's images once and keeps them beside it: a scoring task
+    reads that copy (the archive gone, it still gives the dataset the row describes), and the
+    dataset's deletion removes it with the file."""
+    from zoopick.service import datasets as store
+
+    resp = upload(client, alice, "pets.zip", imagefolder_zip_bytes())
+    assert resp.status_code == 201, resp.text
+    ds = resp.json()
+    archive = next(store.dataset_dir(service_settings, ds["id"]).glob("*.zip"))
+    assert (store.decoded_dir(archive) / "pixels.npy").is_file()
+    archive.unlink()
+    scored = store.for_scoring(archive, service_settings)
+    assert scored.digest == ds["digest"] and len(scored) == ds["num_samples"]
+    assert client.delete(f"{API}/datasets/{ds['id']}", headers=alice.headers).status_code == 204
+    assert not store.dataset_dir(service_settings, ds["id"]).exists()
+
+
 @pytest.mark.parametrize("compression", ["xz", "bz2"])
 def test_upload_imagefolder_tar_of_every_compression_the_loader_reads(
     client, alice, service_settings, loader, compression

@@ -3,6 +3,11 @@
 Validation is the selection engine's own loader (``zoopick.selection.data.load_dataset``): a dataset
 is ``ready`` exactly when the engine can read it, with its classes, per-class counts and digest
 recorded; otherwise ``invalid`` with the loader's message naming the problem.
+
+Validation also keeps the images it decoded, beside the file (``decoded/``,
+``zoopick.selection.decoded``): every scoring task of every job on the dataset reads them
+(:func:`for_scoring`) instead of reading and decoding the archive again, so a job of N models
+costs one decode, not N.
 """
 
 from __future__ import annotations
@@ -44,6 +49,15 @@ def safe_filename(filename: str) -> str:
 
 def dataset_dir(settings: Settings, dataset_id: uuid.UUID) -> Path:
     return settings.storage_dir / "datasets" / str(dataset_id)
+
+
+DECODED = "decoded"
+"""The folder, beside a dataset's file, that holds its images decoded once at validation."""
+
+
+def decoded_dir(path: str | Path) -> Path:
+    """Where the decoded copy of the dataset file ``path`` lives."""
+    return Path(path).parent / DECODED
 
 
 def remove_files(settings: Settings, dataset_id: uuid.UUID) -> None:
@@ -89,6 +103,37 @@ def _thumbnails(loaded: Any, path: Path) -> None:
         log.warning("thumbnails of %s could not be made", path, exc_info=True)
 
 
+def _keep_decoded(loaded: Any, path: Path, settings: Settings) -> None:
+    """Keep the images just validated, decoded, for the scoring tasks (bounded by the
+    deployment's ``max_total_bytes``, ZOOPICK_DATASET_MAX_TOTAL_BYTES: a larger copy is not
+    made and scoring reads the file, as before). A dataset without it is still ready."""
+    from zoopick.selection import decoded
+
+    try:
+        limit = settings.dataset_limits().max_total_bytes
+        decoded.write(loaded, decoded_dir(path), max_bytes=limit)
+    except Exception:  # noqa: BLE001 - a speed-up, not validation: scoring reads the file
+        log.warning("the decoded copy of %s could not be made", path, exc_info=True)
+
+
+def for_scoring(path: str | Path, settings: Settings) -> Any:
+    """The dataset at ``path`` as a scoring task reads it (``score_max_per_class`` images a
+    class at most, within the deployment's dataset limits): from the copy validation decoded
+    (no archive read, no image decoded; the same digest, so the same feature-cache keys), else
+    from the file itself through the loader (a dataset of arrays, one validated before copies
+    were kept, one too large for a copy, or a copy over today's limits)."""
+    from zoopick.selection import decoded
+    from zoopick.selection.data import load_dataset
+
+    limits = settings.dataset_limits()
+    kept = decoded.load(
+        decoded_dir(path), max_per_class=settings.score_max_per_class, limits=limits
+    )
+    if kept is not None:
+        return kept
+    return load_dataset(path, max_per_class=settings.score_max_per_class, limits=limits)
+
+
 def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Settings) -> str:
     """Load the dataset with the selection engine, within ``settings``' dataset limits
     (checked before the memory is allocated), and record the outcome; returns the final
@@ -121,6 +166,7 @@ def validate(factory: sessionmaker[Session], dataset_id: uuid.UUID, settings: Se
             "error": None,
         }
         _thumbnails(loaded, path)
+        _keep_decoded(loaded, path, settings)
     except DatasetError as exc:
         values = {"status": DatasetStatus.invalid.value, "error": str(exc)}
     except Exception:  # noqa: BLE001 - an unreadable upload must not stay "validating"
