@@ -41,6 +41,13 @@ class Settings(BaseSettings):
         "one Redis, and test runs).",
     )
     storage_dir: Path | None = Field(None, description="Uploads and artefacts; <data_dir>/storage.")
+    storage_url: str | None = Field(
+        None,
+        description="Where files that outlive a machine are kept (fine-tuned models and their "
+        "exports so far): a local folder (a path or file:// URL; default <storage_dir>, today's "
+        "folder) or s3://bucket/prefix on any S3-compatible store, its credentials, endpoint and "
+        "region read from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION.",
+    )
     cache_dir: Path | None = Field(None, description="Feature cache; default <data_dir>/cache.")
     zoo_manifest: Path | None = Field(
         None, description="Zoo manifest (JSON/YAML) synced into the database at start."
@@ -369,6 +376,7 @@ class Settings(BaseSettings):
         "broker_url",
         "result_backend",
         "storage_dir",
+        "storage_url",
         "cache_dir",
         "zoo_manifest",
         "score_max_per_class",
@@ -396,6 +404,7 @@ class Settings(BaseSettings):
                 self.result_backend = f"file://{self.data_dir / 'results'}"
         self.storage_dir = (self.storage_dir or self.data_dir / "storage").expanduser().resolve()
         self.cache_dir = (self.cache_dir or self.data_dir / "cache").expanduser().resolve()
+        self.storage_url = _storage_url(self.storage_url, self.storage_dir)
         if self.zoo_manifest is not None:
             self.zoo_manifest = self.zoo_manifest.expanduser().resolve()
         for soft, hard in (
@@ -493,6 +502,27 @@ class Settings(BaseSettings):
                 (self.broker_dir / sub).mkdir(parents=True, exist_ok=True)
         if self.result_backend.startswith("file://"):
             Path(self.result_backend.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+
+
+def _storage_url(value: str | None, storage_dir: Path) -> str:
+    """``ZOOPICK_STORAGE_URL`` as one canonical URL: ``file:///abs/path`` (a plain path, relative
+    ones resolved here like the other folders; unset: ``storage_dir``, where today's files are)
+    or ``s3://bucket[/prefix]``. Anything else is refused here, naming the setting, rather than
+    when the first model is saved."""
+    if value is None:
+        return storage_dir.as_uri()
+    if value.startswith("s3://"):
+        bucket = value.removeprefix("s3://").split("/", 1)[0]
+        if not bucket:
+            raise ValueError(f"ZOOPICK_STORAGE_URL {value!r} names no bucket (s3://bucket/prefix)")
+        return value.rstrip("/")
+    if value.startswith("file://"):
+        value = value.removeprefix("file://")
+    elif "://" in value:
+        raise ValueError(
+            f"ZOOPICK_STORAGE_URL {value!r}: a local folder or s3://bucket/prefix is expected"
+        )
+    return Path(value).expanduser().resolve().as_uri()
 
 
 @lru_cache

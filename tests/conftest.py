@@ -136,9 +136,10 @@ def tiny_zoo(_tiny_zoo_master: Path, tmp_path: Path) -> Path:
 
 # -- parallel runs (pytest-xdist, ``--dist loadgroup``) ----------------------------------------
 
-SHARED_STACKS = {"live_server": "live-stack", "cluster": "ray-cluster"}
+SHARED_STACKS = {"live_server": "live-stack", "cluster": "ray-cluster", "s3_server": "s3-store"}
 """Session- or package-scoped fixtures that start real processes (a live zoopick stack, a Ray
-cluster): every module that uses one runs on the same xdist worker, which starts it once."""
+cluster, an S3 server): every module that uses one runs on the same xdist worker, which starts
+it once."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks

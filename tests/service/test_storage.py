@@ -1,0 +1,135 @@
+"""The object store (``zoopick.service.storage``): one body per behaviour, run against a local
+folder and against a real S3 server (SeaweedFS, ``s3server.py``), since both must behave alike
+for the service to move between them."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.service.procs import free_port
+from zoopick.service.settings import Settings
+from zoopick.service.storage import (
+    PART,
+    LocalStore,
+    ObjectMissing,
+    S3Store,
+    Store,
+    StoreUnavailable,
+    TooLarge,
+    open_store,
+    tenant_key,
+)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, s3_server, tmp_path, monkeypatch) -> Store:
+    """A fresh store of each kind (on S3: a new prefix of the session's bucket)."""
+    if request.param == "local":
+        return open_store(Settings(data_dir=tmp_path).storage_url)
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return open_store(Settings(storage_url=s3_server.url(f"t-{uuid.uuid4().hex[:12]}")).storage_url)
+
+
+def _chunks(data: bytes, size: int = 256 * 1024) -> Iterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+def test_round_trip_counts_size_and_sha256(store: Store) -> None:
+    # more than one S3 part: the multipart path, and a small object: the single PUT
+    big = os.urandom(PART + 300_000)
+    stored = store.put("tenants/a/model.bin", _chunks(big))
+    assert (stored.size, stored.sha256) == (len(big), hashlib.sha256(big).hexdigest())
+    assert b"".join(store.get("tenants/a/model.bin")) == big
+    assert store.size("tenants/a/model.bin") == len(big)
+    small = store.put("tenants/a/note.json", [b'{"a": 1}'])
+    assert small.sha256 == hashlib.sha256(b'{"a": 1}').hexdigest()
+    assert store.list("tenants/a") == ["tenants/a/model.bin", "tenants/a/note.json"]
+    store.put("tenants/a/note.json", [b"replaced"])
+    assert b"".join(store.get("tenants/a/note.json")) == b"replaced"
+    store.delete("tenants/a/model.bin")
+    assert not store.exists("tenants/a/model.bin")
+    with pytest.raises(ObjectMissing):
+        store.get("tenants/a/model.bin")
+    store.delete("tenants/a/model.bin")  # deleting what is gone is no error
+
+
+def test_size_limit_refused_mid_stream_leaves_nothing(store: Store) -> None:
+    read = []
+
+    def source() -> Iterator[bytes]:
+        for i in range(40):
+            read.append(i)
+            yield b"x" * (512 * 1024)
+
+    with pytest.raises(TooLarge):
+        store.put("tenants/a/huge", source(), max_bytes=PART + 1024 * 1024)
+    assert len(read) < 40  # refused on the way, not after reading it all
+    assert store.list("tenants") == [] and not store.exists("tenants/a/huge")
+    if isinstance(store, LocalStore):  # the partial file was removed
+        assert not any((store.root / ".partial").iterdir())
+    if isinstance(store, S3Store):  # the parts already sent were dropped
+        uploads = store.client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix)
+        assert not uploads.get("Uploads")
+
+
+def test_an_object_is_invisible_until_complete(store: Store) -> None:
+    store.put("tenants/a/m", [b"old"])
+    seen = []
+
+    def source() -> Iterator[bytes]:
+        yield b"n" * (PART + 1)  # one part already sent to S3
+        seen.append((store.list("tenants/a"), b"".join(store.get("tenants/a/m"))))
+        seen.append(store.exists("tenants/a/new"))
+        yield b"end"
+
+    store.put("tenants/a/new", source())
+    store.put("tenants/a/m", iter([b"new"]))
+    assert seen == [(["tenants/a/m"], b"old"), False]
+
+    def failing() -> Iterator[bytes]:
+        yield b"p" * (PART + 1)
+        raise OSError("the upload's client went away")
+
+    with pytest.raises(OSError, match="went away"):
+        store.put("tenants/a/broken", failing())
+    assert store.list("tenants/a") == ["tenants/a/m", "tenants/a/new"]
+    assert b"".join(store.get("tenants/a/m")) == b"new"
+
+
+def test_tenant_prefixes_are_apart(store: Store) -> None:
+    a, b = uuid.uuid4(), uuid.uuid4()
+    store.put(tenant_key(a, "jobs", "1", "model.safetensors"), [b"a"])
+    store.put(tenant_key(b, "jobs", "1", "model.safetensors"), [b"b"])
+    assert store.list(f"tenants/{a}") == [f"tenants/{a}/jobs/1/model.safetensors"]
+    assert store.list(f"tenants/{a}"[:-1]) == []  # a prefix is a folder, not a string start
+    for bad in ("../x", "a/../../b", "/etc/passwd", "a//b", ".partial/x", "a/.hidden", ""):
+        with pytest.raises(ValueError, match="object key"):
+            store.put(bad, [b"x"])
+    with pytest.raises(ValueError, match="object key"):
+        tenant_key(a, "..", str(b), "jobs")
+
+
+def test_an_unreachable_store_is_a_clear_error(store: Store, tmp_path, monkeypatch) -> None:
+    """A stopped server (nothing listening on its port) or a folder that cannot be written:
+    an error that names the store, within seconds (bounded timeouts and retries)."""
+    if isinstance(store, S3Store):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+        name = f"s3://{store.bucket}/x"
+        down: Store = S3Store(name)
+    else:
+        (tmp_path / "file").write_text("not a folder")
+        name = str(tmp_path / "file" / "store")
+        down = LocalStore(name)
+    began = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=f"the store {name} is unavailable") as err:
+        down.put("tenants/a/m", [b"x"])
+    assert "secret" not in str(err.value)
+    assert time.monotonic() - began < 15
