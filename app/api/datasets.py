@@ -1,4 +1,7 @@
-"""``/datasets``: upload (streamed to storage), validate, list, show, delete."""
+"""``/datasets``: upload (streamed to storage), validate, list, show, delete.
+
+A thin adapter: the upload's body is received here (HTTP streaming), admitting it (format,
+quota, insert, validation) is ``service.datasets.admission``'s, as deleting one is."""
 
 from __future__ import annotations
 
@@ -12,14 +15,22 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from zoopick.app.api import pagination
-from zoopick.app.api.deps import CallerDep, DatasetDep, DispatcherDep, SessionDep, SettingsDep
+from zoopick.app.api.deps import (
+    Caller,
+    CallerDep,
+    DatasetDep,
+    DispatcherDep,
+    SessionDep,
+    SettingsDep,
+)
 from zoopick.app.api.schemas import DatasetOut, Page, pattern_of
 from zoopick.app.problems import Problem, responses
 from zoopick.app.uploads import UNCAPPED_BODY, receive_file
 from zoopick.selection import formats
-from zoopick.service import datasets as store
-from zoopick.service import pipeline, quotas
+from zoopick.service.datasets import admission, store
 from zoopick.service.db.models import Dataset, DatasetStatus
+from zoopick.service.dispatch import Dispatcher
+from zoopick.service.jobs import Rejected
 from zoopick.service.settings import Settings
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
@@ -73,114 +84,82 @@ async def upload_dataset(
     ``GET /datasets/{id}`` until ``ready`` or ``invalid``); a deployment that validates in the
     request answers 201 with a ready dataset, or 422 naming what is wrong with the file.
     """
+    admitted = await receive_and_admit(request, caller, session, settings, dispatcher)
+    ds = admitted.dataset
+    body = DatasetOut.model_validate(ds).model_dump(mode="json")
+    headers = {"Location": f"{request.url.path}/{ds.id}"}
+    if admitted.validated:
+        return JSONResponse(body, status_code=201, headers=headers)
+    headers["Retry-After"] = str(settings.retry_after_seconds)
+    return JSONResponse(body, status_code=202, headers=headers)
+
+
+STATUS_OF_KIND = {
+    "storage-quota": 413,
+    "unsupported-format": 415,
+    "dataset-in-use": 409,
+    "broker-unavailable": 503,
+}
+"""HTTP status of each refusal of ``service.datasets.admission``; every other kind is a 422
+(the file is not a usable dataset)."""
+
+
+def problem(exc: Rejected) -> Problem:
+    """A dataset use case's refusal as the API's problem document."""
+    return Problem(STATUS_OF_KIND.get(exc.kind, 422), exc.detail, kind=exc.kind)
+
+
+async def receive_and_admit(
+    request: Request,
+    caller: Caller,
+    session: Session,
+    settings: Settings,
+    dispatcher: Dispatcher,
+) -> admission.Admitted:
+    """The HTTP half of an upload, for both faces (this router and the dashboard's form):
+    the caller's upload rate, the room its quota leaves, the body streamed to the dataset's
+    folder; then ``admission.admit``, the use case. Refusals are :class:`Problem`."""
     request.app.state.rate.check("uploads", str(caller.key_id), "uploads")
-    room = await run_in_threadpool(quota_room, session, caller.tenant_id, settings)
+    try:
+        room = await run_in_threadpool(admission.quota_room, session, caller.tenant_id, settings)
+    except Rejected as exc:
+        raise problem(exc) from None
     dataset_id = uuid.uuid4()
     folder = store.dataset_dir(settings, dataset_id)
+    full = None if room >= settings.upload_max_bytes else admission.quota_exceeded(settings)
     try:
         # the body streams in as slowly as the client likes: meanwhile the request holds no
         # database connection and no session slot (a few slow uploads must not starve the API)
         async with request.state.session_slot.released(session):
-            upload = await receive_file(
+            received = await receive_file(
                 request,
                 folder / "upload.part",
                 max_bytes=min(settings.upload_max_bytes, room),
-                too_large=None if room >= settings.upload_max_bytes else quota_exceeded(settings),
+                too_large=None if full is None else problem(full),
             )
-        fmt = store.detect_format(upload.filename)
-        if fmt is None:
-            raise Problem(
-                415,
-                f"unsupported file {upload.filename!r}: expected {formats.listed()}",
-                kind="unsupported-format",
-            )
-        if upload.size == 0:
-            raise Problem(422, "the uploaded file is empty", kind="invalid-dataset")
-        name = (upload.fields.get("name") or "").strip() or upload.filename
-        path = folder / store.safe_filename(upload.filename)
-        upload.path.rename(path)
-        ds = Dataset(
-            id=dataset_id,
-            tenant_id=caller.tenant_id,
-            name=name[:200],
-            format=fmt,
-            filename=upload.filename[:255],
-            size_bytes=upload.size,
-            file_sha256=upload.sha256,
-            storage_path=str(path),
-            status=DatasetStatus.uploaded.value,
-        )
-        await run_in_threadpool(insert_within_quota, session, ds, settings)
     except BaseException:
         await run_in_threadpool(store.remove_files, settings, dataset_id)
         raise
-
-    location = {"Location": f"{request.url.path}/{dataset_id}"}
-    if settings.validate_inline:
-        status = await run_in_threadpool(
-            store.validate, request.app.state.sessionmaker, dataset_id, settings
-        )
-        session.expire_all()
-        ds = session.get(Dataset, dataset_id)
-        if status == DatasetStatus.invalid.value:
-            error = ds.error or "not a dataset"
-            session.delete(ds)
-            session.commit()
-            await run_in_threadpool(store.remove_files, settings, dataset_id)
-            raise Problem(422, f"not a usable dataset: {error}", kind="invalid-dataset")
-        body = DatasetOut.model_validate(ds).model_dump(mode="json")
-        return JSONResponse(body, status_code=201, headers=location)
+    upload = admission.Upload(
+        dataset_id=dataset_id,
+        path=received.path,
+        filename=received.filename,
+        size=received.size,
+        sha256=received.sha256,
+        name=received.fields.get("name"),
+    )
     try:
-        dispatcher.validate_dataset(str(dataset_id))
-    except Exception as exc:  # noqa: BLE001 - the broker is down: do not keep a dead upload
-        session.delete(ds)
-        session.commit()
-        await run_in_threadpool(store.remove_files, settings, dataset_id)
-        raise Problem(
-            503, f"could not queue validation: {exc}", kind="broker-unavailable"
-        ) from None
-    body = DatasetOut.model_validate(ds).model_dump(mode="json")
-    headers = {**location, "Retry-After": str(settings.retry_after_seconds)}
-    return JSONResponse(body, status_code=202, headers=headers)
-
-
-def quota_exceeded(settings: Settings, what: str = "bytes") -> Problem:
-    limit = (
-        f"{settings.quota_datasets} datasets (ZOOPICK_QUOTA_DATASETS)"
-        if what == "datasets"
-        else f"{settings.quota_bytes} bytes (ZOOPICK_QUOTA_BYTES)"
-    )
-    return Problem(
-        413,
-        f"storage quota exceeded: a tenant may keep {limit}; delete datasets to make room",
-        kind="storage-quota",
-    )
-
-
-def quota_room(session: Session, tenant_id: uuid.UUID, settings: Settings) -> int:
-    """Bytes this tenant may still upload (413 naming the quota when nothing is left)."""
-    count, used = quotas.stored(session, tenant_id)
-    session.rollback()  # end the read transaction before the (long) upload
-    if count >= settings.quota_datasets:
-        raise quota_exceeded(settings, "datasets")
-    if used >= settings.quota_bytes:
-        raise quota_exceeded(settings)
-    return settings.quota_bytes - used
-
-
-def insert_within_quota(session: Session, ds: Dataset, settings: Settings) -> None:
-    """Insert ``ds`` if the tenant's quota still holds, counted under the tenant's lock (two
-    uploads that each fit alone must not both be kept when together they do not)."""
-    with quotas.tenant_lock(session, ds.tenant_id):
-        count, used = quotas.stored(session, ds.tenant_id)
-        if count + 1 > settings.quota_datasets:
-            session.rollback()
-            raise quota_exceeded(settings, "datasets")
-        if used + ds.size_bytes > settings.quota_bytes:
-            session.rollback()
-            raise quota_exceeded(settings)
-        session.add(ds)
-        session.commit()
+        return await run_in_threadpool(
+            admission.admit,
+            session,
+            request.app.state.sessionmaker,
+            caller.tenant_id,
+            upload,
+            settings,
+            dispatcher,
+        )
+    except Rejected as exc:
+        raise problem(exc) from None
 
 
 @router.get("", response_model=Page[DatasetOut], responses=ERRORS, summary="List datasets")
@@ -214,19 +193,9 @@ def get_dataset(ds: DatasetDep) -> DatasetOut:
 @router.delete("/{dataset_id}", status_code=204, responses=ERRORS, summary="Delete a dataset")
 def delete_dataset(ds: DatasetDep, session: SessionDep, settings: SettingsDep) -> Response:
     """Delete the dataset and its files; refused (409) while a job still uses it. Finished
-    jobs keep their results, with ``dataset_id`` cleared. Checked and deleted under the
-    tenant's lock, the one a job's submission inserts under: a job submitted meanwhile either
-    counts here (409) or finds the dataset gone (422), never a job on a deleted dataset."""
-    with quotas.tenant_lock(session, ds.tenant_id):
-        active = pipeline.active_jobs_for_dataset(session, ds.id)
-        if active:
-            session.rollback()
-            raise Problem(
-                409,
-                f"dataset is used by {active} unfinished job(s); cancel them first",
-                kind="dataset-in-use",
-            )
-        session.delete(ds)
-        session.commit()
-    store.remove_files(settings, ds.id)
+    jobs keep their results, with ``dataset_id`` cleared (``admission.delete``)."""
+    try:
+        admission.delete(session, ds, settings)
+    except Rejected as exc:
+        raise problem(exc) from None
     return Response(status_code=204)

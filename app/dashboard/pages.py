@@ -9,7 +9,6 @@ updates poll an HTML fragment of the same template, uploads report their progres
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from datetime import UTC, datetime
@@ -651,23 +650,20 @@ def _wants_json(request: Request) -> bool:
 @router.post("/datasets/upload", max_body_size=UNCAPPED_BODY)
 async def datasets_upload(request: Request, session: SessionDep) -> Response:
     """The upload form posts here (the page's script with progress, or a plain form post):
-    the API's own streaming upload handler does the work."""
+    the API's own receiving of the file, then the same admission use case
+    (``service.datasets.admission``)."""
     caller = await run_in_threadpool(_session_caller, request, session)
     auth.check_csrf(request, request.query_params.get(auth.CSRF_FIELD))
     try:
-        response = await datasets_api.upload_dataset(
-            request=request,
-            caller=caller,
-            session=session,
-            settings=request.app.state.settings,
-            dispatcher=request.app.state.dispatcher,
+        admitted = await datasets_api.receive_and_admit(
+            request, caller, session, request.app.state.settings, request.app.state.dispatcher
         )
     except Problem as p:
         if _wants_json(request):
             return problem_response(request, p.status, p.detail, kind=p.kind, title=p.title)
         note = auth.note_query(request, "error", str(p.detail))
         return RedirectResponse("/datasets?" + urlencode(note), status_code=303)
-    ds_id = json.loads(response.body)["id"]
+    ds_id = str(admitted.dataset.id)
     if _wants_json(request):
         return JSONResponse({"id": ds_id, "url": f"/datasets/{ds_id}"}, status_code=201)
     return RedirectResponse(f"/datasets/{ds_id}", status_code=303)
