@@ -189,3 +189,35 @@ def test_describe_says_what_was_chosen():
     )
     text = recipe.describe(chosen.to_dict())
     assert "adamw at lr 0.003 (search), 400 steps" in text and "best validation step 360" in text
+
+
+def test_the_search_trusts_only_trials_that_learned(monkeypatch):
+    t = recipe.Trial
+    monkeypatch.setattr(recipe, "CHANCE_STANDARD_ERRORS", None)
+    assert recipe.chance_floor([20, 20, 20, 20]) is None  # the rule off: every trial counts
+    monkeypatch.setattr(recipe, "CHANCE_STANDARD_ERRORS", 2.0)
+    # four balanced classes of 20: m = 0.25, se = sqrt(.25 * .75 / 80) = 0.0484; floor 0.3468
+    floor = recipe.chance_floor([20, 20, 20, 20])
+    assert floor == pytest.approx(0.25 + 2 * math.sqrt(0.25 * 0.75 / 80))
+    chance = [t(3e-4, 0.25, 1.387), t(1e-3, 0.25, 1.398), t(3e-3, 0.25, 1.394)]
+    # nothing learned: the lowest loss (3e-4) is noise; the search goes up, not down
+    assert recipe.next_rate(chance, None) == pytest.approx(3e-4 / recipe.LR_STEP)
+    assert recipe.next_rate(chance, floor) == pytest.approx(3e-3 * recipe.LR_STEP)
+    assert recipe.pick(chance, floor) == 3e-3  # the highest finite rate
+    # a diverged top: no higher rate, and the highest finite one is picked
+    diverged = [*chance[:2], t(3e-3, 0.25, math.inf)]
+    assert recipe.next_rate(diverged, floor) is None
+    assert recipe.pick(diverged, floor) == 1e-3
+    # once some trial learned, only those are judged (by loss, as before)
+    learned = [*chance, t(9.5e-3, 0.40, 1.30), t(3e-2, 0.30, 1.20)]
+    assert recipe.pick(learned, floor) == 9.5e-3  # 3e-2's lower loss is at chance accuracy
+    assert recipe.pick(learned, None) == 3e-2
+    # and the walk is the same as without the rule where every trial learned
+    fine = [t(3e-4, 0.8, 0.6), t(1e-3, 0.9, 0.4), t(3e-3, 0.95, 0.3)]
+    assert recipe.next_rate(fine, floor) == recipe.next_rate(fine, None)
+    assert recipe.pick(fine, floor) == recipe.pick(fine, None) == 3e-3
+    # the whole search on chance-level trials goes up to MAX_TRIALS and takes the top
+    trials = recipe.search((3e-4, 1e-3, 3e-3), lambda lr: t(lr, 0.25, 1.39), floor)
+    assert [x.lr for x in trials] == pytest.approx(
+        [3e-4, 1e-3, 3e-3, 3e-3 * recipe.LR_STEP, 3e-3 * recipe.LR_STEP**2]
+    )

@@ -189,6 +189,8 @@ class _Run:
         self.batch = min(cfg.batch_size, self.per_rank)
         self.steps = self.per_rank // self.batch  # per epoch
         self.plan: recipe.Plan | None = None
+        self.floor: float | None = None
+        """What a trial of the search must beat on the validation split to count."""
 
     def order(self, epoch: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch)
@@ -261,7 +263,7 @@ class _Run:
             acc, loss = self.evaluate(self.val)
             return recipe.Trial(lr, acc, loss if math.isfinite(loss) else math.inf)
 
-        trials = recipe.search(plan.candidates, trial)
+        trials = recipe.search(plan.candidates, trial, self.floor)
         self.restart(start)
         return trials
 
@@ -320,6 +322,8 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     state, hook = build(cfg.compressor, cfg.comm_hook())  # validated when launch read cfg
     ddp.register_comm_hook(state, hook)
     r = _Run(cfg, model, ddp, state, device, amp, data_config, data, rank, world)
+    if val is not None:
+        r.floor = recipe.chance_floor(list(val.class_counts().values()))
     plan = r.plan = recipe.plan(
         cfg,
         steps_per_epoch=r.steps,
@@ -516,11 +520,12 @@ def _choose(r: _Run, report: Reporter) -> recipe.Choices:
         return recipe.Choices(plan=plan.to_dict(), lr=plan.lr)
     t0 = time.perf_counter()
     trials = r.search(report)
-    chosen = recipe.pick(trials)
+    chosen = recipe.pick(trials, r.floor)
     return recipe.Choices(
         plan=plan.to_dict(),
         lr=chosen,
         trials=[vars(t) for t in trials],
+        search_floor=r.floor,
         search_seconds=time.perf_counter() - t0,
     )
 

@@ -88,6 +88,11 @@ past it, :data:`LR_STEP` at a time, up to :data:`MAX_TRIALS` trials (a random or
 model wants a higher rate, a large pretrained one a lower)."""
 LR_STEP = 10**0.5
 MAX_TRIALS = 5
+CHANCE_STANDARD_ERRORS: float | None = None
+"""A trial of the search **learned** when its validation accuracy is above the split's
+majority-class share by more than this many binomial standard errors of that share
+(:func:`chance_floor`); the search trusts only trials that learned (:func:`pick`,
+:func:`next_rate`). None: every trial is trusted (the rule before it)."""
 DEFAULT_LR = {"adamw": 1e-3, "adam": 1e-3, "sgd": 1e-2}
 """The rate where no search runs (a race rung, a dataset too small to hold out a split)."""
 TRIAL_SHARE = 0.08
@@ -165,6 +170,8 @@ class Choices:
     trials: list[dict[str, float]] = field(default_factory=list)
     best_step: int | None = None
     best_val_accuracy: float | None = None
+    search_floor: float | None = None
+    """The validation accuracy a trial had to beat to count (None: every trial counted)."""
     stopped_early: bool = False
     search_seconds: float | None = None
 
@@ -302,9 +309,32 @@ def lr_factor(step: int, steps: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * t / span))
 
 
-def pick(trials: Sequence[Trial]) -> float:
-    """The searched rate: the lowest validation loss; ties to the higher accuracy, then to the
-    smaller rate (the safer one). A trial whose loss is not finite never wins.
+def chance_floor(class_counts: Sequence[int]) -> float | None:
+    """The validation accuracy a trial must beat to have learned something: the split's
+    majority-class share ``m`` plus :data:`CHANCE_STANDARD_ERRORS` of ``sqrt(m (1 - m) / n)``
+    (None: the rule is off, or there is no split).
+
+    Why: a short trial of a model from random weights can end at chance at every rate, and
+    the lowest loss among chance-level trials is noise; followed past an end of the grid it
+    sent a run to 3e-5 (benchmarks/finetune/PREREGISTRATION.md, rules 5)."""
+    if CHANCE_STANDARD_ERRORS is None or not class_counts or sum(class_counts) < 1:
+        return None
+    n = sum(class_counts)
+    m = max(class_counts) / n
+    return m + CHANCE_STANDARD_ERRORS * math.sqrt(m * (1.0 - m) / n)
+
+
+def learned(trial: Trial, floor: float | None) -> bool:
+    """Whether ``trial`` learned something (above :func:`chance_floor`'s ``floor``)."""
+    return floor is None or trial.val_accuracy > floor
+
+
+def pick(trials: Sequence[Trial], floor: float | None = None) -> float:
+    """The searched rate: the lowest validation loss among the trials that learned something
+    (:func:`learned`; all of them without a ``floor``); ties to the higher accuracy, then to
+    the smaller rate (the safer one). A trial whose loss is not finite never wins. When no
+    trial learned, the highest rate whose loss is finite: nothing was learned at any rate
+    tried, and a higher rate is what learns soonest.
 
     Why the loss and not the accuracy: a validation split of about a hundred images moves its
     accuracy in steps of a point and ties often after a short trial, while the cross-entropy
@@ -313,10 +343,17 @@ def pick(trials: Sequence[Trial]) -> float:
     finite = [t for t in trials if math.isfinite(t.val_loss)]
     if not finite:
         raise ValueError("every learning rate of the search diverged")
-    return min(finite, key=lambda t: (t.val_loss, -t.val_accuracy, t.lr)).lr
+    informative = [t for t in finite if learned(t, floor)]
+    if not informative:
+        return max(t.lr for t in finite)
+    return min(informative, key=lambda t: (t.val_loss, -t.val_accuracy, t.lr)).lr
 
 
-def search(candidates: Sequence[float], trial: Callable[[float], Trial]) -> list[Trial]:
+def search(
+    candidates: Sequence[float],
+    trial: Callable[[float], Trial],
+    floor: float | None = None,
+) -> list[Trial]:
     """Run the rate search: ``trial(lr)`` at each candidate, then on past an end while the best
     is there (:func:`next_rate`). Returns every trial, in the order run."""
     trials: list[Trial] = []
@@ -324,17 +361,24 @@ def search(candidates: Sequence[float], trial: Callable[[float], Trial]) -> list
     lr: float | None = pending.pop(0) if pending else None
     while lr is not None:
         trials.append(trial(lr))
-        lr = pending.pop(0) if pending else next_rate(trials)
+        lr = pending.pop(0) if pending else next_rate(trials, floor)
     return trials
 
 
-def next_rate(trials: Sequence[Trial]) -> float | None:
+def next_rate(trials: Sequence[Trial], floor: float | None = None) -> float | None:
     """The search's next rate after ``trials`` (the first candidates tried, in order): one
     :data:`LR_STEP` past the end where the best so far is the highest or lowest rate tried,
-    while fewer than :data:`MAX_TRIALS` ran; None: the search is over."""
+    while fewer than :data:`MAX_TRIALS` ran; when no trial learned anything (``floor``), one
+    step above the highest rate tried, unless that one diverged; None: the search is over."""
     if len(trials) >= MAX_TRIALS or len(trials) < 2:
         return None
-    best = pick(trials)
+    finite = [t for t in trials if math.isfinite(t.val_loss)]
+    if not finite:
+        return None
+    top = max(trials, key=lambda t: t.lr)
+    if not any(learned(t, floor) for t in finite):
+        return top.lr * LR_STEP if math.isfinite(top.val_loss) else None
+    best = pick(trials, floor)
     rates = sorted(t.lr for t in trials)
     if best == rates[-1]:
         return best * LR_STEP

@@ -82,21 +82,49 @@ PAIRS = {
         Pair("random-convnext2/fmnist", "test_convnext2", "fmnist", 32, role="fresh"),
         Pair("random-efficientnet-gn/digits", "test_efficientnet_gn", "digits", 32, role="fresh"),
         Pair("lite0-in1k/fmnist4", "lite0", "fmnist4", 64, role="fresh"),
+        # rules 5's fresh pairs (PREREGISTRATION.md), named before any of them ran
+        Pair("random-lcnet050/fmnist4", "lcnet_050", "fmnist4", 32, role="fresh5"),
+        Pair(
+            "random-mobilenetv3-075/fmnist4", "mobilenetv3_small_075", "fmnist4", 32, role="fresh5"
+        ),
+        Pair(
+            "random-efficientnet-evos/fmnist4",
+            "test_efficientnet_evos",
+            "fmnist4",
+            32,
+            role="fresh5",
+        ),
+        Pair("random-efficientnet-ln/digits", "test_efficientnet_ln", "digits", 32, role="fresh5"),
+        Pair("random-vit4/fmnist", "test_vit4", "fmnist", 32, role="fresh5"),
+        Pair("random-convnext3/fmnist4", "test_convnext3", "fmnist4", 32, role="fresh5"),
     )
 }
 
 RULES = {
     "rules3": {"BAND_STANDARD_ERRORS": 0.0, "SMALL_SPLIT_VALIDATION": 0},
     "rules4": {"BAND_STANDARD_ERRORS": 1.0, "SMALL_SPLIT_VALIDATION": 100},
+    "search": {"CHANCE_STANDARD_ERRORS": 2.0},
+    "nosearch": {"CHANCE_STANDARD_ERRORS": None},
 }
-"""The checkpoint rules an ``auto-<rules>`` arm runs under, set on ``training.recipe`` for
-that run only (this process runs the trainer in-process): rules 3, the maximum of the checks
-on a flat tenth of the training split; rules 4, the pre-registered noise band and the larger
-share for a small split."""
-ARMS = ("auto", "auto-rules3", "auto-rules4", "fixed")
+"""Versions of the recipe's rules an ``auto-<a>+<b>`` arm runs under, set on
+``training.recipe`` for that run only (this process runs the trainer in-process): rules 3,
+the maximum of the checks on a flat tenth of the training split; rules 4, the pre-registered
+noise band and the larger share for a small split; ``search`` (rules 5), the rate search
+trusting only trials that learned something, ``nosearch`` without it. Parts not named stay
+as the recipe ships them."""
+ARMS = (
+    "auto",
+    "auto-rules3",
+    "auto-rules4",
+    "auto-rules3+search",
+    "auto-rules4+search",
+    "auto-search",
+    "auto-nosearch",
+    "fixed",
+)
 """What runs against the truth: the trainer with every option at its default ("auto": the
-recipe as it ships; "auto-<rules>": under one version of its checkpoint rules) and the recipe
-before it ("fixed")."""
+recipe as it ships; "auto-<rules>": under versions of its rules) and the recipe before it
+("fixed")."""
 
 
 # -- data --------------------------------------------------------------------------------------
@@ -271,7 +299,8 @@ def rules_of(arm: str):
     "auto" and "fixed"), restored after."""
     from zoopick.training import recipe
 
-    changes = RULES.get(arm.partition("-")[2], {})
+    version = arm.partition("-")[2]
+    changes = {k: v for part in version.split("+") if part for k, v in RULES[part].items()}
     saved = {k: getattr(recipe, k) for k in changes}
     try:
         for k, v in changes.items():
@@ -489,7 +518,8 @@ def report(results: list[dict], path: Path) -> None:
         "",
     ]
     for role, label in (
-        ("fresh", "fresh pairs (named before they ran)"),
+        ("fresh5", "rules 5's fresh pairs (named before they ran)"),
+        ("fresh", "rules 4's fresh pairs (named before they ran)"),
         ("report", "report pairs (first run under rules 3)"),
     ):
         part = [r for r in results if r["role"] == role]
