@@ -30,6 +30,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from zoopick.service import storage
 from zoopick.service.db.models import Artefact, Job
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,47 @@ MEDIA_TYPE = {
 }
 
 
+STORED_NAME = {
+    "safetensors": "model.safetensors",
+    "timm": "model-timm.tar",
+    "onnx": "model.onnx",
+}
+"""A job's model files in the store, under its tenant's ``jobs/<job id>/`` (the trainer's
+recipe, ``model.json``, beside the weights)."""
+
+
+def store_key(tenant_id: object, job_id: object, name: str) -> str:
+    """The key of one of a job's files in the store: under its tenant's prefix."""
+    return storage.tenant_key(tenant_id, "jobs", str(job_id), name)
+
+
+def in_store(art: Artefact) -> bool:
+    """Whether ``art.path`` is a store key (made since issue 40) rather than the absolute path
+    of a file in the storage folder (made before: still served from there)."""
+    return not Path(art.path).is_absolute()
+
+
+def anchor(art: Artefact, storage_dir: Path) -> Path:
+    """The local path the export markers (``.pending``, ``.error``) of ``art``'s model hang
+    off: the file itself for a model made before the store, else the job's run folder in this
+    machine's storage folder, where they were before (issue 40: to the database next, so
+    that machines without a shared folder see them too)."""
+    if not in_store(art):
+        return Path(art.path)
+    return storage_dir / "jobs" / str(art.job_id) / "train" / STORED_NAME["safetensors"]
+
+
+def local_file(store: storage.Store, art: Artefact) -> Path | None:
+    """``art``'s file on this machine, if it is one: a path made before the store, or the
+    object of a local-folder store; None for a remote store's object."""
+    if not in_store(art):
+        return Path(art.path)
+    return store.local_path(art.path)
+
+
 def export_dir(model_path: str | Path) -> Path:
-    """Where a model's exports live: beside the trainer's file."""
+    """Where a model's exports are made and their markers kept: beside the trainer's file
+    (or :func:`anchor`)."""
     return Path(model_path).parent / "export"
 
 
@@ -53,12 +93,16 @@ def error_file(model_path: str | Path, fmt: str) -> Path:
     return export_dir(model_path) / f"{fmt}.error"
 
 
-def artefact(session: Session, job: Job, fmt: str) -> Artefact | None:
-    """The job's file in ``fmt`` if it exists (on disk too)."""
+def artefact(session: Session, job: Job, fmt: str, store: storage.Store) -> Artefact | None:
+    """The job's file in ``fmt`` if it exists (on disk or in the store too).
+    :class:`storage.StoreUnavailable` if the store cannot say."""
     art = session.scalar(
         select(Artefact).where(Artefact.job_id == job.id, Artefact.kind == KIND[fmt])
     )
-    return art if art is not None and Path(art.path).is_file() else None
+    if art is None:
+        return None
+    found = store.exists(art.path) if in_store(art) else Path(art.path).is_file()
+    return art if found else None
 
 
 EXPORT_FAILED = "export-failed"
@@ -101,11 +145,11 @@ class ExportState:
     """Whose fault ``error`` is: :data:`EXPORT_FAILED` or :data:`MODEL_FILE_DAMAGED`."""
 
 
-def _failure(model: Artefact, fmt: str) -> ExportState | None:
+def _failure(model_path: Path, fmt: str) -> ExportState | None:
     """The recorded failure of ``fmt``'s export, if any. An error file of an earlier version
     is plain text that may quote server paths: it is cleaned the same way on the way out."""
     try:
-        text = error_file(model.path, fmt).read_text(errors="replace")
+        text = error_file(model_path, fmt).read_text(errors="replace")
     except FileNotFoundError:
         return None
     try:
@@ -115,42 +159,71 @@ def _failure(model: Artefact, fmt: str) -> ExportState | None:
         kind, detail = EXPORT_FAILED, text
     if kind not in (EXPORT_FAILED, MODEL_FILE_DAMAGED):
         kind = EXPORT_FAILED
-    return ExportState(error=public_text(detail, model.path), kind=kind)
+    return ExportState(error=public_text(detail, model_path), kind=kind)
 
 
-def state(session: Session, job: Job, model: Artefact, fmt: str) -> ExportState:
+def state(
+    session: Session, job: Job, model: Artefact, fmt: str, store: storage.Store, storage_dir: Path
+) -> ExportState:
     """Whether ``fmt`` of ``job``'s ``model`` is ready, failed (why), or neither yet."""
-    art = artefact(session, job, fmt)
+    art = artefact(session, job, fmt, store)
     if art is not None:
         return ExportState(ready=art)
-    return _failure(model, fmt) or ExportState()
+    return _failure(anchor(model, storage_dir), fmt) or ExportState()
 
 
 class DamagedFile(Exception):
     """A stored model file is not the one recorded when it was made."""
 
 
-def served_stat(art: Artefact) -> os.stat_result:
+def served_stat(art: Artefact, path: Path | None = None) -> os.stat_result:
     """The stat of ``art``'s file, which is about to be sent with the digest recorded when it
     was made: a file whose size differs (truncated, replaced) would arrive with a digest it
     does not match, so it raises :class:`DamagedFile` instead (one stat, which the response
     reuses; a same-sized replacement is left to the client's digest check). The path and
     both sizes go to the server log only. ``FileNotFoundError`` if it was removed."""
-    st = os.stat(art.path)
-    if st.st_size != art.size_bytes:
-        log.error(
-            "job %s: stored model file %s is %d bytes, %d recorded when it was made (%s)",
-            art.job_id, art.path, st.st_size, art.size_bytes, art.kind,
-        )  # fmt: skip
-        raise DamagedFile(art.kind)
+    st = os.stat(path or art.path)
+    _check_size(art, st.st_size)
     return st
 
 
-def forget_failure(model: Artefact, fmt: str) -> bool:
-    """Drop the record of a failed ``fmt`` export of ``model`` so that the next request makes
-    it again; whether there was one."""
+def stored_size(store: storage.Store, art: Artefact) -> int:
+    """:func:`served_stat` for an object of a remote store: its size, checked against the one
+    recorded. ``FileNotFoundError`` if there is none, ``StoreUnavailable`` if the store
+    cannot say."""
+    size = store.size(art.path)
+    if size is None:
+        raise FileNotFoundError(art.path)
+    _check_size(art, size)
+    return size
+
+
+def _check_size(art: Artefact, size: int) -> None:
+    if size != art.size_bytes:
+        log.error(
+            "job %s: stored model file %s is %d bytes, %d recorded when it was made (%s)",
+            art.job_id, art.path, size, art.size_bytes, art.kind,
+        )  # fmt: skip
+        raise DamagedFile(art.kind)
+
+
+def keep(store: storage.Store, job: Job, fmt: str, path: Path) -> storage.Stored:
+    """The file at ``path`` (the trainer's, or an export just made) put into the store as
+    ``job``'s ``fmt`` file, under its tenant's prefix: recorded by the caller with the key,
+    size and SHA-256 returned. For the trainer's weights, its recipe (``model.json``) beside
+    it goes too, where MLflow's record of the run reads it."""
+    if fmt == "safetensors":
+        recipe = path.with_name("model.json")
+        if recipe.is_file():
+            store.put_file(store_key(job.tenant_id, job.id, recipe.name), recipe)
+    return store.put_file(store_key(job.tenant_id, job.id, STORED_NAME[fmt]), path)
+
+
+def forget_failure(model_path: str | Path, fmt: str) -> bool:
+    """Drop the record of a failed ``fmt`` export of the model at ``model_path`` (or
+    :func:`anchor`) so that the next request makes it again; whether there was one."""
     try:
-        error_file(model.path, fmt).unlink()
+        error_file(model_path, fmt).unlink()
     except FileNotFoundError:
         return False
     return True
@@ -165,11 +238,11 @@ def pending_file(model_path: str | Path, fmt: str) -> Path:
     return export_dir(model_path) / f"{fmt}.pending"
 
 
-def claim_export(model: Artefact, fmt: str) -> bool:
+def claim_export(model_path: str | Path, fmt: str) -> bool:
     """Whether this request is the one to send ``fmt``'s export task: no export of it is in
     the making (or the one sent is older than :data:`PENDING_SECONDS`). The marker is made
     with ``O_EXCL``, so of requests arriving together one sends the task."""
-    marker = pending_file(model.path, fmt)
+    marker = pending_file(model_path, fmt)
     marker.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))

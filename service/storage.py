@@ -22,6 +22,7 @@ stat/exists, delete, list under a prefix.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -306,7 +307,7 @@ class S3Store(Store):
         config = Config(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
-            retries={"max_attempts": 3, "mode": "standard"},
+            retries={"mode": "standard"},  # 3 attempts; AWS_MAX_ATTEMPTS may say otherwise
             s3={"addressing_style": "path"},  # MinIO, SeaweedFS and Ceph by default
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
@@ -436,8 +437,11 @@ class S3Store(Store):
         return sorted(keys)
 
 
+@functools.lru_cache(maxsize=16)
 def open_store(url: str) -> Store:
-    """The store ``url`` names (``Settings.storage_url``: ``file:///...`` or ``s3://...``)."""
+    """The store ``url`` names (``Settings.storage_url``: ``file:///...`` or ``s3://...``),
+    made once per process (an S3 client is costly to make, and safe to share between
+    threads); the AWS variables are read when it is first made."""
     if url.startswith("s3://"):
         return S3Store(url)
     return LocalStore(unquote(urlparse(url).path) if url.startswith("file://") else url)

@@ -37,7 +37,6 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
@@ -154,8 +153,9 @@ def _options(prefix: str, options: dict[str, Any]) -> dict[str, str]:
 def build(session: Session, job: Job, settings: Settings) -> RunRecord:
     """The run of ``job`` as it is in the database now (a terminal job: nothing changes it)."""
     from zoopick import __version__
-    from zoopick.service.exports import KIND
+    from zoopick.service.exports import KIND, local_file
     from zoopick.service.pipeline import latest_run, ranking
+    from zoopick.service.storage import open_store
     from zoopick.training.config import FINAL_CONFIG, FinetuneOptions
     from zoopick.training.race import SelectionOptions
 
@@ -210,14 +210,19 @@ def build(session: Session, job: Job, settings: Settings) -> RunRecord:
     artifacts: list[tuple[str, str]] = []
     if run is not None:
         points += _curve(run, now)
+        store = open_store(settings.storage_url)
         for art in session.scalars(select(Artefact).where(Artefact.job_id == job.id)):
-            if art.kind == KIND["safetensors"] and Path(art.path).is_file():
-                artifacts.append((art.path, "model"))
-                config = Path(art.path).with_name(FINAL_CONFIG)
+            # a file on this machine: a remote store's objects are not logged yet (issue 40)
+            path = local_file(store, art)
+            if path is None or not path.is_file():
+                continue
+            if art.kind == KIND["safetensors"]:
+                artifacts.append((str(path), "model"))
+                config = path.with_name(FINAL_CONFIG)
                 if config.is_file():
                     artifacts.append((str(config), "model"))
-            elif art.kind == KIND["onnx"] and Path(art.path).is_file():
-                artifacts.append((art.path, "model"))
+            elif art.kind == KIND["onnx"]:
+                artifacts.append((str(path), "model"))
     documents = {
         "zoopick/ranking.json": {
             "job_id": str(job.id),

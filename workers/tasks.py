@@ -28,7 +28,16 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from zoopick.service import datasets as store
-from zoopick.service import liveness, pipeline, recovery, tracking, webhooks, zoo_catalog
+from zoopick.service import (
+    exports,
+    liveness,
+    pipeline,
+    recovery,
+    storage,
+    tracking,
+    webhooks,
+    zoo_catalog,
+)
 from zoopick.service import race as races
 from zoopick.service.db.models import TERMINAL, Dataset, Job, JobStatus, ZooModel
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
@@ -554,8 +563,14 @@ def finetune(self, job_id: str) -> str:
             pipeline.finish_run(session, jid, "failed", "no model file written")
             pipeline.fail(session, jid, f"training finished without writing {weights.name}")
             return "failed"
-        digest, size = training_runner.file_digest(weights)
-        pipeline.add_artefact(session, jid, "model", str(weights), digest, size)
+        try:  # the model is kept in the store: what the API serves, wherever it runs
+            kept = exports.keep(storage.open_store(cfg.storage_url), job, "safetensors", weights)
+        except storage.StoreUnavailable as exc:
+            log.error("job %s: %s", jid, exc)
+            pipeline.finish_run(session, jid, "failed", str(exc))
+            pipeline.fail(session, jid, f"the fine-tuned model could not be stored: {exc}")
+            return "failed"
+        pipeline.add_artefact(session, jid, "model", kept.key, kept.sha256, kept.size)
         pipeline.record_recipe(session, run_id, out / FINAL_CONFIG)
         pipeline.finish_run(session, jid, "succeeded", None)
         pipeline.transition(session, jid, JobStatus.succeeded)
@@ -772,50 +787,58 @@ def export_model(self, job_id: str, fmt: str) -> str:
     (``service.exports.record_failure``: in words that name no server path, and saying whether
     the stored model file is damaged, which is the server's fault and not the request's)."""
     from zoopick.selection.zoo import ZooError
-    from zoopick.service import exports
 
     jid = uuid.UUID(job_id)
+    cfg = settings()
+    files = storage.open_store(cfg.storage_url)
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
-        model = exports.artefact(session, job, "safetensors") if job is not None else None
+        model = exports.artefact(session, job, "safetensors", files) if job is not None else None
         if model is None or fmt not in exports.FORMATS[1:]:
             return "no model"
-        if exports.artefact(session, job, fmt) is not None:
-            exports.export_settled(model.path, fmt)  # a request sent it again meanwhile
+        marks = exports.anchor(model, cfg.storage_dir)
+        if exports.artefact(session, job, fmt, files) is not None:
+            exports.export_settled(marks, fmt)  # a request sent it again meanwhile
             return "exported"
         row = session.get(ZooModel, job.chosen_model)
         dataset = session.get(Dataset, job.dataset_id) if job.dataset_id else None
         entry = zoo_catalog.to_entry(row) if row is not None else None
         classes = list(dataset.classes or []) if dataset is not None else []
-        weights = model.path
-    folder = exports.export_dir(weights)
+        session.expunge(model)
+        session.expunge(job)
+    folder = exports.export_dir(marks)
     folder.mkdir(parents=True, exist_ok=True)
+    weights = str(marks)
     try:
         try:
             if entry is None:
                 raise ValueError(f"zoo model {job.chosen_model!r} is no longer in the zoo")
             if not classes:
                 raise ValueError("the job's dataset was deleted: its class names are unknown")
+            # the trainer's file on this machine: in place, or a copy of the store's object
+            local = exports.local_file(files, model)
+            if local is None:
+                local = files.get_to_file(model.path, folder / exports.STORED_NAME["safetensors"])
+            weights = str(local)
             out = _export(entry, weights, classes, fmt, folder)
         except ZooError as exc:  # the trainer's file cannot be read: the server's fault
             log.exception(
                 "export of job %s as %s: its model file %s is damaged", job_id, fmt, weights
             )
-            exports.record_failure(weights, fmt, exports.MODEL_FILE_DAMAGED, _unreadable(exc))
+            exports.record_failure(marks, fmt, exports.MODEL_FILE_DAMAGED, _unreadable(exc))
             return "failed"
         except Exception as exc:  # noqa: BLE001 - the reason is the API's answer to the user
             log.exception("export of job %s as %s failed", job_id, fmt)
             # the log keeps the text as it is; the tenant's copy names no server path
-            exports.record_failure(
-                weights, fmt, exports.EXPORT_FAILED, f"{type(exc).__name__}: {exc}"
-            )
+            text = f"{type(exc).__name__}: {exc}".replace(weights, str(marks))
+            exports.record_failure(marks, fmt, exports.EXPORT_FAILED, text)
             return "failed"
-        digest, size = training_runner.file_digest(out)
+        kept = exports.keep(files, job, fmt, out)
         with session_scope(factory()) as session:
-            pipeline.add_artefact(session, jid, exports.KIND[fmt], str(out), digest, size)
+            pipeline.add_artefact(session, jid, exports.KIND[fmt], kept.key, kept.sha256, kept.size)
         return "exported"
     finally:
-        exports.export_settled(weights, fmt)  # after the outcome is where the API reads it
+        exports.export_settled(marks, fmt)  # after the outcome is where the API reads it
 
 
 def _unreadable(exc: BaseException) -> str:

@@ -4,7 +4,9 @@ download the fine-tuned model. A thin adapter over the service core's use cases
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -34,10 +36,11 @@ from zoopick.app.api.schemas import (
     pattern_of,
 )
 from zoopick.app.problems import Problem, responses
-from zoopick.service import exports, jobs, pipeline, progress, race, run_log
+from zoopick.service import exports, jobs, pipeline, progress, race, run_log, storage
 from zoopick.service.db.models import TERMINAL, Artefact, Job, JobStatus
 from zoopick.service.settings import Settings
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 ERRORS = responses(400, 404, 409, 422)
@@ -306,25 +309,36 @@ def download_model(
         raise Problem(
             409, f"job is {job.status}; the model exists once it succeeded", kind="model-not-ready"
         )
-    art = exports.artefact(session, job, "safetensors")
-    if art is None:
-        raise Problem(404, "the model file of this job is missing", kind="no-model")
-    if format != "safetensors":
-        export = exports.state(session, job, art, format)
-        if export.error and retry and exports.forget_failure(art, format):
-            export = exports.ExportState()
-        if export.error:
-            raise export_failure(format, export)
-        if export.ready is None:
-            return _exporting(job, art, format, request)
-        art = export.ready
-    return FileResponse(
-        art.path,
-        media_type=exports.MEDIA_TYPE[format],
-        filename=f"{job.chosen_model or 'model'}-{job.id}{exports.SUFFIX[format]}",
-        headers={"Digest": f"sha-256={art.digest}", "ETag": f'"{art.digest}"'},
-        stat_result=_intact(art),
-    )
+    settings: Settings = request.app.state.settings
+    store = storage.open_store(settings.storage_url)
+    try:
+        art = exports.artefact(session, job, "safetensors", store)
+        if art is None:
+            raise Problem(404, "the model file of this job is missing", kind="no-model")
+        if format != "safetensors":
+            marks = exports.anchor(art, settings.storage_dir)
+            export = exports.state(session, job, art, format, store, settings.storage_dir)
+            if export.error and retry and exports.forget_failure(marks, format):
+                export = exports.ExportState()
+            if export.error:
+                raise export_failure(format, export)
+            if export.ready is None:
+                return _exporting(job, marks, format, request)
+            art = export.ready
+        filename = f"{job.chosen_model or 'model'}-{job.id}{exports.SUFFIX[format]}"
+        headers = {"Digest": f"sha-256={art.digest}", "ETag": f'"{art.digest}"'}
+        local = exports.local_file(store, art)
+        if local is not None:
+            return FileResponse(
+                local,
+                media_type=exports.MEDIA_TYPE[format],
+                filename=filename,
+                headers=headers,
+                stat_result=_intact(art, local),
+            )
+        return _streamed(store, art, request, exports.MEDIA_TYPE[format], filename, headers)
+    except storage.StoreUnavailable as exc:
+        raise _store_down(exc, settings) from None
 
 
 def export_failure(fmt: str, export: exports.ExportState) -> Problem:
@@ -343,17 +357,55 @@ def export_failure(fmt: str, export: exports.ExportState) -> Problem:
     )
 
 
-def _exporting(job: Job, art: Artefact, fmt: str, request: Request) -> JSONResponse:
+def _streamed(
+    store: storage.Store,
+    art: Artefact,
+    request: Request,
+    media_type: str,
+    filename: str,
+    headers: dict[str, str],
+) -> Response:
+    """``art``'s object from a remote store, streamed through (``HEAD``: its headers only),
+    after its size is checked against the recorded one (see ``exports.stored_size``)."""
+    try:
+        size = exports.stored_size(store, art)
+    except FileNotFoundError:
+        raise Problem(404, "the model file of this job is missing", kind="no-model") from None
+    except exports.DamagedFile:
+        raise _damaged() from None
+    headers = {
+        **headers,
+        "Content-Length": str(size),
+        "Content-Disposition": f'attachment; filename="{filename}"',
+    }
+    if request.method == "HEAD":
+        return Response(media_type=media_type, headers=headers)
+    return StreamingResponse(store.get(art.path), media_type=media_type, headers=headers)
+
+
+def _store_down(exc: storage.StoreUnavailable, settings: Settings) -> Problem:
+    """503 for a store that is down or refuses: the server's trouble, for a while; the log
+    names the store and why, the tenant reads neither."""
+    log.error("%s", exc)
+    return Problem(
+        503,
+        "the server's file store is unavailable for now; ask again later",
+        kind="store-unavailable",
+        headers={"Retry-After": str(settings.retry_after_seconds)},
+    )
+
+
+def _exporting(job: Job, marks: Path, fmt: str, request: Request) -> JSONResponse:
     """202 while ``fmt``'s export is made (this request sends it unless one is in the
     making). ``Location`` is this URL without ``retry``: a client that follows it polls the
     export this request started, where keeping ``retry=true`` made it start the export again
     on every poll once it failed, and never see the failure."""
     state = request.app.state
-    if exports.claim_export(art, fmt):  # else one is in the making
+    if exports.claim_export(marks, fmt):  # else one is in the making
         try:
             state.dispatcher.export_model(str(job.id), fmt)
         except BaseException:
-            exports.export_settled(art.path, fmt)  # not sent: the next one sends
+            exports.export_settled(marks, fmt)  # not sent: the next one sends
             raise
     return JSONResponse(
         {"status": "exporting", "format": fmt},
@@ -365,22 +417,26 @@ def _exporting(job: Job, art: Artefact, fmt: str, request: Request) -> JSONRespo
     )
 
 
-def _intact(art: Artefact) -> os.stat_result:
+def _intact(art: Artefact, path: Path) -> os.stat_result:
     """The stat of the file about to be sent, checked against its recorded size (see
     ``exports.served_stat``)."""
     try:
-        return exports.served_stat(art)
+        return exports.served_stat(art, path)
     except FileNotFoundError:
         raise Problem(404, "the model file of this job is missing", kind="no-model") from None
     except exports.DamagedFile:
-        raise Problem(
-            500,
-            "the model file stored on the server for this job is damaged: its size is not "
-            "the one recorded when it was made, so it is not sent (it would not match its "
-            "digest). This is the server's fault, not the request's; report it to the "
-            "service's operators",
-            kind=exports.MODEL_FILE_DAMAGED,
-        ) from None
+        raise _damaged() from None
+
+
+def _damaged() -> Problem:
+    return Problem(
+        500,
+        "the model file stored on the server for this job is damaged: its size is not "
+        "the one recorded when it was made, so it is not sent (it would not match its "
+        "digest). This is the server's fault, not the request's; report it to the "
+        "service's operators",
+        kind=exports.MODEL_FILE_DAMAGED,
+    )
 
 
 router.add_api_route(

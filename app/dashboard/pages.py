@@ -370,7 +370,7 @@ def job_model(request: Request, job_id: str, session: SessionDep) -> Response:
     try:
         caller = _session_caller(request, session)
         row = get_owned(session, caller, Job, job_id, "job")
-        return jobs_api.download_model(row, session)
+        return jobs_api.download_model(row, session, request)
     except Problem as p:
         return error_page(request, p)
 

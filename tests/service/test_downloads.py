@@ -143,3 +143,38 @@ def test_an_export_error_recorded_with_paths_is_shown_without_them(
     assert str(tmp_path) not in resp.text and "storage" not in detail
     assert "cannot read checkpoint the fine-tuned model file" in detail
     assert "HeaderTooLarge" in detail and "retry=true" in detail
+
+
+
+def test_a_model_in_a_store_that_is_down_answers_503_naming_no_store(
+    client, service_app, make_key, tmp_path, monkeypatch
+):
+    """A model kept in an S3 store (issue 40) that cannot be reached: 503 with Retry-After (a
+    problem clients retry on), naming neither the bucket nor the endpoint (the server's log
+    does), rather than a 500 or a hang."""
+    from tests.service.procs import free_port
+    from zoopick.service import pipeline
+    from zoopick.service.db.models import Job
+    from zoopick.service.db.session import session_scope
+    from zoopick.service.exports import store_key
+
+    tenant = make_key(f"down-{uuid.uuid4().hex[:6]}")
+    job = _finished_job(service_app, tenant.token, tmp_path / "run", b"w" * 64)
+    with session_scope(service_app.state.sessionmaker) as session:
+        row = session.get(Job, uuid.UUID(job))
+        key = store_key(row.tenant_id, row.id, "model.safetensors")
+        pipeline.add_artefact(session, row.id, "model", key, "0" * 64, 64)
+    port = free_port()  # nothing listens there: a store that is down
+    for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_MAX_ATTEMPTS": "1",
+                        "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                        "AWS_REGION": "us-east-1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    bucket = f"down-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setattr(service_app.state.settings, "storage_url", f"s3://{bucket}/models")
+    for method in ("GET", "HEAD"):
+        resp = client.request(method, f"{API}/jobs/{job}/model", headers=tenant.headers)
+        assert resp.status_code == 503, (method, resp.status_code, resp.text)
+        assert int(resp.headers["Retry-After"]) > 0
+    problem = client.get(f"{API}/jobs/{job}/model", headers=tenant.headers).json()
+    assert problem["type"].endswith(":store-unavailable") and "later" in problem["detail"]
+    assert bucket not in problem["detail"] and str(port) not in problem["detail"]

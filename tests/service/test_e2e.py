@@ -32,7 +32,9 @@ METRICS = ["sms", "isms", "logme"]
 
 
 @pytest.fixture(scope="module")
-def stack(new_pg_database, redis_url, tmp_path_factory):
+def stack(new_pg_database, redis_url, tmp_path_factory, s3_server):
+    """The API and a cpu worker (a gpu worker on first need) on PostgreSQL and Redis, keeping
+    the fine-tuned models in an S3 store (SeaweedFS: the AWS variables reach each process)."""
     pytest.importorskip("zoopick.selection.extract", reason="selection engine")
     from zoopick.service.db import migrate
     from zoopick.service.settings import Settings
@@ -44,7 +46,9 @@ def stack(new_pg_database, redis_url, tmp_path_factory):
         database_url=new_pg_database(),
         broker_url=url,
         redis_key_prefix=prefix + "e2e:",
+        storage_url=s3_server.url(f"e2e-{uuid.uuid4().hex[:8]}"),
     )
+    extra = s3_server.env
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
     factory = make_sessionmaker(engine)
@@ -54,9 +58,9 @@ def stack(new_pg_database, redis_url, tmp_path_factory):
 
     procs = []
     try:
-        api, base = start_api(settings, data)
+        api, base = start_api(settings, data, extra)
         procs.append(api)
-        cpu = start_worker(settings, "cpu", data)
+        cpu = start_worker(settings, "cpu", data, extra)
         procs.append(cpu)
         client = httpx.Client(
             base_url=base + API, headers={"Authorization": f"Bearer {user}"}, timeout=30
@@ -82,6 +86,8 @@ def stack(new_pg_database, redis_url, tmp_path_factory):
             "procs": procs,
             "dir": data,
             "admin": admin,
+            "extra": extra,
+            "s3": s3_server,
         }
     finally:
         for p in procs:
@@ -92,7 +98,7 @@ def stack(new_pg_database, redis_url, tmp_path_factory):
 def gpu_worker(stack):
     """The gpu worker, started on first need (the queued-cancel test needs it absent)."""
     if "gpu" not in stack:
-        stack["gpu"] = start_worker(stack["settings"], "gpu", stack["dir"])
+        stack["gpu"] = start_worker(stack["settings"], "gpu", stack["dir"], stack["extra"])
         stack["procs"].append(stack["gpu"])
     return stack["gpu"]
 
@@ -280,7 +286,48 @@ def test_job_with_finetuning_stores_curve_and_model(stack, tmp_path):
     from safetensors.torch import load as load_safetensors
 
     assert load_safetensors(model.content)
+    _the_model_is_served_from_the_store(stack, jid, model)
     _the_cli_downloads_the_log(stack, jid, tmp_path)
+
+
+def _the_model_is_served_from_the_store(stack, jid: str, model: httpx.Response) -> None:
+    """The worker put the model in the S3 store under its tenant's prefix; the API streams it
+    from there with its SHA-256 (ETag, Digest), answers HEAD without a body, and another
+    tenant gets a 404 for it."""
+    import hashlib
+    from unittest import mock
+
+    from zoopick.service.storage import S3Store
+
+    digest = hashlib.sha256(model.content).hexdigest()
+    assert model.headers["ETag"] == f'"{digest}"' and model.headers["Digest"] == f"sha-256={digest}"
+    assert model.headers["Content-Length"] == str(len(model.content))
+    assert "attachment" in model.headers["Content-Disposition"]
+    with stack["factory"]() as session:
+        tenant = session.scalar(select(Tenant.id).where(Tenant.name == "e2e"))
+    key = f"tenants/{tenant}/jobs/{jid}/model.safetensors"
+    with mock.patch.dict(os.environ, stack["extra"]):  # read the store as the workers do
+        store = S3Store(stack["settings"].storage_url)
+    assert store.size(key) == len(model.content)
+    assert f"tenants/{tenant}/jobs/{jid}/model.json" in store.list(f"tenants/{tenant}/jobs/{jid}")
+    head = stack["client"].head(f"/jobs/{jid}/model")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["ETag"] == model.headers["ETag"]
+    with stack["factory"].begin() as session:
+        _, other = create_api_key(session, tenant=f"other-{jid[:8]}", name="other")
+    theirs = stack["client"].get(f"/jobs/{jid}/model", headers={"Authorization": f"Bearer {other}"})
+    assert theirs.status_code == 404, theirs.text
+    # the ONNX export: made by a worker from the store's model, kept in the store, streamed
+    onnx = poll(
+        lambda: stack["client"].get(f"/jobs/{jid}/model", params={"format": "onnx"}),
+        lambda r: r.status_code != 202,
+        timeout=120,
+        interval=0.5,
+        what="the ONNX export",
+    )
+    assert onnx.status_code == 200, onnx.text
+    assert onnx.headers["ETag"] == f'"{hashlib.sha256(onnx.content).hexdigest()}"'
+    assert store.size(f"tenants/{tenant}/jobs/{jid}/model.onnx") == len(onnx.content)
 
 
 def _digits_npz() -> bytes:

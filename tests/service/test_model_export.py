@@ -266,15 +266,15 @@ def test_one_request_of_many_sends_the_export_and_a_stale_claim_is_taken_over(tm
 
     model = Artefact(path=str(tmp_path / "run" / "model.safetensors"))
     with ThreadPoolExecutor(8) as pool:
-        claims = list(pool.map(lambda _: exports.claim_export(model, "onnx"), range(32)))
+        claims = list(pool.map(lambda _: exports.claim_export(model.path, "onnx"), range(32)))
     assert claims.count(True) == 1
-    assert exports.claim_export(model, "timm")  # another format: its own marker
+    assert exports.claim_export(model.path, "timm")  # another format: its own marker
     marker = exports.pending_file(model.path, "onnx")
     old = marker.stat().st_mtime - exports.PENDING_SECONDS - 1
     os.utime(marker, (old, old))
-    assert exports.claim_export(model, "onnx") and not exports.claim_export(model, "onnx")
+    assert exports.claim_export(model.path, "onnx") and not exports.claim_export(model.path, "onnx")
     exports.export_settled(model.path, "onnx")
-    assert exports.claim_export(model, "onnx")
+    assert exports.claim_export(model.path, "onnx")
 
 
 def test_a_damaged_model_file_fails_its_export_as_the_servers_fault_and_retry_is_not_followed(
