@@ -208,15 +208,17 @@ def _check_size(art: Artefact, size: int) -> None:
 
 
 def keep(store: storage.Store, job: Job, fmt: str, path: Path) -> storage.Stored:
-    """The file at ``path`` (the trainer's, or an export just made) put into the store as
+    """The file at ``path`` (the trainer's, or an export just made) moved into the store as
     ``job``'s ``fmt`` file, under its tenant's prefix: recorded by the caller with the key,
-    size and SHA-256 returned. For the trainer's weights, its recipe (``model.json``) beside
-    it goes too, where MLflow's record of the run reads it."""
+    size and SHA-256 returned. The worker's copy is removed once stored (a model is not kept
+    twice; a local store links it into place). For the trainer's weights, its recipe
+    (``model.json``) goes beside it, where MLflow's record of the run reads it (copied: the
+    run's record reads it from the run folder too)."""
     if fmt == "safetensors":
         recipe = path.with_name("model.json")
         if recipe.is_file():
             store.put_file(store_key(job.tenant_id, job.id, recipe.name), recipe)
-    return store.put_file(store_key(job.tenant_id, job.id, STORED_NAME[fmt]), path)
+    return store.put_file(store_key(job.tenant_id, job.id, STORED_NAME[fmt]), path, move=True)
 
 
 def forget_failure(model_path: str | Path, fmt: str) -> bool:

@@ -141,10 +141,16 @@ class Store(ABC):
         """Store ``source`` (a binary file or an iterable of byte chunks) under ``key``,
         replacing what was there once complete. :class:`TooLarge` past ``max_bytes``."""
 
-    def put_file(self, key: str, path: str | Path, *, max_bytes: int | None = None) -> Stored:
-        """Store the file at ``path`` under ``key``."""
+    def put_file(
+        self, key: str, path: str | Path, *, max_bytes: int | None = None, move: bool = False
+    ) -> Stored:
+        """Store the file at ``path`` under ``key``; ``move``: the caller gives the file up,
+        and it is removed once stored (a worker's scratch copy: no model kept twice)."""
         with open(path, "rb") as f:
-            return self.put(key, f, max_bytes=max_bytes)
+            stored = self.put(key, f, max_bytes=max_bytes)
+        if move:
+            Path(path).unlink(missing_ok=True)
+        return stored
 
     @abstractmethod
     def get(self, key: str) -> Iterator[bytes]:
@@ -238,6 +244,35 @@ class LocalStore(Store):
             yield
         except OSError as exc:
             raise self._unavailable(exc) from exc
+
+    def put_file(
+        self, key: str, path: str | Path, *, max_bytes: int | None = None, move: bool = False
+    ) -> Stored:
+        """As :meth:`Store.put_file`; a file given up (``move``) on the store's file system is
+        linked into place rather than copied (a model of gigabytes costs no copy), and only
+        read for its digest."""
+        if not move or max_bytes is not None:
+            return super().put_file(key, path, max_bytes=max_bytes, move=move)
+        dest = self._path(key)
+        partial = self.root / ".partial" / uuid.uuid4().hex
+        try:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, partial)
+        except OSError:  # another file system, or links refused: copied instead
+            return super().put_file(key, path, move=True)
+        try:
+            with open(partial, "rb") as f:
+                stored = _Counted(key, f, None)
+                for _ in stored:
+                    pass
+            with self._writing():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(partial, dest)
+        finally:
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+        Path(path).unlink(missing_ok=True)
+        return stored.stored()
 
     def get(self, key: str) -> Iterator[bytes]:
         path = self._path(key)

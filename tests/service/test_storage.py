@@ -61,6 +61,22 @@ def test_round_trip_counts_size_and_sha256(store: Store) -> None:
     store.delete("tenants/a/model.bin")  # deleting what is gone is no error
 
 
+def test_a_file_given_up_is_moved_in_and_a_kept_one_copied(store: Store, tmp_path) -> None:
+    """``put_file(move=True)``: a worker's model is not kept twice (a local store links it
+    into place); without it the file stays."""
+    data = os.urandom(300_000)
+    for move in (True, False):
+        path = tmp_path / f"model-{move}.safetensors"
+        path.write_bytes(data)
+        stored = store.put_file(f"tenants/a/m-{move}", path, move=move)
+        assert stored.sha256 == hashlib.sha256(data).hexdigest() and stored.size == len(data)
+        assert path.exists() is not move
+        assert b"".join(store.get(f"tenants/a/m-{move}")) == data
+    if isinstance(store, LocalStore):  # linked, not copied: one file, and nothing left over
+        assert (store.root / "tenants/a/m-True").stat().st_nlink == 1
+        assert not any((store.root / ".partial").iterdir())
+
+
 def test_size_limit_refused_mid_stream_leaves_nothing(store: Store) -> None:
     read = []
 
