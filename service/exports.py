@@ -72,7 +72,12 @@ def anchor(art: Artefact, storage_dir: Path) -> Path:
     that machines without a shared folder see them too)."""
     if not in_store(art):
         return Path(art.path)
-    return storage_dir / "jobs" / str(art.job_id) / "train" / STORED_NAME["safetensors"]
+    return job_anchor(storage_dir, art.job_id)
+
+
+def job_anchor(storage_dir: Path, job_id: object) -> Path:
+    """:func:`anchor` of a job's model kept in the store."""
+    return storage_dir / "jobs" / str(job_id) / "train" / STORED_NAME["safetensors"]
 
 
 def local_file(store: storage.Store, art: Artefact) -> Path | None:

@@ -24,16 +24,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import logging
 import os
 import re
 import stat
+import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 from urllib.parse import unquote, urlparse
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CHUNK = 1024 * 1024
 """Bytes read at a time from a file or a stored object."""
@@ -472,6 +477,28 @@ class S3Store(Store):
         return sorted(keys)
 
 
+RETRY_WAITS = (2.0, 5.0, 15.0)
+"""Seconds a worker waits before each new try of a store that was unavailable (on top of
+the client's own quick retries): a store restarting or failing over is back within them."""
+
+
+def retrying(
+    action: Callable[[], T],
+    waits: Iterable[float] = RETRY_WAITS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``action()``, tried again after each of ``waits`` while it raises
+    :class:`StoreUnavailable`; the last one's error is raised (for the caller to fail its work
+    naming the store). For a worker's writes: a request answers 503 at once instead."""
+    for wait in waits:
+        try:
+            return action()
+        except StoreUnavailable as exc:
+            log.warning("%s; trying again in %.0f s", exc, wait)
+            sleep(wait)
+    return action()
+
+
 @functools.lru_cache(maxsize=16)
 def open_store(url: str) -> Store:
     """The store ``url`` names (``Settings.storage_url``: ``file:///...`` or ``s3://...``),
@@ -493,5 +520,6 @@ __all__ = [
     "TooLarge",
     "check_key",
     "open_store",
+    "retrying",
     "tenant_key",
 ]

@@ -563,8 +563,9 @@ def finetune(self, job_id: str) -> str:
             pipeline.finish_run(session, jid, "failed", "no model file written")
             pipeline.fail(session, jid, f"training finished without writing {weights.name}")
             return "failed"
+        files = storage.open_store(cfg.storage_url)
         try:  # the model is kept in the store: what the API serves, wherever it runs
-            kept = exports.keep(storage.open_store(cfg.storage_url), job, "safetensors", weights)
+            kept = storage.retrying(lambda: exports.keep(files, job, "safetensors", weights))
         except storage.StoreUnavailable as exc:
             log.error("job %s: %s", jid, exc)
             pipeline.finish_run(session, jid, "failed", str(exc))
@@ -782,30 +783,37 @@ def log_mlflow(self, job_id: str) -> str:
 
 @shared_task(name=EXPORT_MODEL, bind=True)
 def export_model(self, job_id: str, fmt: str) -> str:
-    """The job's fine-tuned model as ``fmt`` (``timm`` or ``onnx``), stored beside it and
-    recorded as an artefact; a failure is written where the API reads it
-    (``service.exports.record_failure``: in words that name no server path, and saying whether
-    the stored model file is damaged, which is the server's fault and not the request's)."""
+    """The job's fine-tuned model as ``fmt`` (``timm`` or ``onnx``), made from the store's
+    model, kept in the store beside it and recorded as an artefact; a failure is written where
+    the API reads it (``service.exports.record_failure``: in words that name no server path,
+    and saying whether the stored model file is damaged, which is the server's fault and not
+    the request's). A store still unavailable after :func:`storage.retrying` records no
+    failure: the export is settled and the client's next request sends it again."""
     from zoopick.selection.zoo import ZooError
 
     jid = uuid.UUID(job_id)
     cfg = settings()
     files = storage.open_store(cfg.storage_url)
-    with session_scope(factory()) as session:
-        job = session.get(Job, jid)
-        model = exports.artefact(session, job, "safetensors", files) if job is not None else None
-        if model is None or fmt not in exports.FORMATS[1:]:
-            return "no model"
-        marks = exports.anchor(model, cfg.storage_dir)
-        if exports.artefact(session, job, fmt, files) is not None:
-            exports.export_settled(marks, fmt)  # a request sent it again meanwhile
-            return "exported"
-        row = session.get(ZooModel, job.chosen_model)
-        dataset = session.get(Dataset, job.dataset_id) if job.dataset_id else None
-        entry = zoo_catalog.to_entry(row) if row is not None else None
-        classes = list(dataset.classes or []) if dataset is not None else []
-        session.expunge(model)
-        session.expunge(job)
+    try:
+        with session_scope(factory()) as session:
+            job = session.get(Job, jid)
+            model = exports.artefact(session, job, "safetensors", files) if job else None
+            if model is None or fmt not in exports.FORMATS[1:]:
+                return "no model"
+            marks = exports.anchor(model, cfg.storage_dir)
+            if exports.artefact(session, job, fmt, files) is not None:
+                exports.export_settled(marks, fmt)  # a request sent it again meanwhile
+                return "exported"
+            row = session.get(ZooModel, job.chosen_model)
+            dataset = session.get(Dataset, job.dataset_id) if job.dataset_id else None
+            entry = zoo_catalog.to_entry(row) if row is not None else None
+            classes = list(dataset.classes or []) if dataset is not None else []
+            session.expunge(model)
+            session.expunge(job)
+    except storage.StoreUnavailable as exc:  # no failure recorded: the next request resends
+        log.error("export of job %s as %s: %s", job_id, fmt, exc)
+        exports.export_settled(exports.job_anchor(cfg.storage_dir, jid), fmt)
+        return "store unavailable"
     folder = exports.export_dir(marks)
     folder.mkdir(parents=True, exist_ok=True)
     weights = str(marks)
@@ -818,9 +826,13 @@ def export_model(self, job_id: str, fmt: str) -> str:
             # the trainer's file on this machine: in place, or a copy of the store's object
             local = exports.local_file(files, model)
             if local is None:
-                local = files.get_to_file(model.path, folder / exports.STORED_NAME["safetensors"])
+                copy = folder / exports.STORED_NAME["safetensors"]
+                local = storage.retrying(lambda: files.get_to_file(model.path, copy))
             weights = str(local)
             out = _export(entry, weights, classes, fmt, folder)
+        except storage.StoreUnavailable as exc:  # the server's trouble for a while: no
+            log.error("export of job %s as %s: %s", job_id, fmt, exc)  # failure recorded
+            return "store unavailable"
         except ZooError as exc:  # the trainer's file cannot be read: the server's fault
             log.exception(
                 "export of job %s as %s: its model file %s is damaged", job_id, fmt, weights
@@ -833,7 +845,11 @@ def export_model(self, job_id: str, fmt: str) -> str:
             text = f"{type(exc).__name__}: {exc}".replace(weights, str(marks))
             exports.record_failure(marks, fmt, exports.EXPORT_FAILED, text)
             return "failed"
-        kept = exports.keep(files, job, fmt, out)
+        try:
+            kept = storage.retrying(lambda: exports.keep(files, job, fmt, out))
+        except storage.StoreUnavailable as exc:  # the next request sends it again
+            log.error("export of job %s as %s: %s", job_id, fmt, exc)
+            return "store unavailable"
         with session_scope(factory()) as session:
             pipeline.add_artefact(session, jid, exports.KIND[fmt], kept.key, kept.sha256, kept.size)
         return "exported"

@@ -23,6 +23,7 @@ from zoopick.service.storage import (
     StoreUnavailable,
     TooLarge,
     open_store,
+    retrying,
     tenant_key,
 )
 
@@ -149,3 +150,25 @@ def test_an_unreachable_store_is_a_clear_error(store: Store, tmp_path, monkeypat
         down.put("tenants/a/m", [b"x"])
     assert "secret" not in str(err.value)
     assert time.monotonic() - began < 15
+
+
+def test_a_worker_tries_an_unavailable_store_again_then_names_it(tmp_path) -> None:
+    """``retrying``: a store back within the waits takes the write; one still down after them
+    raises the error naming it (the worker then fails its work saying so)."""
+    blocker = tmp_path / "mount"
+    blocker.write_text("a file where the store's folder should be")
+    store = LocalStore(blocker / "store")
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 2:
+            blocker.unlink()  # the store is back
+
+    stored = retrying(lambda: store.put("tenants/a/m", [b"x"]), waits=(1, 2, 3), sleep=sleep)
+    assert waits == [1, 2] and stored.size == 1 and store.exists("tenants/a/m")
+    down = LocalStore(tmp_path / "mount" / "store" / "tenants" / "a" / "m" / "x")
+    waits.clear()
+    with pytest.raises(StoreUnavailable, match="the store .* is unavailable"):
+        retrying(lambda: down.put("tenants/b/m", [b"x"]), waits=(1, 2), sleep=waits.append)
+    assert waits == [1, 2]
