@@ -66,10 +66,9 @@ def in_store(art: Artefact) -> bool:
 
 
 def anchor(art: Artefact, storage_dir: Path) -> Path:
-    """The local path the export markers (``.pending``, ``.error``) of ``art``'s model hang
-    off: the file itself for a model made before the store, else the job's run folder in this
-    machine's storage folder, where they were before (issue 40: to the database next, so
-    that machines without a shared folder see them too)."""
+    """The local path a worker makes ``art``'s exports beside (in :func:`export_dir`): the
+    file itself for a model made before the store, else the job's run folder in this
+    machine's storage folder."""
     if not in_store(art):
         return Path(art.path)
     return job_anchor(storage_dir, art.job_id)
@@ -157,6 +156,10 @@ def _failure(model_path: Path, fmt: str) -> ExportState | None:
         text = error_file(model_path, fmt).read_text(errors="replace")
     except FileNotFoundError:
         return None
+    return _parsed_failure(text, model_path)
+
+
+def _parsed_failure(text: str, model_path: str | Path) -> ExportState:
     try:
         record = json.loads(text)
         kind, detail = str(record["kind"]), str(record["detail"])
@@ -168,13 +171,13 @@ def _failure(model_path: Path, fmt: str) -> ExportState | None:
 
 
 def state(
-    session: Session, job: Job, model: Artefact, fmt: str, store: storage.Store, storage_dir: Path
+    session: Session, job: Job, model: Artefact, fmt: str, store: storage.Store
 ) -> ExportState:
     """Whether ``fmt`` of ``job``'s ``model`` is ready, failed (why), or neither yet."""
     art = artefact(session, job, fmt, store)
     if art is not None:
         return ExportState(ready=art)
-    return _failure(anchor(model, storage_dir), fmt) or ExportState()
+    return Markers.of(store, model).failure(fmt) or ExportState()
 
 
 class DamagedFile(Exception):
@@ -268,3 +271,78 @@ def claim_export(model_path: str | Path, fmt: str) -> bool:
 def export_settled(model_path: str | Path, fmt: str) -> None:
     """The export task ended (made, failed or given up): requests may send it again."""
     pending_file(model_path, fmt).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Markers:
+    """Where the progress markers of a model's exports live (``<fmt>.pending`` while one is
+    in the making, ``<fmt>.error`` once one failed), so that the API and the workers see the
+    same ones wherever they run: in the store beside a model kept there
+    (``tenants/<tenant>/jobs/<job>/export/``), as files beside a model made before the store
+    (the functions above). Built with :meth:`of`; its methods may raise
+    ``StoreUnavailable``."""
+
+    store: storage.Store | None
+    """None: a model made before the store, whose markers are files beside it."""
+    where: str
+    """The folder key in the store, or the model file's path."""
+
+    @classmethod
+    def of(cls, store: storage.Store, model: Artefact) -> Markers:
+        if in_store(model):
+            return cls(store, model.path.rsplit("/", 1)[0] + "/export")
+        return cls(None, model.path)
+
+    def _key(self, fmt: str, what: str) -> str:
+        return f"{self.where}/{fmt}.{what}"
+
+    def claim(self, fmt: str) -> bool:
+        """:func:`claim_export`: whether this request is the one to send ``fmt``'s export
+        (a conditional create in the store: one of racing requests, on any machine, wins)."""
+        if self.store is None:
+            return claim_export(self.where, fmt)
+        key = self._key(fmt, "pending")
+        if self.store.create(key, b""):
+            return True
+        made = self.store.modified(key)
+        if made is None:  # settled just now: the next request sees its outcome
+            return False
+        if time.time() - made <= PENDING_SECONDS:
+            return False
+        self.store.delete(key)  # taken over (two takers at once send it twice: harmless)
+        return self.store.create(key, b"")
+
+    def settle(self, fmt: str) -> None:
+        """:func:`export_settled`."""
+        if self.store is None:
+            export_settled(self.where, fmt)
+        else:
+            self.store.delete(self._key(fmt, "pending"))
+
+    def record_failure(self, fmt: str, kind: str, detail: str, model_path: str | Path) -> None:
+        """:func:`record_failure`, the detail cleaned of ``model_path`` (the file the worker
+        read) and of every other server path."""
+        if self.store is None:
+            record_failure(self.where, fmt, kind, detail)
+            return
+        record = {"kind": kind, "detail": public_text(detail, model_path)}
+        self.store.put(self._key(fmt, "error"), [json.dumps(record).encode()])
+
+    def failure(self, fmt: str) -> ExportState | None:
+        """The recorded failure of ``fmt``'s export, if any."""
+        if self.store is None:
+            return _failure(Path(self.where), fmt)
+        try:
+            text = b"".join(self.store.get(self._key(fmt, "error"))).decode(errors="replace")
+        except storage.ObjectMissing:
+            return None
+        return _parsed_failure(text, MODEL_FILE)
+
+    def forget(self, fmt: str) -> bool:
+        """:func:`forget_failure`."""
+        if self.store is None:
+            return forget_failure(self.where, fmt)
+        if not self.store.exists(self._key(fmt, "error")):
+            return False
+        self.store.delete(self._key(fmt, "error"))
+        return True

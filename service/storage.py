@@ -170,6 +170,15 @@ class Store(ABC):
         return self.size(key) is not None
 
     @abstractmethod
+    def create(self, key: str, data: bytes) -> bool:
+        """Store a small object under ``key`` only if there is none: whether this call made
+        it (of callers racing, on any machine, one wins). For markers, not for large files."""
+
+    @abstractmethod
+    def modified(self, key: str) -> float | None:
+        """When the object was last written (POSIX time), or None where there is none."""
+
+    @abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object if there is one."""
 
@@ -307,6 +316,26 @@ class LocalStore(Store):
     def delete(self, key: str) -> None:
         try:
             self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise self._unavailable(exc) from exc
+
+    def create(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        with self._writing():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        return True
+
+    def modified(self, key: str) -> float | None:
+        try:
+            return self._path(key).stat().st_mtime
+        except (FileNotFoundError, NotADirectoryError):
+            return None
         except OSError as exc:
             raise self._unavailable(exc) from exc
 
@@ -456,6 +485,35 @@ class S3Store(Store):
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
         except (ClientError, BotoCoreError) as exc:
             raise self._fail(exc) from exc
+
+    def create(self, key: str, data: bytes) -> bool:
+        """A conditional PUT (``If-None-Match: *``: AWS S3, MinIO, SeaweedFS)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
+            )
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise self._fail(exc) from exc
+        except BotoCoreError as exc:
+            raise self._fail(exc) from exc
+        return True
+
+    def modified(self, key: str) -> float | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except (ClientError, BotoCoreError) as exc:
+            error = self._fail(exc, key)
+            if isinstance(error, ObjectMissing):
+                return None
+            raise error from exc
+        return head["LastModified"].timestamp()
 
     def list(self, prefix: str) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError

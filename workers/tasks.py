@@ -9,6 +9,7 @@ tasks, never at import time: prefork children must not inherit CUDA state.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -800,9 +801,9 @@ def export_model(self, job_id: str, fmt: str) -> str:
             model = exports.artefact(session, job, "safetensors", files) if job else None
             if model is None or fmt not in exports.FORMATS[1:]:
                 return "no model"
-            marks = exports.anchor(model, cfg.storage_dir)
+            marks = exports.Markers.of(files, model)
             if exports.artefact(session, job, fmt, files) is not None:
-                exports.export_settled(marks, fmt)  # a request sent it again meanwhile
+                marks.settle(fmt)  # a request sent it again meanwhile
                 return "exported"
             row = session.get(ZooModel, job.chosen_model)
             dataset = session.get(Dataset, job.dataset_id) if job.dataset_id else None
@@ -810,13 +811,13 @@ def export_model(self, job_id: str, fmt: str) -> str:
             classes = list(dataset.classes or []) if dataset is not None else []
             session.expunge(model)
             session.expunge(job)
-    except storage.StoreUnavailable as exc:  # no failure recorded: the next request resends
+    except storage.StoreUnavailable as exc:  # its marker expires (PENDING_SECONDS)
         log.error("export of job %s as %s: %s", job_id, fmt, exc)
-        exports.export_settled(exports.job_anchor(cfg.storage_dir, jid), fmt)
         return "store unavailable"
-    folder = exports.export_dir(marks)
+    scratch = exports.anchor(model, cfg.storage_dir)  # made here, then moved to the store
+    folder = exports.export_dir(scratch)
     folder.mkdir(parents=True, exist_ok=True)
-    weights = str(marks)
+    weights = str(scratch)
     try:
         try:
             if entry is None:
@@ -837,13 +838,13 @@ def export_model(self, job_id: str, fmt: str) -> str:
             log.exception(
                 "export of job %s as %s: its model file %s is damaged", job_id, fmt, weights
             )
-            exports.record_failure(marks, fmt, exports.MODEL_FILE_DAMAGED, _unreadable(exc))
+            marks.record_failure(fmt, exports.MODEL_FILE_DAMAGED, _unreadable(exc), weights)
             return "failed"
         except Exception as exc:  # noqa: BLE001 - the reason is the API's answer to the user
             log.exception("export of job %s as %s failed", job_id, fmt)
             # the log keeps the text as it is; the tenant's copy names no server path
-            text = f"{type(exc).__name__}: {exc}".replace(weights, str(marks))
-            exports.record_failure(marks, fmt, exports.EXPORT_FAILED, text)
+            text = f"{type(exc).__name__}: {exc}".replace(weights, str(scratch))
+            marks.record_failure(fmt, exports.EXPORT_FAILED, text, scratch)
             return "failed"
         try:
             kept = storage.retrying(lambda: exports.keep(files, job, fmt, out))
@@ -853,8 +854,9 @@ def export_model(self, job_id: str, fmt: str) -> str:
         with session_scope(factory()) as session:
             pipeline.add_artefact(session, jid, exports.KIND[fmt], kept.key, kept.sha256, kept.size)
         return "exported"
-    finally:
-        exports.export_settled(marks, fmt)  # after the outcome is where the API reads it
+    finally:  # after the outcome is where the API reads it
+        with contextlib.suppress(storage.StoreUnavailable):  # else it expires
+            marks.settle(fmt)
 
 
 def _unreadable(exc: BaseException) -> str:

@@ -316,9 +316,9 @@ def download_model(
         if art is None:
             raise Problem(404, "the model file of this job is missing", kind="no-model")
         if format != "safetensors":
-            marks = exports.anchor(art, settings.storage_dir)
-            export = exports.state(session, job, art, format, store, settings.storage_dir)
-            if export.error and retry and exports.forget_failure(marks, format):
+            marks = exports.Markers.of(store, art)
+            export = exports.state(session, job, art, format, store)
+            if export.error and retry and marks.forget(format):
                 export = exports.ExportState()
             if export.error:
                 raise export_failure(format, export)
@@ -395,17 +395,17 @@ def _store_down(exc: storage.StoreUnavailable, settings: Settings) -> Problem:
     )
 
 
-def _exporting(job: Job, marks: Path, fmt: str, request: Request) -> JSONResponse:
+def _exporting(job: Job, marks: exports.Markers, fmt: str, request: Request) -> JSONResponse:
     """202 while ``fmt``'s export is made (this request sends it unless one is in the
     making). ``Location`` is this URL without ``retry``: a client that follows it polls the
     export this request started, where keeping ``retry=true`` made it start the export again
     on every poll once it failed, and never see the failure."""
     state = request.app.state
-    if exports.claim_export(marks, fmt):  # else one is in the making
+    if marks.claim(fmt):  # else one is in the making
         try:
             state.dispatcher.export_model(str(job.id), fmt)
         except BaseException:
-            exports.export_settled(marks, fmt)  # not sent: the next one sends
+            marks.settle(fmt)  # not sent: the next one sends
             raise
     return JSONResponse(
         {"status": "exporting", "format": fmt},

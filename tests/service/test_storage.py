@@ -172,3 +172,33 @@ def test_a_worker_tries_an_unavailable_store_again_then_names_it(tmp_path) -> No
     with pytest.raises(StoreUnavailable, match="the store .* is unavailable"):
         retrying(lambda: down.put("tenants/b/m", [b"x"]), waits=(1, 2), sleep=waits.append)
     assert waits == [1, 2]
+
+
+def test_one_of_racing_creators_wins_and_export_markers_live_in_the_store(
+    store: Store, monkeypatch
+) -> None:
+    """``create`` is exclusive (a conditional PUT on S3), so of API processes on several
+    machines one sends an export; its markers (pending, then a failure) are objects beside the
+    model that every machine reads, and a stale claim is taken over."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from zoopick.service import exports
+
+    with ThreadPoolExecutor(6) as pool:
+        won = list(pool.map(lambda _: store.create("tenants/a/flag", b""), range(12)))
+    assert won.count(True) == 1
+    assert abs(store.modified("tenants/a/flag") - time.time()) < 120
+    assert store.modified("tenants/a/none") is None
+
+    marks = exports.Markers(store, "tenants/a/jobs/j/export")
+    assert marks.claim("onnx") and not marks.claim("onnx") and marks.claim("timm")
+    monkeypatch.setattr(exports, "PENDING_SECONDS", -1.0)  # every claim is stale now
+    assert marks.claim("onnx")
+    marks.settle("onnx")
+    assert not store.exists("tenants/a/jobs/j/export/onnx.pending")
+    model = "/srv/run/model.safetensors"
+    marks.record_failure("onnx", exports.EXPORT_FAILED, f"E: {model} /srv/d.npz", model)
+    failed = marks.failure("onnx")
+    assert failed is not None and failed.kind == exports.EXPORT_FAILED
+    assert failed.error == "E: the fine-tuned model file a server file"
+    assert marks.forget("onnx") and not marks.forget("onnx") and marks.failure("onnx") is None
