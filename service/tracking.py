@@ -30,13 +30,16 @@ points. The run ends as FINISHED, FAILED or KILLED (cancelled).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import re
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
@@ -55,6 +58,7 @@ from zoopick.service.db.models import (
 from zoopick.service.db.session import session_scope
 from zoopick.service.db.types import utcnow
 from zoopick.service.settings import Settings, get_settings
+from zoopick.service.storage import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +124,9 @@ class RunRecord:
     metrics: list[Point]
     artifacts: list[tuple[str, str]] = field(default_factory=list)
     """(local file, artifact folder) pairs."""
+    stored: list[tuple[str, str]] = field(default_factory=list)
+    """(store key, artifact folder) pairs: files of a remote store, fetched to a scratch
+    folder for the upload (:func:`fetch_stored`) and added to ``artifacts``."""
     documents: dict[str, Any] = field(default_factory=dict)
     """Artifact path -> JSON document."""
     dataset: DatasetInput | None = None
@@ -208,13 +215,20 @@ def build(session: Session, job: Job, settings: Settings) -> RunRecord:
             if row["model"] == job.chosen_model:
                 points.append(Point(f"chosen/{key_part(metric)}", float(value), stamp))
     artifacts: list[tuple[str, str]] = []
+    stored: list[tuple[str, str]] = []
     if run is not None:
         points += _curve(run, now)
         store = open_store(settings.storage_url)
         for art in session.scalars(select(Artefact).where(Artefact.job_id == job.id)):
-            # a file on this machine: a remote store's objects are not logged yet (issue 40)
             path = local_file(store, art)
-            if path is None or not path.is_file():
+            if path is None:  # a remote store's: fetched when the run is written
+                if art.kind == KIND["safetensors"]:
+                    stored.append((art.path, "model"))
+                    stored.append((f"{art.path.rsplit('/', 1)[0]}/{FINAL_CONFIG}", "model"))
+                elif art.kind == KIND["onnx"]:
+                    stored.append((art.path, "model"))
+                continue
+            if not path.is_file():
                 continue
             if art.kind == KIND["safetensors"]:
                 artifacts.append((str(path), "model"))
@@ -243,6 +257,7 @@ def build(session: Session, job: Job, settings: Settings) -> RunRecord:
         params=params,
         metrics=points,
         artifacts=artifacts,
+        stored=stored,
         documents=documents,
         dataset=_dataset(dataset),
     )
@@ -414,16 +429,42 @@ def attempt(factory: Any, job_id: uuid.UUID, settings: Settings) -> Attempt:
     if record is None:
         return Attempt("skipped")
     logged, error = None, None
-    try:
-        logged = tracking_client.log(record, settings)
-    except Exception as exc:  # noqa: BLE001 - any failure of the server is the job's warning
-        error = tracking_client.describe(exc, settings)
-        log.warning("could not log job %s to MLflow: %s", job_id, error)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="mlflow-", dir=settings.data_dir) as scratch:
+        try:
+            logged = tracking_client.log(fetch_stored(record, settings, Path(scratch)), settings)
+        except StoreUnavailable as exc:  # the log names the store; the job's warning not
+            log.warning("could not log job %s to MLflow: %s", job_id, exc)
+            error = "the server's file store, which holds the model, is unavailable"
+        except Exception as exc:  # noqa: BLE001 - any failure is the job's warning
+            error = tracking_client.describe(exc, settings)
+            log.warning("could not log job %s to MLflow: %s", job_id, error)
     with session_scope(factory) as session:
         retry_in = settle(session, job_id, logged, error, settings)
     if logged is not None:
         return Attempt("logged", logged=logged)
     return Attempt("retry" if retry_in is not None else "failed", error=error, retry_in=retry_in)
+
+
+def fetch_stored(record: RunRecord, settings: Settings, scratch: Path) -> RunRecord:
+    """``record`` with its files kept in a remote store copied into ``scratch`` (this
+    machine's, gone once the run is written) and listed in its ``artifacts`` under their own
+    names; one the store does not hold (a recipe a run did not write) is left out.
+    ``StoreUnavailable``: the try fails, as a server that is down does, and is retried."""
+    from zoopick.service.storage import ObjectMissing, open_store
+
+    if not record.stored:
+        return record
+    store = open_store(settings.storage_url)
+    artifacts = list(record.artifacts)
+    for key, folder in record.stored:
+        dest = scratch / folder / key.rsplit("/", 1)[-1]
+        try:
+            store.get_to_file(key, dest)
+        except ObjectMissing:
+            continue
+        artifacts.append((str(dest), folder))
+    return dataclasses.replace(record, artifacts=artifacts, stored=[])
 
 
 def resend_stale(factory: Any, dispatcher: Any, settings: Settings) -> list[str]:

@@ -9,6 +9,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -202,3 +203,22 @@ def test_one_of_racing_creators_wins_and_export_markers_live_in_the_store(
     assert failed is not None and failed.kind == exports.EXPORT_FAILED
     assert failed.error == "E: the fine-tuned model file a server file"
     assert marks.forget("onnx") and not marks.forget("onnx") and marks.failure("onnx") is None
+
+
+def test_mlflow_gets_a_remote_stores_model_through_a_scratch_copy(store: Store, tmp_path) -> None:
+    """A run whose model is kept in the store: its files are copied to the machine's scratch
+    folder for the MLflow upload (``tracking.fetch_stored``); a recipe the run lacks is left
+    out."""
+    from zoopick.service import tracking
+
+    url = store.name if isinstance(store, S3Store) else store.root.as_uri()
+    settings = Settings(data_dir=tmp_path / "data", storage_url=url)
+    store.put("tenants/a/jobs/j/model.safetensors", [b"weights"])
+    record = tracking.RunRecord(
+        job_id="j", experiment="e", status="FINISHED", start_ms=0, end_ms=0, tags={},
+        params={}, metrics=[], stored=[("tenants/a/jobs/j/model.safetensors", "model"),
+                                       ("tenants/a/jobs/j/model.json", "model")],
+    )  # fmt: skip
+    fetched = tracking.fetch_stored(record, settings, tmp_path / "scratch")
+    assert [(Path(p).name, f) for p, f in fetched.artifacts] == [("model.safetensors", "model")]
+    assert Path(fetched.artifacts[0][0]).read_bytes() == b"weights" and fetched.stored == []
