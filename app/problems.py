@@ -138,14 +138,19 @@ def _bounded(err: dict[str, Any]) -> dict[str, Any]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        headers, extra = dict(exc.headers), dict(exc.extra)
+        if exc.status == 503:  # every 503 says when to come back (issue 43)
+            headers.setdefault("Retry-After", str(request.app.state.settings.retry_after_seconds))
+        if exc.kind == "broker-unavailable":
+            extra.setdefault("dependency", "broker")
         return problem_response(
             request,
             exc.status,
             exc.detail,
             kind=exc.kind,
             title=exc.title,
-            headers=exc.headers,
-            **exc.extra,
+            headers=headers,
+            **extra,
         )
 
     @app.exception_handler(StarletteHTTPException)
@@ -194,8 +199,26 @@ def install(app: FastAPI) -> None:
         p = busy()
         return problem_response(request, p.status, p.detail, kind=p.kind, headers=p.headers)
 
+    from sqlalchemy.exc import DBAPIError
+
+    from zoopick.app import outage
+
+    async def _outage(request: Request, exc: Exception) -> Response:
+        # the database or the broker stopped answering: 503 with Retry-After (app.outage)
+        dependency = outage.dependency_down(exc)
+        if dependency is not None:
+            return outage.answer(request, dependency, exc)
+        return await _unexpected(request, exc)
+
+    # handled here, not by the catch-all below, which Starlette runs after re-raising
+    for error in (DBAPIError, *outage.database_errors(), *outage.broker_errors()):
+        app.add_exception_handler(error, _outage)
+
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        dependency = outage.dependency_down(exc)
+        if dependency is not None:  # wrapped in another error
+            return outage.answer(request, dependency, exc)
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return problem_response(
             request, 500, "internal error; the server log has the details", kind="internal"

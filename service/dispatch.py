@@ -48,6 +48,15 @@ def job_task_ids(job: Job, attempt: int = 0) -> list[str]:
     return ids
 
 
+SENDER_RESULT_RETRY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.5,
+    "interval_max": 1,
+}
+"""The result store's reconnection policy in a process that sends tasks (about 1 s in all)."""
+
+
 class Dispatcher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -57,7 +66,14 @@ class Dispatcher:
         """Built on first use, never at import (the embedded broker's folders are made
         then)."""
         self.settings.ensure_dirs()
-        return make_celery(self.settings)
+        app = make_celery(self.settings)
+        # a sender subscribes to each task's result channel as it sends it; during a Redis
+        # outage Celery's default policy retries that for ~20 s, holding the request (an API
+        # answer) that long before its 503. A sender never reads results: fail fast
+        opts = dict(app.conf.result_backend_transport_options or {})
+        opts["retry_policy"] = SENDER_RESULT_RETRY
+        app.conf.result_backend_transport_options = opts
+        return app
 
     def _sig(self, name: str, *args: str, task_id: str | None = None) -> Signature:
         sig = self.celery.signature(name, args=args, immutable=True)
