@@ -56,16 +56,16 @@ def dependency_down(exc: BaseException) -> str | None:
     server went away under a query. A database *statement* error (a constraint, a syntax
     error) is an ``IntegrityError``/``ProgrammingError`` and is not an outage.
     """
-    from sqlalchemy.exc import DBAPIError
+    from zoopick.service.dbretry import is_outage
 
     database, broker = database_errors(), broker_errors()
+    if is_outage(exc):  # the rule a worker's task retries by
+        return "database"
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, database) or (
-            isinstance(current, DBAPIError) and current.connection_invalidated
-        ):
+        if isinstance(current, database):  # a driver's error SQLAlchemy did not wrap
             return "database"
         if isinstance(current, broker):
             return "broker"

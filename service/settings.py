@@ -233,6 +233,13 @@ class Settings(BaseSettings):
     light_hard_time_limit: int = Field(
         660, gt=0, description="Seconds after which a light task is killed."
     )
+    task_db_retry_seconds: float = Field(
+        120,
+        ge=0,
+        description="How long a task waits, retrying with backoff, for a database that stopped "
+        "answering before it gives up (the task then fails as before): a short database "
+        "outage or restart costs a task a pause, not its work or its job.",
+    )
     lease_seconds: int = Field(
         120,
         gt=0,

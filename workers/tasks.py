@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from zoopick.service import datasets as store
 from zoopick.service import (
+    dbretry,
     exports,
     liveness,
     pipeline,
@@ -69,6 +70,8 @@ from zoopick.workers import training_runner
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 _settings = get_settings()
 
 
@@ -84,6 +87,13 @@ def factory() -> sessionmaker[Session]:
 
 def settings() -> Settings:
     return _settings
+
+
+def _db(what: str, work: Callable[[], T]) -> T:
+    """``work()`` (database work in its own transaction) retried with backoff through a
+    database outage of up to ``ZOOPICK_TASK_DB_RETRY_SECONDS`` (``service.dbretry``): the
+    task pauses instead of failing its job."""
+    return dbretry.retrying(work, what=what, budget_seconds=settings().task_db_retry_seconds)
 
 
 def owner_id(task: Any) -> str:
@@ -253,12 +263,18 @@ def prepare_pool_process(**_: Any) -> None:
 @shared_task(name=VALIDATE, bind=True)
 def validate_dataset(self, dataset_id: str) -> str:
     did = uuid.UUID(dataset_id)
-    with session_scope(factory()) as session:
-        count = liveness.count_delivery(session, f"validate:{did}")
+
+    def counted() -> int:
+        with session_scope(factory()) as session:
+            return liveness.count_delivery(session, f"validate:{did}")
+
+    count = _db(f"validating {did}", counted)
     error = liveness.died_too_often(count, settings(), "validating")
     if error is not None:
-        return store.fail_validation(factory(), did, settings(), error)
-    return store.validate(factory(), did, settings())
+        return _db(
+            f"validating {did}", lambda: store.fail_validation(factory(), did, settings(), error)
+        )
+    return _db(f"validating {did}", lambda: store.validate(factory(), did, settings()))
 
 
 # -- scoring ----------------------------------------------------------------------------------
@@ -338,6 +354,34 @@ class ScoreRequest(Request):
 def score_model(self, job_id: str, model_id: str) -> str:
     jid = uuid.UUID(job_id)
     cfg = settings()
+    what = f"job {jid}: scoring {model_id}"
+    started = _db(what, lambda: _start_scoring(jid, model_id, cfg))
+    if isinstance(started, str):
+        return started
+    entry, metrics, path = started
+
+    try:
+        result = score_one(entry, path, metrics, cfg)
+    except SoftTimeLimitExceeded:  # this model is too slow: skip it, score the others
+        log.warning("job %s: scoring model %s hit its time limit", jid, model_id)
+        error = (
+            f"scoring exceeded the time limit of {cfg.score_soft_time_limit} s "
+            "(ZOOPICK_SCORE_SOFT_TIME_LIMIT)"
+        )
+        _db(what, lambda: _settle_model_error(jid, model_id, error))
+        return "model failed"
+    except Exception as exc:  # a broken zoo entry: skip this model, score the others
+        log.warning("job %s: scoring model %s failed", jid, model_id, exc_info=True)
+        error = f"scoring failed: {exc}"
+        _db(what, lambda: _settle_model_error(jid, model_id, error))
+        return "model failed"
+    return _db(what, lambda: _record_scores(jid, model_id, result))
+
+
+def _start_scoring(jid: uuid.UUID, model_id: str, cfg: Settings) -> str | tuple[Any, list, str]:
+    """One transaction: the job moves to ``scoring`` and this start is counted; returns what
+    to score (zoo entry, metrics, dataset path), or the task's answer when there is nothing
+    to do."""
     with session_scope(factory()) as session:
         job = _open_job(session, jid)
         if job is None:
@@ -359,28 +403,16 @@ def score_model(self, job_id: str, model_id: str) -> str:
             what = f"zoo model {model_id!r}" if row is None else "the dataset"
             pipeline.fail(session, jid, f"{what} was deleted before it could be scored")
             return "failed"
-        entry = zoo_catalog.to_entry(row)
-        metrics, path = list(job.metrics), ds.storage_path
+        return zoo_catalog.to_entry(row), list(job.metrics), ds.storage_path
 
-    try:
-        result = score_one(entry, path, metrics, cfg)
-    except SoftTimeLimitExceeded:  # this model is too slow: skip it, score the others
-        log.warning("job %s: scoring model %s hit its time limit", jid, model_id)
-        with session_scope(factory()) as session:
-            _model_failed(
-                session,
-                jid,
-                model_id,
-                f"scoring exceeded the time limit of {cfg.score_soft_time_limit} s "
-                "(ZOOPICK_SCORE_SOFT_TIME_LIMIT)",
-            )
-        return "model failed"
-    except Exception as exc:  # a broken zoo entry: skip this model, score the others
-        log.warning("job %s: scoring model %s failed", jid, model_id, exc_info=True)
-        with session_scope(factory()) as session:
-            _model_failed(session, jid, model_id, f"scoring failed: {exc}")
-        return "model failed"
 
+def _settle_model_error(jid: uuid.UUID, model_id: str, error: str) -> None:
+    with session_scope(factory()) as session:
+        _model_failed(session, jid, model_id, error)
+
+
+def _record_scores(jid: uuid.UUID, model_id: str, result: Any) -> str:
+    """One transaction: the model's scores upserted (a re-run writes the same rows)."""
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if job is None:
@@ -417,6 +449,10 @@ def _model_failed(session: Session, jid: uuid.UUID, model_id: str, error: str) -
 def select_model(self, job_id: str) -> str:
     """After every model is scored: pick the winner, then finish or hand over to training."""
     jid = uuid.UUID(job_id)
+    return _db(f"job {jid}: selection", lambda: _select(jid))
+
+
+def _select(jid: uuid.UUID) -> str:
     with session_scope(factory()) as session:
         job = _open_job(session, jid)
         if job is None:
@@ -737,6 +773,10 @@ def workflow_failed(self, job_id: str, *args: Any) -> str:
     tasks record their own errors; this settles the cases where none could (a killed worker,
     a hard time limit, a revoked task in the chord)."""
     jid = uuid.UUID(job_id)
+    return _db(f"job {jid}: settling a failed task", lambda: _settle_failed_workflow(jid))
+
+
+def _settle_failed_workflow(jid: uuid.UUID) -> str:
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if job is None or job.status in TERMINAL:
