@@ -17,6 +17,7 @@ from zoopick.app import apidocs, bodies, dashboard
 from zoopick.app import metrics as prometheus
 from zoopick.app.api import datasets, health, jobs, zoo
 from zoopick.app.api import webhooks as webhook_api
+from zoopick.app.api.settled import SettledViews
 from zoopick.app.dashboard.auth import load_secret
 from zoopick.app.problems import install as install_problems
 from zoopick.app.ratelimit import RateLimits
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # a job moved by a request sends its webhook's task through this app's broker settings
     app.state.sessionmaker.configure(info={outbox.DISPATCHER_KEY: app.state.dispatcher})
     app.state.rate = RateLimits(settings)
+    app.state.settled_views = SettledViews()  # finished jobs' views (app.api.settled)
     app.state.session_secret = load_secret(settings)  # signs dashboard session cookies
     install_problems(app)
     app.include_router(health.router)

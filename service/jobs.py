@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, StringConstraints
 from sqlalchemy import Select, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -57,6 +57,18 @@ def default_select_by(metrics: list[str]) -> str:
     return DEFAULT_SELECT_BY if DEFAULT_SELECT_BY in metrics else metrics[0]
 
 
+JobName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+Tag = Annotated[
+    str, StringConstraints(strip_whitespace=True, pattern=r"^[^\s,\"\\]{1,40}$")
+]
+Tags = Annotated[list[Tag], Field(max_length=20)]
+Notes = Annotated[str, StringConstraints(max_length=10_000)]
+TAGS_DESCRIPTION = (
+    "Up to 20 tags of 1 to 40 characters, no spaces, commas or quotes; the list's `tag` "
+    "filter matches one exactly."
+)
+
+
 class JobCreate(NoNulModel):
     """A job submission. Strict JSON types (no coercion of ``"2"`` to 2 or of a number to a
     string); ``dataset_id`` is a UUID string."""
@@ -92,6 +104,9 @@ class JobCreate(NoNulModel):
         description="Call this URL (signed POST of the job's summary) when the job finishes, "
         "and on phase changes with `phases`; default: the tenant's webhook (`PUT /webhook`).",
     )
+    name: JobName | None = Field(None, description="The job's name (the list searches it).")
+    tags: Tags = Field(default_factory=list, description=TAGS_DESCRIPTION)
+    notes: Notes | None = Field(None, description="Free text: what the job is for, findings.")
 
 
 class Rejected(Exception):
@@ -202,6 +217,9 @@ def _resolve(session: Session, tenant_id: uuid.UUID, body: JobCreate, settings: 
         "finetune": options.model_dump(mode="json") if options is not None else None,
         "selection": selection.model_dump(mode="json") if selection is not None else None,
         "webhook": body.webhook.model_dump(mode="json") if body.webhook is not None else None,
+        "name": body.name,
+        "tags": list(dict.fromkeys(body.tags)),
+        "notes": body.notes,
     }
 
 
@@ -366,18 +384,21 @@ def submit(
 
 @dataclass(frozen=True)
 class JobView:
-    """What showing a job reads: the row, its ranking so far, and its latest training run."""
+    """What showing a job reads: the row, its ranking so far, its latest training run and
+    that run's epochs (plain rows, ``pipeline.epoch_rows``)."""
 
     job: Job
     options: FinetuneOptions | None
     ranking: list[dict[str, Any]]
     run: TrainingRun | None
+    epochs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def show(session: Session, job: Job) -> JobView:
     # a scoring-only job never has a run: one statement fewer on every poll of it
     run = pipeline.latest_run(session, job.id) if job.finetune else None
-    return JobView(job, options_of(job), pipeline.ranking(session, job), run)
+    epochs = pipeline.epoch_rows(session, run.id) if run is not None else []
+    return JobView(job, options_of(job), pipeline.ranking(session, job), run, epochs)
 
 
 def listing(tenant_id: uuid.UUID, status: str | None = None) -> Select[tuple[Job]]:

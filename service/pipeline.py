@@ -258,15 +258,21 @@ def ranking(session: Session, job: Job) -> list[dict[str, Any]]:
     """The ranking so far: models with every metric scored, best first by ``select_by``
     (models the metric cannot tell apart share a rank)."""
     by_model: dict[str, dict[str, Any]] = {}
-    for s in session.scalars(select(Score).where(Score.job_id == job.id)):
+    # the columns it shows, as plain rows: no ORM objects, no ``parts`` JSON decoded (every
+    # poll of a job reads this)
+    columns = (Score.model_id, Score.metric, Score.value, Score.seconds, Score.forward_seconds,
+               Score.cached)  # fmt: skip
+    for model_id, metric, value, seconds, forward, cached in session.execute(
+        select(*columns).where(Score.job_id == job.id)
+    ):
         entry = by_model.setdefault(
-            s.model_id, {"model": s.model_id, "scores": {}, "seconds": {}, "cached": False}
+            model_id, {"model": model_id, "scores": {}, "seconds": {}, "cached": False}
         )
-        entry["cached"] = entry["cached"] or bool(s.cached)
-        entry["scores"][s.metric] = s.value
-        entry["seconds"][s.metric] = s.seconds
-        if s.forward_seconds is not None:
-            entry["seconds"]["forward"] = s.forward_seconds
+        entry["cached"] = entry["cached"] or bool(cached)
+        entry["scores"][metric] = value
+        entry["seconds"][metric] = seconds
+        if forward is not None:
+            entry["seconds"]["forward"] = forward
     order = {m: i for i, m in enumerate(job.models)}
     complete = sorted(
         (e for e in by_model.values() if all(m in e["scores"] for m in job.metrics)),
@@ -430,6 +436,27 @@ def latest_run(session: Session, job_id: uuid.UUID) -> TrainingRun | None:
         .order_by(TrainingRun.started_at.desc())
         .limit(1)
     )
+
+
+def epoch_rows(session: Session, run_id: uuid.UUID) -> list[dict[str, Any]]:
+    """A run's per-epoch records in epoch order, as plain mappings of their columns (what
+    ``app.api.schemas.EpochOut`` reads): one statement and no ORM objects, where the run's
+    ``epochs`` relationship would load each row as an object on every poll of the job. Of
+    ``extra`` only the two values shown are read, in SQL (as numbers: the schema makes the
+    iterations an integer, as it did from the decoded JSON)."""
+    columns = [getattr(EpochMetric, name) for name in EPOCH_SHOWN]
+    extra = [EpochMetric.extra[key].as_float().label(key) for key in EPOCH_EXTRA_SHOWN]
+    stmt = (
+        select(*columns, *extra)
+        .where(EpochMetric.run_id == run_id)
+        .order_by(EpochMetric.epoch)
+    )
+    return [dict(row) for row in session.execute(stmt).mappings()]
+
+
+EPOCH_SHOWN = ("epoch", *EPOCH_COLUMNS)
+EPOCH_EXTRA_SHOWN = ("iterations", "dense_bytes")
+"""What a job's view shows of each epoch: its columns, and two values of its ``extra``."""
 
 
 def active_jobs_for_dataset(session: Session, dataset_id: uuid.UUID) -> int:

@@ -297,8 +297,12 @@ def _write_race(session: Session, job: Job, record: dict[str, Any]) -> None:
 
 def spent_steps(session: Session, job: Job) -> int:
     """Optimizer steps the race's candidates hold in all (each candidate's last checkpoint)."""
+    return _spent(entries(session, job.id))
+
+
+def _spent(rows: list[RaceEntry]) -> int:
     latest: dict[str, int] = {}
-    for e in entries(session, job.id):
+    for e in rows:
         if e.steps is not None:
             latest[e.model_id] = max(latest.get(e.model_id, 0), e.steps)
     return sum(latest.values())
@@ -311,7 +315,8 @@ def view(session: Session, job: Job) -> dict[str, Any] | None:
         return None
     plan = dict(job.race)
     by_rung: dict[int, list[dict[str, Any]]] = {}
-    for e in entries(session, job.id):
+    rows = entries(session, job.id)  # once: the rungs and the steps spent read the same rows
+    for e in rows:
         by_rung.setdefault(e.rung, []).append(
             {
                 "model": e.model_id,
@@ -335,7 +340,7 @@ def view(session: Session, job: Job) -> dict[str, Any] | None:
         "train_images": plan.get("train_images"),
         "steps_per_epoch": plan.get("steps_per_epoch"),
         "budget_steps": plan.get("budget_steps"),
-        "spent_steps": spent_steps(session, job),
+        "spent_steps": _spent(rows),
         "rung": plan.get("rung", 0),
         "rungs": rungs,
         "winner": plan.get("winner"),

@@ -87,17 +87,21 @@ def run(
     on_event: Callable[[RunEvent], None] = lambda _: None,
     poll: float = 5.0,
     log: Path | None = None,
+    stop_note: Callable[[], str] = lambda: "stopped by the service",
 ) -> Result:
     """``log``: the run folder whose ``train.log`` keeps what the trainer prints (progress
-    events left out: the database holds where the run is)."""
+    events left out: the database holds where the run is). Once this stops the run, what
+    the trainer prints as it goes down (torchrun's traceback of the signal, naming the
+    server's paths) is left out of the log, which ends with ``stop_note()`` instead."""
     writer = LogWriter(log) if log is not None else None
+    result = Result(returncode=0)
     proc = start()
     lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
     tail: deque[str] = deque(maxlen=50)
     errors: list[str] = []
 
     def from_stderr(line: str) -> None:
-        if writer is not None:
+        if writer is not None and not result.stopped:
             writer.write("stderr", line)
         if line.strip():
             tail.append(line)
@@ -116,7 +120,6 @@ def run(
         t.daemon = True
         t.start()
 
-    result = Result(returncode=0)
     last_check = time.monotonic()
     try:
         while True:
@@ -136,7 +139,7 @@ def run(
             check = line is None or time.monotonic() - last_check >= poll
             if line is not None:
                 rec = parse_line(line)
-                if writer is not None and not (
+                if writer is not None and not result.stopped and not (
                     isinstance(rec, RunEvent) and rec.event == "progress"
                 ):
                     writer.write("stdout", line)
@@ -160,6 +163,8 @@ def run(
         for t in threads:
             t.join(timeout=30)
         if writer is not None:
+            if result.stopped:
+                writer.write("zoopick", stop_note())
             writer.close()
     result.returncode = proc.returncode if proc.returncode is not None else -1
     result.stderr_tail = list(tail)
@@ -168,6 +173,10 @@ def run(
             " | ".join(list(tail)[-5:]) or f"exit code {result.returncode}"
         )
     return result
+
+
+CANCELLED_NOTE = "cancelled: the run was stopped at the job's cancel request"
+LEASE_LOST_NOTE = "stopped: another task took this run over (its lease was lost)"
 
 
 def follow_run(
@@ -200,8 +209,9 @@ def follow_run(
 
     try:
         result = run(
-            start, on_record=on_record, keep_going=keep_going, on_event=on_event, poll=poll, log=log
-        )
+            start, on_record=on_record, keep_going=keep_going, on_event=on_event, poll=poll,
+            log=log, stop_note=lambda: LEASE_LOST_NOTE if lost else CANCELLED_NOTE,
+        )  # fmt: skip
     except SoftTimeLimitExceeded:
         with session_scope(sessions) as session:
             on_time_limit(session)

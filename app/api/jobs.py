@@ -25,16 +25,15 @@ from zoopick.app.api.deps import (
     owned_job,
 )
 from zoopick.app.api.schemas import (
-    EpochOut,
     JobCreate,
     JobOut,
     JobSummary,
     MlflowOut,
     Page,
-    RankedModel,
     TrainingOut,
     pattern_of,
 )
+from zoopick.app.api.settled import SettledViews
 from zoopick.app.problems import Problem, responses
 from zoopick.service import exports, jobs, pipeline, progress, race, run_log, storage
 from zoopick.service.db.models import TERMINAL, Artefact, Job, JobStatus
@@ -108,7 +107,7 @@ def detail(session: Session, job: Job, base: str) -> JobOut:
             error=run.error,
             started_at=run.started_at,
             finished_at=run.finished_at,
-            epochs=[EpochOut.model_validate(e) for e in run.epochs],
+            epochs=view.epochs,  # plain rows: validated once, with the rest of the model
             options={k: v for k, v in (run.config or {}).items() if k in OPTION_FIELDS},
             progress=progress.run_view(run.progress, run.started_at, run.finished_at),
             recipe=run.recipe,
@@ -125,7 +124,7 @@ def detail(session: Session, job: Job, base: str) -> JobOut:
     )
     return JobOut(
         **summary_fields(job),  # not a dumped JobSummary: that validated its options again
-        ranking=[RankedModel(**r) for r in view.ranking],
+        ranking=view.ranking,
         race=race.view(session, job),
         training=training,
         scoring=scoring,
@@ -220,12 +219,19 @@ async def get_job(job_id: str, request: Request, session: SessionDep, creds: Cre
     """The job, its ranking so far and its training curve: what a client polls."""
     base = str(request.url.path).rsplit("/", 1)[0]
 
+    views: SettledViews = request.app.state.settled_views
+
     def poll() -> str:
         job = owned_job(job_id, request, session, creds)
-        # serialised once, straight from the model built here (returning the model would
-        # have FastAPI validate it a second time against ``response_model``: a third of the
-        # CPU of the most frequent request)
-        body = detail(session, job, base).model_dump_json()
+        # a job whose work is over answers the JSON it answered before (settled.py)
+        body = views.get(job, base)
+        if body is None:
+            # serialised once, straight from the model built here (returning the model would
+            # have FastAPI validate it a second time against ``response_model``: a third of
+            # the CPU of the most frequent request)
+            out = detail(session, job, base)
+            body = out.model_dump_json()
+            views.put(job, base, out, body)
         session.close()  # the read transaction ends here, not in a thread of its own
         return body
 

@@ -58,19 +58,33 @@ def decode(token: str) -> tuple[datetime, str]:
 
 
 def page(
-    stmt: Select[Any], model: Any, token: str | None, size: int, *, uuid_ids: bool = True
+    stmt: Select[Any],
+    model: Any,
+    token: str | None,
+    size: int,
+    *,
+    uuid_ids: bool = True,
+    oldest_first: bool = False,
 ) -> Select[Any]:
-    """``stmt`` restricted to the page after ``token``, newest first, one row extra (to know
-    whether another page follows)."""
+    """``stmt`` restricted to the page after ``token``, newest first (or oldest first), one
+    row extra (to know whether another page follows)."""
     if token:
         created, last = decode(token)
         try:
             last_id: Any = uuid.UUID(last) if uuid_ids else last
         except ValueError:
             raise invalid_token() from None
-        stmt = stmt.where(
-            or_(model.created_at < created, and_(model.created_at == created, model.id < last_id))
-        )
+        if oldest_first:
+            after = or_(
+                model.created_at > created, and_(model.created_at == created, model.id > last_id)
+            )
+        else:
+            after = or_(
+                model.created_at < created, and_(model.created_at == created, model.id < last_id)
+            )
+        stmt = stmt.where(after)
+    if oldest_first:
+        return stmt.order_by(model.created_at.asc(), model.id.asc()).limit(size + 1)
     return stmt.order_by(model.created_at.desc(), model.id.desc()).limit(size + 1)
 
 
@@ -91,12 +105,14 @@ def list_page(
     page_size: int | None,
     settings: Settings,
     out: Callable[[Any], Any],
+    oldest_first: bool = False,
 ) -> dict[str, Any]:
     """One page of ``stmt`` (newest first) as ``{"items": [...], "next_page_token": ...}``:
     the body of every list endpoint. ``page_size`` is capped by the settings; ``out`` turns a
     row into its response item."""
     size = min(page_size or settings.page_size_default, settings.page_size_max)
     uuid_ids = isinstance(model.__table__.c.id.type, Uuid)
-    rows = list(session.scalars(page(stmt, model, token, size, uuid_ids=uuid_ids)))
+    stmt = page(stmt, model, token, size, uuid_ids=uuid_ids, oldest_first=oldest_first)
+    rows = list(session.scalars(stmt))
     items, next_token = split(rows, size)
     return {"items": [out(row) for row in items], "next_page_token": next_token}

@@ -313,6 +313,9 @@ class JobSummary(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    name: str | None = Field(None, description="The job's name, as submitted or patched.")
+    tags: list[str] = Field(default_factory=list, description="The job's tags.")
+    notes: str | None = Field(None, description="The job's notes.")
 
     @field_validator(*STORED_OPTIONS, mode="wrap")
     @classmethod

@@ -27,6 +27,7 @@ from fastapi.responses import (
 )
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
+from sqlalchemy import select
 from starlette.datastructures import FormData
 
 from zoopick.app.api import datasets as datasets_api
@@ -38,8 +39,9 @@ from zoopick.app.api.schemas import JobOut
 from zoopick.app.dashboard import auth, figures
 from zoopick.app.problems import Problem, problem_response
 from zoopick.app.uploads import UNCAPPED_BODY
-from zoopick.service import jobs
-from zoopick.service.db.models import TERMINAL, Dataset, Job
+from zoopick.service import job_records, jobs, metric_notes
+from zoopick.service.datasets import admission
+from zoopick.service.db.models import TERMINAL, Dataset, Job, ZooModel
 from zoopick.service.liveness import worker_status
 from zoopick.service.security import authenticate
 from zoopick.service.thumbnails import thumbnail_path, thumbnails
@@ -212,6 +214,9 @@ def _dataset_names(session, caller: Caller, ids: set) -> dict[str, str]:
 def _jobs_page(request: Request, session) -> dict[str, Any]:
     caller = _session_caller(request, session)
     status = request.query_params.get("status") or None  # an unknown one: the API's 400
+    q = (request.query_params.get("q") or "").strip()[:200] or None
+    tag = (request.query_params.get("tag") or "").strip()[:40] or None
+    order = request.query_params.get("order") or None  # an unknown one: the API's 400
     token = request.query_params.get("page_token") or None
     size = request.query_params.get("page_size", "")
     # ASCII digits only, and few ("²".isdigit() is true; 5,000 digits overflow int()): a 500
@@ -224,9 +229,13 @@ def _jobs_page(request: Request, session) -> dict[str, Any]:
         status=status,
         page_size=page_size,
         page_token=token,
+        q=q,
+        tag=tag,
+        order=order,
     )
     ids = {j["dataset_id"] for j in page["items"] if j["dataset_id"]}
-    query = {"status": status} if status else {}
+    searched = {"status": status, "q": q, "tag": tag, "order": order}
+    query = {k: v for k, v in searched.items() if v}
     if page_size != PAGE_SIZE:
         query["page_size"] = str(page_size)
     next_url = _next_page_url("/jobs", page, query)
@@ -237,6 +246,11 @@ def _jobs_page(request: Request, session) -> dict[str, Any]:
         "statuses": jobs.STATUSES,
         "next_url": next_url,
         "first_page": token is None,
+        "first_url": "/jobs" + (f"?{urlencode(query)}" if query else ""),
+        "q": q or "",
+        "tag": tag or "",
+        "order": order or "newest",
+        "orders": job_records.ORDERS,
         "rows_url": "/jobs/rows" + (f"?{request.url.query}" if request.url.query else ""),
         "workers": worker_status(session, request.app.state.settings),
     }
@@ -248,7 +262,8 @@ def jobs_list(request: Request, session: SessionDep) -> Response:
         context = _jobs_page(request, session)
     except Problem as p:
         return error_page(request, p)
-    return render(request, "jobs.html", signed_in=True, **context)
+    message = auth.read_note(request, "message")
+    return render(request, "jobs.html", signed_in=True, message=message, **context)
 
 
 @router.get("/jobs/rows")
@@ -280,9 +295,22 @@ def _job_context(request: Request, session, job_id: str) -> dict[str, Any]:
         "dataset_name": dataset_name,
         "done": job.status in TERMINAL,
         "has_model": bool(job.finetune) and job.status == "succeeded",
+        "formats": FORMATS,
         "why": why_chosen(job, tied),
         "log_tail": jobs_api.log_tail(session, row) if job.training else [],
+        "metric_notes": metric_notes.coincidences(job.metrics, _heads(session, job)),
     }
+
+
+def _heads(session, job: JobOut) -> dict[str, int]:
+    """The scored models' head sizes (outputs), from their zoo rows."""
+    scored = [r.model for r in job.ranking]
+    if not scored:
+        return {}
+    rows = session.execute(
+        select(ZooModel.id, ZooModel.num_classes).where(ZooModel.id.in_(scored))
+    )
+    return {mid: n for mid, n in rows}
 
 
 def why_chosen(job: JobOut, tied: set[int]) -> str | None:
@@ -309,11 +337,13 @@ def job_page(request: Request, job_id: str, session: SessionDep) -> Response:
     except Problem as p:
         return error_page(request, p)
     message = auth.read_note(request, "message")
+    error = auth.read_note(request, "error")
     # the webhook's delivery log, as the page loads (not polled with the live part)
     deliveries = webhooks_api.job_deliveries(session.get(Job, context["job"].id), session)
     return render(
-        request, "job.html", signed_in=True, message=message, deliveries=deliveries, **context
-    )
+        request, "job.html", signed_in=True, message=message, error=error,
+        deliveries=deliveries, **context,
+    )  # fmt: skip
 
 
 @router.get("/jobs/{job_id}/live")
@@ -365,14 +395,101 @@ async def job_cancel(request: Request, job_id: str, form: FormDep, session: Sess
     return RedirectResponse(f"/jobs/{job_id}?" + urlencode(note), 303)
 
 
+FORMATS = {
+    "safetensors": ("safetensors", "the weights (a timm state dict), as the trainer wrote them"),
+    "timm": ("timm folder", "a tar of config.json and model.safetensors, which timm loads"),
+    "onnx": ("ONNX", "for ONNX Runtime and other inference engines; batch size dynamic"),
+}
+"""The download formats the run page offers (the API's ``format``), each with its label and
+one line on what it is; the timm folder and ONNX are made on first request."""
+EXPORT_KINDS = frozenset({"export-failed", "model-file-damaged"})
+
+
+def _format_of(request: Request, fmt: str | None) -> str:
+    """The asked format, or a 400 naming the ones there are (the dashboard's link takes
+    ``?format=``, as the API's route does: it was ignored, and ONNX came as safetensors)."""
+    fmt = fmt or "safetensors"
+    if fmt not in FORMATS:
+        raise Problem(400, f"no download format {fmt!r}; one of: {', '.join(FORMATS)}")
+    return fmt
+
+
+def _download(request: Request, session, job_id: str, fmt: str, retry: bool, head: bool):
+    """The API's own download of ``fmt`` (``head``: asked as ``HEAD``, so nothing is read
+    or streamed: what the export page asks to learn the export's state)."""
+    caller = _session_caller(request, session)
+    row = get_owned(session, caller, Job, job_id, "job")
+    if head:
+        request = Request({**request.scope, "method": "HEAD"}, request.receive)
+    return row, jobs_api.download_model(row, session, request, format=fmt, retry=retry)
+
+
 @router.get("/jobs/{job_id}/model")
-def job_model(request: Request, job_id: str, session: SessionDep) -> Response:
+def job_model(
+    request: Request, job_id: str, session: SessionDep, format: str | None = None,  # noqa: A002
+    retry: bool = False,
+) -> Response:
+    """The model in the format asked. An export not made yet (the timm folder, ONNX: made
+    on first request, which took 38 s for ONNX with nothing shown) leads to the export's
+    page, which follows it and offers the file once made."""
     try:
-        caller = _session_caller(request, session)
-        row = get_owned(session, caller, Job, job_id, "job")
-        return jobs_api.download_model(row, session, request)
+        fmt = _format_of(request, format)
+        _, response = _download(request, session, job_id, fmt, retry, head=False)
+    except Problem as p:
+        if p.kind in EXPORT_KINDS and format not in (None, "safetensors"):  # an export's
+            return RedirectResponse(f"/jobs/{job_id}/export/{format}", 303)  # page says it
+        return error_page(request, p)
+    if response.status_code == 202:
+        since = int(datetime.now(UTC).timestamp())
+        return RedirectResponse(f"/jobs/{job_id}/export/{fmt}?since={since}", 303)
+    return response
+
+
+def _export_context(request: Request, session, job_id: str, fmt: str) -> dict[str, Any]:
+    """Where ``fmt``'s export of the job stands: ``being-made`` (since when the page was
+    first shown), ``ready`` (with its size), or ``failed`` (why; a retry link)."""
+    fmt = _format_of(request, fmt)
+    since = request.query_params.get("since", "")
+    started = int(since) if since.isascii() and since.isdigit() and len(since) <= 12 else None
+    context: dict[str, Any] = {"fmt": fmt, "label": FORMATS[fmt][0], "what": FORMATS[fmt][1]}
+    try:
+        row, response = _download(request, session, job_id, fmt, retry=False, head=True)
+    except Problem as p:
+        if p.kind not in EXPORT_KINDS:
+            raise
+        row = get_owned(session, _session_caller(request, session), Job, job_id, "job")
+        context.update(job=row, state="failed", error=p.detail, done=True)
+        return context
+    context.update(job=row, done=response.status_code != 202)
+    if response.status_code == 202:
+        elapsed = None if started is None else max(0, datetime.now(UTC).timestamp() - started)
+        context.update(state="being-made", elapsed=elapsed)
+    else:
+        size = response.headers.get("content-length", "")
+        context.update(state="ready", size=int(size) if size.isdigit() else None)
+    query = f"?since={started}" if started is not None else ""
+    context["live_url"] = f"/jobs/{row.id}/export/{fmt}/live{query}"
+    return context
+
+
+@router.get("/jobs/{job_id}/export/{fmt}")
+def job_export(request: Request, job_id: str, fmt: str, session: SessionDep) -> Response:
+    """An export's page: being made (how long so far, live), ready (the download link), or
+    failed (why, and a link that makes it again)."""
+    try:
+        context = _export_context(request, session, job_id, fmt)
     except Problem as p:
         return error_page(request, p)
+    return render(request, "export.html", signed_in=True, **context)
+
+
+@router.get("/jobs/{job_id}/export/{fmt}/live")
+def job_export_live(request: Request, job_id: str, fmt: str, session: SessionDep) -> Response:
+    try:
+        context = _export_context(request, session, job_id, fmt)
+    except Problem as p:
+        return fragment_error(p)
+    return render(request, "_export_live.html", **context)
 
 
 @router.get("/jobs/{job_id}/log")
@@ -384,6 +501,83 @@ def job_log(request: Request, job_id: str, session: SessionDep) -> Response:
         return jobs_api.download_log(row, session)
     except Problem as p:
         return error_page(request, p)
+
+
+@router.post("/jobs/{job_id}/edit")
+async def job_edit(request: Request, job_id: str, form: FormDep, session: SessionDep) -> Response:
+    """The job page's name, tags and notes form: the API's ``PATCH`` (a refusal, say a tag
+    with a space, said on the page)."""
+    auth.check_csrf(request, form.get(auth.CSRF_FIELD))
+    fields = {k: str(form.get(k) or "") for k in ("name", "tags", "notes")}
+    body = {
+        "name": fields["name"].strip() or None,
+        "tags": fields["tags"].replace(",", " ").split(),
+        "notes": fields["notes"] if fields["notes"].strip() else None,
+    }
+
+    def edit() -> tuple[str, str]:
+        row = get_owned(session, _session_caller(request, session), Job, job_id, "job")
+        try:
+            patch = job_records.JobPatch.model_validate(body)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            where = ".".join(str(p) for p in e["loc"])
+            return "error", f"Not saved: {where}: {e['msg']}"
+        job_records.update(session, row, patch)
+        return "message", "Saved."
+
+    try:
+        name, text = await run_in_threadpool(edit)
+    except Problem as p:
+        return error_page(request, p)
+    note = auth.note_query(request, name, text)
+    return RedirectResponse(f"/jobs/{job_id}?" + urlencode(note), 303)
+
+
+@router.get("/jobs/{job_id}/delete")
+def job_delete_confirm(request: Request, job_id: str, session: SessionDep) -> Response:
+    """Delete asks first, on a page of its own; a job still running goes back to its page,
+    saying to cancel it first."""
+    try:
+        row = get_owned(session, _session_caller(request, session), Job, job_id, "job")
+    except Problem as p:
+        return error_page(request, p)
+    if row.status not in TERMINAL:
+        text = f"This job is {row.status}: cancel it first, then delete it."
+        return RedirectResponse(
+            f"/jobs/{row.id}?" + urlencode(auth.note_query(request, "message", text)), 303
+        )
+    what = f"job {row.name or str(row.id)[:8]}"
+    return render(
+        request, "delete.html", signed_in=True, what=what, action=f"/jobs/{row.id}/delete",
+        back=f"/jobs/{row.id}",
+        consequence="Its ranking, runs, logs, the fine-tuned model and its exports go with it; "
+        "its dataset stays.",
+    )  # fmt: skip
+
+
+@router.post("/jobs/{job_id}/delete")
+async def job_delete(request: Request, job_id: str, form: FormDep, session: SessionDep) -> Response:
+    auth.check_csrf(request, form.get(auth.CSRF_FIELD))
+    settings = request.app.state.settings
+
+    def delete() -> str | None:
+        row = get_owned(session, _session_caller(request, session), Job, job_id, "job")
+        try:
+            job_records.delete(session, row, settings)
+        except jobs.Rejected as exc:
+            return exc.detail
+        return None
+
+    try:
+        refused = await run_in_threadpool(delete)
+    except Problem as p:
+        return error_page(request, p)
+    if refused:
+        note = auth.note_query(request, "message", refused)
+        return RedirectResponse(f"/jobs/{job_id}?" + urlencode(note), 303)
+    note = auth.note_query(request, "message", f"Job {job_id[:8]} deleted.")
+    return RedirectResponse("/jobs?" + urlencode(note), 303)
 
 
 MAX_COMPARE = 6
@@ -460,11 +654,12 @@ def _submit_choices(request: Request, session, caller: Caller) -> dict[str, Any]
         "zoo": _whole_zoo(session, caller, settings),
         "max_models": settings.max_models_per_job,
         "compressors": jobs.COMPRESSORS,
+        "metric_choices": metric_notes.choices(),
     }
 
 
 DEFAULT_FORM = {
-    "metrics": ", ".join(jobs.DEFAULT_METRICS),
+    "metrics": list(jobs.DEFAULT_METRICS),
     "select_by": jobs.DEFAULT_SELECT_BY,
     "finetune": False,
     "recipe": jobs.FinetuneOptions().recipe,
@@ -476,6 +671,9 @@ DEFAULT_FORM = {
     "shortlist": jobs.SelectionOptions().shortlist,
     "budget_epochs": jobs.SelectionOptions().budget_epochs,
     "models": [],
+    "name": "",
+    "tags": "",
+    "notes": "",
 }
 FORM_FIELDS = frozenset(DEFAULT_FORM) | {"dataset_id"}
 """The submit form's fields: an error whose body field is one of them shows beside it."""
@@ -508,6 +706,17 @@ def _split(text: str) -> list[str]:
     return [m.strip() for m in text.replace(";", ",").split(",") if m.strip()]
 
 
+def _labels(form: dict[str, Any]) -> dict[str, Any]:
+    """The form's name, tags (split at commas or spaces) and notes as the job body takes
+    them; blank ones left out."""
+    labels: dict[str, Any] = {"tags": form["tags"].replace(",", " ").split()}
+    if form["name"].strip():
+        labels["name"] = form["name"]
+    if form["notes"].strip():
+        labels["notes"] = form["notes"]
+    return labels
+
+
 def _field_of(loc: tuple) -> str:
     parts = [str(p) for p in loc if p != "body"]
     if parts[:1] in (["finetune"], ["selection"]) and len(parts) > 1:
@@ -538,7 +747,8 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
     form = {
         "dataset_id": str(raw.get("dataset_id") or ""),
         "models": [str(m) for m in raw.getlist("models")],
-        "metrics": str(raw.get("metrics") or ""),
+        # ticked boxes, one a metric; a comma-separated value (a script's post) is split
+        "metrics": [m for v in raw.getlist("metrics") for m in _split(str(v))],
         "select_by": str(raw.get("select_by") or "").strip(),
         "finetune": raw.get("finetune") == "on",
         "recipe": str(raw.get("recipe") or "").strip(),
@@ -549,6 +759,9 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
         "race": raw.get("race") == "on",
         "shortlist": str(raw.get("shortlist") or ""),
         "budget_epochs": str(raw.get("budget_epochs") or ""),
+        "name": str(raw.get("name") or ""),
+        "tags": str(raw.get("tags") or ""),
+        "notes": str(raw.get("notes") or ""),
     }
     idem = str(raw.get("idempotency_key") or uuid.uuid4())
 
@@ -557,8 +770,9 @@ async def submit(request: Request, raw: FormDep, session: SessionDep) -> Respons
         body: dict[str, Any] = {
             "dataset_id": form["dataset_id"] or None,
             "models": form["models"] or "all",
-            "metrics": _split(form["metrics"]),
+            "metrics": form["metrics"],
             "select_by": form["select_by"] or None,  # blank: the API's default
+            **_labels(form),
         }
         if form["finetune"]:
             finetune = {
@@ -639,7 +853,7 @@ def datasets_page(request: Request, session: SessionDep) -> Response:
     next_url = _next_page_url("/datasets", page)
     return render(
         request, "datasets.html", signed_in=True, datasets=page["items"], next_url=next_url,
-        error=auth.read_note(request, "error"),
+        error=auth.read_note(request, "error"), message=auth.read_note(request, "message"),
     )  # fmt: skip
 
 
@@ -688,8 +902,50 @@ async def dataset_page(request: Request, dataset_id: str, session: SessionDep) -
             thumb_error = f"thumbnails could not be made: {exc}"
     return render(
         request, "dataset.html", signed_in=True, ds=ds, thumbs=thumbs, thumb_error=thumb_error,
-        done=ds.status in ("ready", "invalid"),
+        done=ds.status in ("ready", "invalid"), error=auth.read_note(request, "error"),
     )  # fmt: skip
+
+
+@router.get("/datasets/{dataset_id}/delete")
+def dataset_delete_confirm(request: Request, dataset_id: str, session: SessionDep) -> Response:
+    try:
+        row = get_owned(session, _session_caller(request, session), Dataset, dataset_id, "dataset")
+    except Problem as p:
+        return error_page(request, p)
+    return render(
+        request, "delete.html", signed_in=True, what=f"dataset {row.name}",
+        action=f"/datasets/{row.id}/delete", back=f"/datasets/{row.id}",
+        consequence="Its file goes. Finished jobs on it keep their results; a job still "
+        "running on it keeps it (cancel the job first).",
+    )  # fmt: skip
+
+
+@router.post("/datasets/{dataset_id}/delete")
+async def dataset_delete(
+    request: Request, dataset_id: str, form: FormDep, session: SessionDep
+) -> Response:
+    """The dataset page's delete: the API's own use case (``admission.delete``)."""
+    auth.check_csrf(request, form.get(auth.CSRF_FIELD))
+    settings = request.app.state.settings
+
+    def delete() -> str | None:
+        caller = _session_caller(request, session)
+        row = get_owned(session, caller, Dataset, dataset_id, "dataset")
+        try:
+            admission.delete(session, row, settings)
+        except jobs.Rejected as exc:
+            return exc.detail
+        return None
+
+    try:
+        refused = await run_in_threadpool(delete)
+    except Problem as p:
+        return error_page(request, p)
+    if refused:
+        note = auth.note_query(request, "error", f"Not deleted: {refused}.")
+        return RedirectResponse(f"/datasets/{dataset_id}?" + urlencode(note), 303)
+    note = auth.note_query(request, "message", "Dataset deleted.")
+    return RedirectResponse("/datasets?" + urlencode(note), 303)
 
 
 @router.get("/datasets/{dataset_id}/thumbs/{file}")

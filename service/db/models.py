@@ -195,6 +195,12 @@ class Job(Base):
     tenant's default, if any."""
     recoveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """Times the sweeper (``zoopick.service.recovery``) re-queued this job after it was lost."""
+    name: Mapped[str | None] = mapped_column(String(200))
+    """The job's name as its owner gave it (``service.job_records``); None: unnamed."""
+    tags: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
+    """Its owner's tags (strings), searched by the job list."""
+    notes: Mapped[str | None] = mapped_column(Text)
+    """Its owner's notes, free text."""
     mlflow: Mapped[dict[str, Any] | None]
     """Logging the finished job to MLflow (``zoopick.service.tracking``): status (pending,
     logging, logged, failed), attempts, the last error, the run's id and page; None when no

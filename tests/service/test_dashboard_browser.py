@@ -3,10 +3,12 @@ against a live server (uvicorn, a Celery worker, PostgreSQL, Redis).
 
 Signs in with the keyboard, uploads through the form, submits a job and watches it reach
 ``succeeded`` without a reload, checks every model is in every chart, reads the run's details,
-sorts the ranking, downloads the model and the training log, follows a second job's training
+sorts the ranking, downloads the model (safetensors; ONNX through the page that follows its
+export) and the training log, follows a second job's training
 live (phase, epoch, time to go, a growing curve, a cached forward pass), sees a job cancelled
-before scoring list its models as never scored, cancels the second job (through the page that
-asks first), is told to pick more than one job to compare, compares two jobs picked in the
+before scoring list its models as never scored and deletes it (asked first), cancels the second
+job (through the page that asks first), names and tags a job and finds it by search, deletes an
+invalid dataset, is told to pick more than one job to compare, compares two jobs picked in the
 list, checks the phone-width layout and signs out; and reads the API's docs pages with every
 other host out of reach. A screenshot of each page
 goes to ``$ZOOPICK_SCREENSHOTS`` (default: ``.artifacts/screenshots``, git-ignored, for CI to
@@ -141,6 +143,10 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     expect(page.locator("#dataset-status")).to_have_text("invalid", timeout=60_000)
     expect(page.locator("#validation-errors li").first).to_contain_text("class")
     page.screenshot(path=str(shots / "dataset-invalid.png"), full_page=True)
+    # deleted from its page, which asks first
+    page.get_by_role("button", name="Delete dataset").click()
+    page.get_by_role("button", name="Yes, delete it").click()
+    expect(page.locator("p.note")).to_have_text("Dataset deleted.")
     page.get_by_role("link", name="Datasets", exact=True).click()
     expect(page.get_by_role("link", name="pets")).to_be_visible()
     page.screenshot(path=str(shots / "datasets.png"), full_page=True)
@@ -153,16 +159,23 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     # the submit form: the API's error beside its field, then a good job
     page.get_by_role("link", name="Submit", exact=True).click()
     pick_dataset(page, "pets (18 images")
-    page.get_by_label("Metrics (comma-separated)").fill("sms, nope")
-    page.get_by_label("Select by (one of the metrics").fill("sms")
+    # metrics ticked from the registry's list, each said in a line (the defaults ticked)
+    expect(page.locator('label.metric:has(input[value="logme"]) small')).to_contain_text("LogME")
+    for name in ("fsms", "isms", "logme"):
+        page.locator(f'input[name="metrics"][value="{name}"]').uncheck()
+    page.get_by_label("Select by (one of the metrics").fill("logme")
     page.get_by_role("button", name="Submit job").click()
-    expect(page.locator("#metrics-error")).to_contain_text("unknown metric(s) 'nope'")
-    expect(page.get_by_label("Metrics (comma-separated)")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#select_by-error")).to_contain_text("one of the requested metrics")
+    expect(page.get_by_label("Select by (one of the metrics")).to_have_attribute(
+        "aria-invalid", "true"
+    )
     page.screenshot(path=str(shots / "submit.png"), full_page=True)
     for mid in MODELS:
         page.locator(f'input[name="models"][value="{mid}"]').check()
-    page.get_by_label("Metrics (comma-separated)").fill("sms, logme")
+    page.locator('input[name="metrics"][value="logme"]').check()  # sms kept ticked
     page.get_by_label("Select by (one of the metrics").fill("logme")
+    page.get_by_label("Name (optional)").fill("pets baseline")
+    page.get_by_label("Tags (optional").fill("pets, first")
     page.get_by_label("Fine-tune the chosen model").check()
     page.get_by_label("Compressor").select_option("spardl")
     page.get_by_label("Density (fraction of gradients sent)").fill("0.1")
@@ -205,14 +218,15 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     sms = page.locator("#ranking").get_by_role("button", name="sms", exact=True)
     for direction, reverse in (("ascending", False), ("descending", True)):
         sms.click()
-        expect(page.locator("#ranking th").nth(2)).to_have_attribute("aria-sort", direction)
+        # the metrics' columns in the registry's order, as ticked: logme, then sms
+        expect(page.locator("#ranking th").nth(3)).to_have_attribute("aria-sort", direction)
         values = [
-            float(v) for v in page.locator("#ranking tbody td:nth-of-type(2)").all_inner_texts()
+            float(v) for v in page.locator("#ranking tbody td:nth-of-type(3)").all_inner_texts()
         ]
         assert values == sorted(values, reverse=reverse) and len(values) == 2, values
     page.screenshot(path=str(shots / "job.png"), full_page=True)
     with page.expect_download() as dl:
-        page.get_by_role("link", name="Download fine-tuned model").click()
+        page.locator('#downloads li[data-format="safetensors"] a').click()
     saved = tmp_path / "model.safetensors"
     dl.value.save_as(saved)
     from safetensors.numpy import load_file
@@ -223,12 +237,25 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     log = context.request.get(stack.url + page.locator("#log-download").get_attribute("href"))
     assert log.ok and "attachment" in log.headers["content-disposition"]
     assert '"epoch": 1' in log.text()
+    # ONNX, made on first request: its page follows the export, then offers the ONNX file
+    page.locator('#downloads li[data-format="onnx"] a').click()
+    expect(page).to_have_url(re.compile(r"/export/onnx\?since="))
+    expect(page.locator("#export-download")).to_be_visible(timeout=120_000)
+    page.screenshot(path=str(shots / "export.png"), full_page=True)
+    onnx_file = context.request.get(
+        stack.url + page.locator("#export-download").get_attribute("href")
+    )
+    assert onnx_file.ok and onnx_file.headers["content-disposition"].endswith('.onnx"')
+    import onnx
+
+    onnx.checker.check_model(onnx.load_from_string(onnx_file.body()))
 
     # a second, long job: the jobs list shows it move on its own; cancel it from its page
     page.goto(stack.url + "/submit")
     pick_dataset(page, "pets (18 images")
     page.locator(f'input[name="models"][value="{MODELS[0]}"]').check()
-    page.get_by_label("Metrics (comma-separated)").fill("logme")
+    for name in ("fsms", "isms", "sms"):
+        page.locator(f'input[name="metrics"][value="{name}"]').uncheck()
     page.get_by_label("Select by (one of the metrics").fill("logme")
     page.get_by_label("Fine-tune the chosen model").check()
     page.get_by_label("Compressor").select_option("dense")
@@ -247,10 +274,22 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     expect(page.locator(f'tr[data-job="{job_url.rsplit("/", 1)[1]}"]')).to_have_attribute(
         "data-status", "succeeded"
     )
+    # the page sorts by a column, and keeps that order through the live refreshes
+    page.locator("#jobs-table").get_by_role("button", name="Name", exact=True).click()
+    expect(page.locator("#jobs-table th").nth(2)).to_have_attribute("aria-sort", "ascending")
+    page.wait_for_timeout(1700)
+    expect(page.locator("#jobs-table th").nth(2)).to_have_attribute("aria-sort", "ascending")
+    names = page.locator("tr[data-job] td.job-name").all_inner_texts()
+    assert names[0].startswith("pets baseline") and names[-1] == "", names  # blanks last
     page.screenshot(path=str(shots / "jobs.png"), full_page=True)
     page.get_by_label("Status").select_option("succeeded")
     page.get_by_role("button", name="Filter").click()
     expect(page.locator("tr[data-job]")).to_have_count(1)
+    # searched by name or tag (any status): the named job alone, its tags beside its name
+    page.get_by_label("Status").select_option("")
+    page.get_by_label("Search names and tags").fill("BASELINE")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("tr[data-job] td.job-name")).to_have_text("pets baseline pets first")
 
     # its training, live: the phase with epoch of how many, the time to go, the curve growing
     page.goto(f"{stack.url}/jobs/{second}")
@@ -301,6 +340,11 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     expect(page.locator("#job-status")).to_have_text("cancelled")
     expect(page.locator("#never-scored li")).to_have_text(MODELS)
     page.screenshot(path=str(shots / "job-never-scored.png"), full_page=True)
+    # a finished job is deleted from its page, which asks first
+    page.get_by_role("button", name="Delete job").click()
+    page.get_by_role("button", name="Yes, delete it").click()
+    expect(page.locator("p.note")).to_have_text(f"Job {third[:8]} deleted.")
+    expect(page.locator(f'tr[data-job="{third}"]')).to_have_count(0)
 
     # compare: tick two jobs in the (live) list, see their rankings and curves side by side
     page.get_by_role("link", name="Jobs", exact=True).click()

@@ -17,8 +17,15 @@ from zoopick.workers import training_runner
 
 TRAINER = textwrap.dedent(
     """
-    import json, subprocess, sys, time
+    import json, signal, subprocess, sys, time
     epochs, fail, pause = int(sys.argv[1]), sys.argv[2] == "fail", float(sys.argv[3])
+
+    def stopped(*_):  # as torchrun goes down on SIGTERM: a traceback naming server paths
+        print('Traceback (most recent call last):\\n  File "/srv/zoopick/torchrun.py"',
+              file=sys.stderr, flush=True)
+        sys.exit(1)
+
+    signal.signal(signal.SIGTERM, stopped)
     # a child in the same group, like torchrun's ranks
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     print("starting", flush=True)
@@ -289,9 +296,14 @@ def test_follow_run_renews_between_records_and_honours_a_cancel(tmp_path, jobs_d
         on_time_limit=lambda session: pytest.fail("no time limit here"),
         on_record=on_record,
         poll=0.2,
+        log=tmp_path / "run",
     )
     assert result.stopped and not result.lease_lost and result.error is None
     assert 2 <= len(seen) < 10
+    # the log ends saying so, not in the trainer's traceback of the signal
+    lines = (tmp_path / "run" / "train.log").read_text().splitlines()
+    assert lines[-1] == f"[zoopick] {training_runner.CANCELLED_NOTE}", lines[-3:]
+    assert "[stdout] starting" in lines and not any("/srv/" in line for line in lines)
     assert len(renewals) >= 2 and all(isinstance(s, Session) for s in renewals)
     time.sleep(0.2)
     assert live_in_group(procs[0].pid) == []

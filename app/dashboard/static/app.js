@@ -15,6 +15,9 @@ function poll(el) {
         el.innerHTML = await resp.text();
         el.querySelectorAll("input[type=checkbox]").forEach((i) => { if (ticked.has(i.value)) i.checked = true; });
         enhanceSortable(el);
+        const table = el.closest("table.sortable");  // rows refreshed inside a sorted table
+        const chosen = table && sortChoice[table.id];
+        if (chosen) sortTable(table, chosen.col, chosen.dir);
         const body = el.querySelector("[data-done]");
         if (body) el.dataset.done = body.dataset.done;
       }
@@ -54,6 +57,7 @@ function enhanceSortable(root) {
     if (!table.tHead || table.dataset.sortable === "yes") return;
     table.dataset.sortable = "yes";
     [...table.tHead.rows[0].cells].forEach((th, i) => {
+      if ("nosort" in th.dataset) return;  // a column of controls (the compare ticks)
       const button = document.createElement("button");
       button.type = "button";
       button.className = "sort";
