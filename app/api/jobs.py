@@ -35,7 +35,16 @@ from zoopick.app.api.schemas import (
 )
 from zoopick.app.api.settled import SettledViews
 from zoopick.app.problems import Problem, responses
-from zoopick.service import exports, jobs, pipeline, progress, race, run_log, storage
+from zoopick.service import (
+    exports,
+    job_records,
+    jobs,
+    pipeline,
+    progress,
+    race,
+    run_log,
+    storage,
+)
 from zoopick.service.db.models import TERMINAL, Artefact, Job, JobStatus
 from zoopick.service.settings import Settings
 
@@ -51,6 +60,9 @@ STATUS_OF_KIND = {
     "too-many-jobs": 429,
     "broker-unavailable": 503,
     "unknown-status": 400,
+    "unknown-order": 400,
+    "job-not-finished": 409,
+    "empty-patch": 422,
 }
 """HTTP status of each ``jobs.Rejected`` kind; every other kind is a 422 (the body names
 something that cannot be used)."""
@@ -84,6 +96,9 @@ def summary_fields(job: Job) -> dict[str, Any]:
         "updated_at": job.updated_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
+        "name": job.name,
+        "tags": job.tags or [],
+        "notes": job.notes,
     }
 
 
@@ -198,9 +213,20 @@ def list_jobs(
     status: Annotated[str | None, Query(pattern=STATUSES)] = None,
     page_size: Annotated[int | None, Query(ge=1)] = None,
     page_token: str | None = None,
+    q: Annotated[
+        str | None,
+        Query(max_length=200, description="Jobs whose name or a tag contains this (any case)."),
+    ] = None,
+    tag: Annotated[
+        str | None, Query(max_length=40, description="Jobs that carry this tag exactly.")
+    ] = None,
+    order: Annotated[
+        str | None, Query(description="newest (the default) or oldest first.")
+    ] = None,
 ) -> dict:
     try:
-        stmt = jobs.listing(caller.tenant_id, status)
+        stmt = job_records.search(jobs.listing(caller.tenant_id, status), q, tag)
+        oldest_first = job_records.ordered(order) == "oldest"
     except jobs.Rejected as exc:
         raise problem(exc) from None
     return pagination.list_page(
@@ -211,6 +237,7 @@ def list_jobs(
         page_size=page_size,
         settings=settings,
         out=summary,
+        oldest_first=oldest_first,
     )
 
 
@@ -490,3 +517,27 @@ def download_log(
 
 
 router.add_api_route("/{job_id}/log", download_log, methods=["HEAD"], include_in_schema=False)
+
+
+@router.patch(
+    "/{job_id}", response_model=JobSummary, responses=ERRORS, summary="Edit a job's words"
+)
+def patch_job(job: JobDep, body: job_records.JobPatch, session: SessionDep) -> dict:
+    """Replace the fields given of the job's name, tags and notes (``null`` clears a name or
+    notes, ``[]`` the tags); any job, running or finished."""
+    try:
+        return summary(job_records.update(session, job, body))
+    except jobs.Rejected as exc:
+        raise problem(exc) from None
+
+
+@router.delete("/{job_id}", status_code=204, responses=ERRORS, summary="Delete a finished job")
+def delete_job(job: JobDep, session: SessionDep, settings: SettingsDep) -> Response:
+    """Delete a finished job (succeeded, failed or cancelled) with its files: its scores, its
+    runs and their logs, the model and its exports. 409 (``job-not-finished``) while it runs:
+    cancel it first. Its dataset stays."""
+    try:
+        job_records.delete(session, job, settings)
+    except jobs.Rejected as exc:
+        raise problem(exc) from None
+    return Response(status_code=204)
