@@ -21,7 +21,18 @@ itself costs over the bare server on this machine.
 
     python benchmarks/load/run.py --rates 50 100 200 400 --seconds 10 --workers 2 --repeats 3
 
-Writes ``benchmarks/results/load.json`` and ``load.md``. Talks to 127.0.0.1 only.
+``--job finetuned`` polls instead a finished job with a race and a 40-epoch fine-tune
+(``finetuned.py``: the rows a real one leaves, its curve at its bound), what a client polls
+once its job is done; ``--baseline-tree DIR`` measures each configuration a second time, in
+the same repeat, with the server run from another checkout (the commit before a change), so
+before and after see the same machine:
+
+    git worktree add /tmp/load-before <commit>
+    python benchmarks/load/run.py --job finetuned --configs local-worker --rates 200 \
+        --repeats 2 --baseline-tree /tmp/load-before
+
+Writes ``benchmarks/results/load.json`` and ``load.md`` (``load_finetuned.*`` for
+``--job finetuned``). Talks to 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -40,14 +51,27 @@ import sys
 import time
 from pathlib import Path
 
+import finetuned
 import numpy as np
 from busy import BusyWorker, demo_models, demo_zoo
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+if sys.argv[1:2] != ["--count-statements"]:  # that child imports zoopick from its PYTHONPATH
+    sys.path.insert(0, str(ROOT))
 
 GOAL_P99_MS = 50.0
 GOAL_RATE = 200
+
+
+def tree_commit(tree: Path | None) -> str | None:
+    """The commit checked out in ``tree`` (with ``+dirty`` when its tracked files differ)."""
+    if tree is None:
+        return None
+    git = ["git", "-C", str(tree)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", *SUBPACKAGES, "zoopick"])
+    return head + ("+dirty" if dirty.returncode else "")
 
 
 def free_port() -> int:
@@ -57,10 +81,13 @@ def free_port() -> int:
 
 
 def prepare(
-    pg_admin: str, redis_url: str, data_dir: Path, manifest: Path | None = None
-) -> tuple[dict[str, str], str, str]:
+    pg_admin: str, redis_url: str, data_dir: Path, manifest: Path | None = None,
+    kind: str = "scoring",
+) -> tuple[dict[str, str], str, str]:  # fmt: skip
     """(environment of the server, API token, job id) on a fresh database; ``manifest``: a
-    zoo the server syncs at start (the demo's, for a busy worker's jobs)."""
+    zoo the server syncs at start (the demo's, for a busy worker's jobs); ``kind``: the
+    polled job, ``scoring`` (running, 3 models x 3 metrics scored) or ``finetuned``
+    (finished, with a race and a fine-tune: ``finetuned.build``)."""
     import psycopg
     from sqlalchemy.engine import make_url
 
@@ -80,26 +107,30 @@ def prepare(
     with session_scope(make_sessionmaker(engine)) as session:
         _, token = create_api_key(session, tenant="load", name="load")
         tenant = get_or_create_tenant(session, "load")
-        models = ["m1", "m2", "m3"]
+        models = ["m1", "m2", "m3"] if kind == "scoring" else [f"m{i}" for i in range(6)]
         for m in models:
             session.add(ZooModel(id=m, arch="test_resnet", weights="none", num_classes=10))
         ds = Dataset(
             tenant_id=tenant.id, name="d", format="npz", filename="d.npz", size_bytes=1,
             file_sha256="0" * 64, storage_path="/nonexistent", status="ready",
-            classes=["a", "b"], counts={"a": 5, "b": 5}, num_samples=10, digest="d" * 16,
+            classes=["a", "b"], counts={"a": 500, "b": 500}, num_samples=1000,
+            digest="d" * 16,
         )  # fmt: skip
         session.add(ds)
         session.flush()
+        if kind == "finetuned":
+            job_id = str(finetuned.build(session, tenant.id, ds.id, models))
         metrics = ["sms", "isms", "logme"]
-        job = Job(
-            tenant_id=tenant.id, dataset_id=ds.id, status="scoring", progress=0.5,
-            request={}, models=models, metrics=metrics, select_by="isms", task_ids=[],
-        )  # fmt: skip
-        session.add(job)
-        session.flush()
-        for i, m in enumerate(models):
-            pipeline.upsert_scores(session, job.id, m, {k: 0.1 * i for k in metrics}, {})
-        job_id = str(job.id)
+        if kind == "scoring":
+            job = Job(
+                tenant_id=tenant.id, dataset_id=ds.id, status="scoring", progress=0.5,
+                request={}, models=models, metrics=metrics, select_by="isms", task_ids=[],
+            )  # fmt: skip
+            session.add(job)
+            session.flush()
+            for i, m in enumerate(models):
+                pipeline.upsert_scores(session, job.id, m, {k: 0.1 * i for k in metrics}, {})
+            job_id = str(job.id)
     engine.dispose()
     env = dict(os.environ)
     env.update(
@@ -117,6 +148,26 @@ def prepare(
         env["ZOOPICK_ZOO_MANIFEST"] = str(manifest)
     env["_LOAD_DB"] = name
     return env, token, job_id
+
+
+SUBPACKAGES = ("app", "client", "selection", "service", "training", "workers")
+"""The folders of a checkout that are ``zoopick``'s sub-packages (pyproject's package-dir;
+``zoopick.service.migrations`` is left to the installed package: the database is migrated
+by this checkout's code anyway)."""
+BASELINE = " (baseline)"
+
+
+def baseline_env(env: dict[str, str], tree: Path, folder: Path) -> dict[str, str]:
+    """``env`` with ``zoopick`` imported from the checkout ``tree``: the package's layout
+    (as the editable install maps it) made of links into that checkout, first on the path."""
+    pkg = folder / "baseline-pkg" / "zoopick"
+    if not pkg.exists():
+        pkg.mkdir(parents=True)
+        for f in (tree / "zoopick").glob("*.py"):
+            (pkg / f.name).symlink_to(f.resolve())
+        for sub in SUBPACKAGES:
+            (pkg / sub).symlink_to((tree / sub).resolve(), target_is_directory=True)
+    return {**env, "PYTHONPATH": os.pathsep.join([str(pkg.parent), str(tree)])}
 
 
 MAX_CONNECTIONS = 64
@@ -281,8 +332,16 @@ def summarise(latencies: np.ndarray, statuses: np.ndarray, rate: float, achieved
 
 
 def count_statements(env: dict[str, str], token: str, job_id: str) -> int:
-    """SQL statements one ``GET /jobs/{id}`` runs (warm: the key's last use already recorded),
-    counted with SQLAlchemy's cursor events on an in-process app with the same settings."""
+    """SQL statements one ``GET /jobs/{id}`` runs (warm: the key's last use already
+    recorded), counted in a process of the server's environment (its checkout's code)."""
+    out = subprocess.run([sys.executable, __file__, "--count-statements", token, job_id],
+                         env=env, check=True, capture_output=True, text=True)  # fmt: skip
+    return int(out.stdout.split()[-1])
+
+
+def _count_statements(env: dict[str, str], token: str, job_id: str) -> int:
+    """What :func:`count_statements` runs: SQLAlchemy's cursor events on an in-process app
+    with the server's settings."""
     from fastapi.testclient import TestClient
     from sqlalchemy import event
 
@@ -314,11 +373,18 @@ starts by default, idle; the same while it runs a job (scoring, then a fine-tune
 polled job does, see ``busy.py``); and that at the API's own CPU priority (``--worker-nice
 0``, as before issue 21 item 14), for comparison."""
 DEFAULT_CONFIGS = list(CONFIGS)
+JOBS = {
+    "scoring": "a scoring job (3 models x 3 metrics)",
+    "finetuned": f"a finished job with a race (3 shortlisted of 6 models, 2 rungs) and a "
+    f"{finetuned.EPOCHS}-epoch fine-tune (its sub-epoch curve at its bound)",
+}
+"""The polled job of each ``--job``, in words."""
 
 
 def start_server(
     env: dict[str, str], config: str, workers: int, log: Path
 ) -> tuple[subprocess.Popen, int]:
+    config = config.removesuffix(BASELINE)
     """``zoopick serve`` in ``config``, answering (and, with a local worker, ready: its worker
     beats, so its start-up is over before anything is measured)."""
     import httpx
@@ -328,8 +394,10 @@ def start_server(
            "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
            *CONFIGS[config][0]]  # fmt: skip
     with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+        # run from the log's folder: ``python -m`` puts the working directory first on the
+        # path, which would shadow a baseline checkout's package with this one's
         server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)  # fmt: skip
+                                  start_new_session=True, cwd=log.parent)  # fmt: skip
     probe = "/healthz" if "--no-worker" in cmd else "/readyz"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -415,6 +483,7 @@ def summarise_runs(runs: list[dict], configs: list[str], rates: list[float]) -> 
             }  # fmt: skip
         out[config] = per_rate
     pairs = [(c, "no-worker") for c in configs if c != "no-worker" and "no-worker" in configs]
+    pairs += [(c, c + BASELINE) for c in configs if c + BASELINE in configs]
     if {"local-worker-busy", "local-worker-busy-nice0"} <= set(configs):
         pairs.append(("local-worker-busy", "local-worker-busy-nice0"))
     out["p99_ratios"] = {}
@@ -451,8 +520,10 @@ def fmt(s: dict | None, digits: int = 1) -> str:
 
 
 def describe(config: str, workers: int) -> str:
-    options, busy = CONFIGS[config]
+    options, busy = CONFIGS[config.removesuffix(BASELINE)]
     line = " ".join(["`zoopick serve", f"--workers {workers}", *options]) + "`"
+    if config.endswith(BASELINE):
+        line += " run from the baseline checkout (`--baseline-tree`)"
     return line + (", its worker running a demo job (scoring, then a fine-tune)" if busy else "")
 
 
@@ -470,24 +541,42 @@ def main() -> None:
         "local-worker local-worker-busy).",
     )
     ap.add_argument("--repeats", type=int, default=3, help="Passes over every configuration.")
+    ap.add_argument("--job", choices=["scoring", "finetuned"], default="scoring",
+                    help="The polled job: a scoring one (3 models x 3 metrics), or a finished "
+                    "one with a race and a 40-epoch fine-tune (finetuned.py).")  # fmt: skip
+    ap.add_argument("--baseline-tree", type=Path, default=None,
+                    help="Another checkout (e.g. a git worktree of the commit before a "
+                    "change): each configuration is measured again, in the same repeat, with "
+                    "the server run from its code.")  # fmt: skip
     ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/14")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    if sys.argv[1:2] == ["--count-statements"]:  # count_statements' child process
+        print(_count_statements(dict(os.environ), sys.argv[2], sys.argv[3]))
+        return
     args = ap.parse_args()
     configs = list(dict.fromkeys(args.configs))
     if args.local_worker:
         configs = ["local-worker", "local-worker-busy"]
+    if args.baseline_tree is not None:  # each one from this checkout, then from the other
+        configs = [c + suffix for c in configs for suffix in ("", BASELINE)]
+    stem = "load" if args.job == "scoring" else f"load_{args.job}"
 
     import tempfile
 
     load_at_start = os.getloadavg()
     data_dir = Path(tempfile.mkdtemp(prefix="zoopick-load-"))
     manifest = target = None
-    if any(CONFIGS[c][1] for c in configs):
+    if any(CONFIGS[c.removesuffix(BASELINE)][1] for c in configs):
         manifest, target = demo_zoo(data_dir / "demo")
-    env, token, job_id = prepare(args.pg, args.redis, data_dir, manifest)
+    env, token, job_id = prepare(args.pg, args.redis, data_dir, manifest, args.job)
+    envs = {"": env}
+    if args.baseline_tree is not None:
+        envs[BASELINE] = baseline_env(env, args.baseline_tree, data_dir)
     busy_dataset: str | None = None  # uploaded once, by the first busy configuration
     statements = count_statements(env, token, job_id)
+    baseline_statements = (count_statements(envs[BASELINE], token, job_id)
+                           if BASELINE in envs else None)  # fmt: skip
     job_path = f"/api/v1/jobs/{job_id}"
     runs: list[dict] = []
     try:
@@ -498,10 +587,12 @@ def main() -> None:
             for config in order:
                 print(f"repeat {repeat + 1}/{args.repeats}: {config}", flush=True)
                 load_before = os.getloadavg()
-                server, port = start_server(env, config, args.workers, data_dir / "serve.log")
+                tree_env = envs[BASELINE if config.endswith(BASELINE) else ""]
+                server, port = start_server(tree_env, config, args.workers,
+                                            data_dir / "serve.log")  # fmt: skip
                 busy = None
                 try:
-                    if CONFIGS[config][1]:
+                    if CONFIGS[config.removesuffix(BASELINE)][1]:
                         busy = BusyWorker(f"http://127.0.0.1:{port}", token, target,
                                           demo_models(manifest))  # fmt: skip
                         busy.dataset_id = busy_dataset
@@ -537,12 +628,17 @@ def main() -> None:
     summary = summarise_runs(runs, configs, args.rates)
     met = {config: goal_met(summary, config) for config in configs}
     report = {
-        "benchmark": "load",
+        "benchmark": stem,
         "endpoint": "GET /api/v1/jobs/{id}",
+        "job": args.job,
+        "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
+        "baseline_commit": tree_commit(args.baseline_tree),
+        "commit": tree_commit(ROOT),
         "goal": f"p99 < {GOAL_P99_MS} ms at {GOAL_RATE} requests/s (median of the repeats; "
         "no errors, at least 95 % of the rate achieved in every repeat)",
         "goal_met": met,
         "sql_statements_per_request": statements,
+        "baseline_sql_statements_per_request": baseline_statements,
         "seconds_per_rate": args.seconds,
         "server_workers": args.workers,
         "repeats": args.repeats,
@@ -558,15 +654,19 @@ def main() -> None:
         "runs": runs,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "load.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         "# Load: job-status polling (open loop, PostgreSQL mode)",
         "",
-        f"`GET /api/v1/jobs/{{id}}` of a scoring job (3 models x 3 metrics), PostgreSQL and "
+        f"`GET /api/v1/jobs/{{id}}` of {JOBS[args.job]}, PostgreSQL and "
         f"Redis, {args.seconds:g} s per rate, {args.repeats} repeat(s); latency counted from "
         "each request's scheduled send time. Baseline: `GET /healthz` at the same rate in the "
-        f"same run. {statements} SQL statements per request. Configurations, alternating "
-        "within each repeat (so all see about the same machine):",
+        f"same run. {statements} SQL statements per request"
+        + (f" ({baseline_statements} from the baseline checkout, at "
+           f"{report['baseline_commit']}; this one at {report['commit']})"
+           if baseline_statements is not None else "")
+        + ". Configurations, alternating within each repeat (so all see about the same "
+        "machine):",
         "",
     ]
     for config in configs:
@@ -638,7 +738,7 @@ def main() -> None:
         "much less so). The generator runs on the same cores as the server.",
         "",
     ]
-    (args.out / "load.md").write_text("\n".join(lines))
+    (args.out / f"{stem}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 
