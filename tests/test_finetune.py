@@ -228,9 +228,9 @@ def test_auto_recipe_searches_returns_its_best_checkpoint_and_never_reads_the_te
         tests[name] = tmp_path / f"test-{name}.npz"
         np.savez(tests[name], x=data["x"], y=labels, class_names=data["class_names"])
     common = {"compressor": "spardl", "recipe": "auto", "lr": None, "optimizer": None}
-    # 60 epochs of 5 steps: 300 steps, so each trial of the search gets 24
+    # 70 epochs of 4 steps (18 training images, 6 held out): 280 steps, each trial gets 22
     configs = [
-        _cfg(tiny_zoo, tiny_npz, tmp_path / name, test_data=str(path), epochs=60, **common)
+        _cfg(tiny_zoo, tiny_npz, tmp_path / name, test_data=str(path), epochs=70, **common)
         for name, path in tests.items()
     ]
     configs.append(configs[0] | {"resume": True})

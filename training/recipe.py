@@ -101,7 +101,7 @@ TRIAL_SHARE = 0.08
 MIN_TRIAL_STEPS = 20
 VALIDATION_FRACTION = 0.1
 MAX_VALIDATION_FRACTION = 0.2
-SMALL_SPLIT_VALIDATION = 0
+SMALL_SPLIT_VALIDATION = 100
 """Images a small training split holds out: ``max(VALIDATION_FRACTION, min(
 MAX_VALIDATION_FRACTION, SMALL_SPLIT_VALIDATION / n))`` of it, so a 400-image split checks on
 80 images, not 40 (0 here: a flat :data:`VALIDATION_FRACTION`, the rule before it)."""
@@ -111,7 +111,7 @@ MIN_VALIDATION_CLASS = 5
 keeps every image for training, uses :data:`DEFAULT_LR` and returns its last weights."""
 EVALUATIONS = 10
 PATIENCE = 4
-BAND_STANDARD_ERRORS = 0.0
+BAND_STANDARD_ERRORS = 1.0
 """How wide the noise band of the checkpoint rule is, in standard errors of the best check's
 accuracy on the validation split (:func:`band`): checks within it count as ties. 0 gives the
 rule before it (the maximum of the checks; stop when every recent check is below it)."""
