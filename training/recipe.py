@@ -20,7 +20,9 @@ what the field's fine-tuning recipes agree on, with no user sweep:
   :data:`LR_CANDIDATES`, going on past an end where the best is there (:func:`next_rate`, at
   most :data:`MAX_TRIALS`), judged on a validation split by its loss (:func:`pick`): the
   race's rule (an annealed short run's end predicts the long run's), applied to rates
-  instead of models. A run too short to give a trial :data:`MIN_TRIAL_STEPS`
+  instead of models. Only trials that learned something count (above chance by
+  :data:`CHANCE_STANDARD_ERRORS`); when none did, the search tries higher rates and keeps
+  the highest that did not diverge. A run too short to give a trial :data:`MIN_TRIAL_STEPS`
   (an explicit short ``epochs``) takes :data:`DEFAULT_LR` instead: the search never costs
   more than its share;
 * **label smoothing** :data:`LABEL_SMOOTHING`; **augmentation** (random shifts of up to 1/8
@@ -88,7 +90,7 @@ past it, :data:`LR_STEP` at a time, up to :data:`MAX_TRIALS` trials (a random or
 model wants a higher rate, a large pretrained one a lower)."""
 LR_STEP = 10**0.5
 MAX_TRIALS = 5
-CHANCE_STANDARD_ERRORS: float | None = None
+CHANCE_STANDARD_ERRORS: float | None = 2.0
 """A trial of the search **learned** when its validation accuracy is above the split's
 majority-class share by more than this many binomial standard errors of that share
 (:func:`chance_floor`); the search trusts only trials that learned (:func:`pick`,
