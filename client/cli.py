@@ -499,6 +499,14 @@ def jobs_submit(
             "--webhook-phases", help="Also call --webhook at each phase (scoring, racing, ...)."
         ),
     ] = False,
+    name: Annotated[
+        str | None, typer.Option(help="The job's name (the job list searches it).")
+    ] = None,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option("--tag", help="A tag for the job (repeat for more; the list filters them)."),
+    ] = None,
+    notes: Annotated[str | None, typer.Option(help="Free text kept with the job.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the job to finish.")] = False,
     timeout: Timeout = None,
     url: Url = None,
@@ -515,6 +523,7 @@ def jobs_submit(
         ("--select-by", select_by),
         ("--compressor", compressor),
         ("--webhook", webhook),
+        ("--name", name),
     )
     given = {"epochs": finetune_epochs, "compressor": compressor, "density": density}
     given.update(workers=_worker_count(workers, min_workers, max_workers), lr=lr, recipe=recipe)
@@ -536,6 +545,9 @@ def jobs_submit(
             selection=selection,
             idempotency_key=idempotency_key,
             webhook=None if webhook is None else {"url": webhook, "phases": webhook_phases},
+            name=name,
+            tags=tag or None,
+            notes=notes,
         )
         err.print(f"submitted job {job.id} ({job.status})", highlight=False)
         if not wait:

@@ -414,13 +414,17 @@ class Client:
         selection: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         webhook: dict[str, Any] | None = None,
+        name: str | None = None,
+        tags: list[str] | None = None,
+        notes: str | None = None,
     ) -> Job:
         """Submit a job (``models=None``: the whole zoo). ``selection`` (e.g.
         ``{"shortlist": 3, "budget_epochs": 3}``) races the metric's shortlist with short
         fine-tunes before choosing. ``webhook`` (``{"url": ..., "phases": False}``) is called
         when the job ends (and at each phase with ``phases``), in place of the tenant's. The
         ``Idempotency-Key`` (a fresh one unless given) makes retries of this call return the
-        same job."""
+        same job. ``name``, ``tags`` and ``notes`` label the job (the job list searches the
+        name and the tags)."""
         # an empty list goes to the server as given (which refuses it), never as "all"
         body: dict[str, Any] = {
             "dataset_id": dataset_id,
@@ -436,6 +440,8 @@ class Client:
             body["selection"] = selection
         if webhook is not None:
             body["webhook"] = webhook
+        labels = {"name": name, "tags": tags, "notes": notes}
+        body.update({k: v for k, v in labels.items() if v is not None})
         if idempotency_key is not None and not idempotency_key.strip():
             # an unset CI variable: a fresh key would make a new job on every re-run
             raise ZoopickError("the idempotency key is empty; give one, or leave it out")

@@ -449,7 +449,8 @@ def test_jobs_submit_sends_batch_size_optimizer_elastic_workers_and_a_webhook():
         done = cli(
             "jobs", "submit", "--dataset", DATASET, "--batch-size", "32", "--optimizer", "sgd",
             "--min-workers", "1", "--max-workers", "4", "--webhook", "https://ci.example/hook",
-            "--webhook-phases", "--url", url,
+            "--webhook-phases", "--name", "nightly", "--tag", "ci", "--tag", "resnet",
+            "--notes", "from the pipeline", "--url", url,
         )  # fmt: skip
         both = cli("jobs", "submit", "--dataset", DATASET, "--workers", "2", "--max-workers", "4",
                    "--url", url)  # fmt: skip
@@ -462,6 +463,9 @@ def test_jobs_submit_sends_batch_size_optimizer_elastic_workers_and_a_webhook():
         "batch_size": 32, "optimizer": "sgd", "workers": {"min": 1, "max": 4},
     }  # fmt: skip
     assert body["webhook"] == {"url": "https://ci.example/hook", "phases": True}
+    assert (body["name"], body["tags"], body["notes"]) == (
+        "nightly", ["ci", "resnet"], "from the pipeline",
+    )  # fmt: skip
     assert both.returncode == 2 and "not both" in both.stderr
     assert half.returncode == 2 and "both --min-workers and --max-workers" in half.stderr
     assert phases.returncode == 2 and "--webhook-phases needs --webhook" in phases.stderr
