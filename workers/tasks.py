@@ -578,6 +578,7 @@ def finetune(self, job_id: str) -> str:
         on_time_limit=timed_out,
         on_record=on_record,
         on_event=on_event,
+        poll=min(5.0, cfg.lease_seconds / 4),  # renewed well before it runs out, as a rung's
         log=out,
     )
     if result.lease_lost:
