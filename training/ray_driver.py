@@ -108,6 +108,21 @@ def failure_reason(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _worker_env(start_timeout: float) -> dict[str, str]:
+    """The environment Ray gives the run's processes on every machine: the controller's
+    start timeout, and the switches the trainer reads from its environment, which a local
+    run's processes inherit from the worker but Ray's (on other machines) only get here
+    (``ZOOPICK_COMM_TRITON``: ``training.comm.select.cuda_triton``)."""
+    import os
+
+    from zoopick.training.comm.select import TRITON_VARIABLE
+
+    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(start_timeout)}
+    if TRITON_VARIABLE in os.environ:
+        env[TRITON_VARIABLE] = os.environ[TRITON_VARIABLE]
+    return env
+
+
 def _clear_stale_checkpoint(out: Path) -> None:
     """A run that does not resume starts over (as the local backend does): a checkpoint
     left in its folder must not be taken for one of its own by a restarted worker."""
@@ -156,9 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             logging_level="WARNING",
             # read by the run's controller actor: how long one start of the worker group may
             # wait for machines (see the failure config below)
-            runtime_env={
-                "env_vars": {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(args.start_timeout)}
-            },
+            runtime_env={"env_vars": _worker_env(args.start_timeout)},
         )
     except Exception as exc:  # noqa: BLE001 - whatever Ray raised, the job says where
         return _fail(f"cannot reach {where}: {failure_reason(exc)}")

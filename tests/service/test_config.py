@@ -128,3 +128,14 @@ def test_importing_the_workers_does_not_import_torch():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_ray_workers_get_the_triton_switch_the_driver_was_given(monkeypatch):
+    """A local run's trainer inherits ZOOPICK_COMM_TRITON from its worker; Ray's processes on
+    other machines get only what the driver hands Ray's runtime environment."""
+    from zoopick.training.ray_driver import _worker_env
+
+    monkeypatch.delenv("ZOOPICK_COMM_TRITON", raising=False)
+    assert _worker_env(45) == {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "45"}
+    monkeypatch.setenv("ZOOPICK_COMM_TRITON", "true")
+    assert _worker_env(45)["ZOOPICK_COMM_TRITON"] == "true"
