@@ -1149,8 +1149,11 @@ def load_test_data(
 
     The training file itself as test data means that file's own test split (Keras layout
     ``x_test``/``y_test``): testing on the training images would be a silent wrong answer.
-    Classes that differ from ``class_names`` (names or order) are a :class:`DatasetError`.
-    One function, so ``zoopick train`` refuses what its workers would fail on."""
+    Its labels are mapped onto ``class_names`` by name: a test folder that lacks a class, or
+    lists the classes in another order, is read as the training data names them. A test class
+    with images that the training data never has is a :class:`DatasetError` (a model trained
+    on it cannot predict it). One function, so ``zoopick train`` refuses what its workers
+    would fail on."""
     same = Path(path).expanduser().resolve() == Path(train_path).expanduser().resolve()
     test = load_dataset(path, split="test" if same else "train", limits=_SPLIT_LIMITS)
     counts = test.class_counts()
@@ -1161,12 +1164,14 @@ def load_test_data(
             f"{_preview(unseen)} (its classes: {_preview(class_names)}); a model trained on it "
             "cannot predict them, so its test accuracy would count each of their images as wrong"
         )
-    if list(test.class_names) != list(class_names):
-        raise DatasetError(
-            f"test data classes differ from training data classes: {_preview(test.class_names)}"
-            f" against {_preview(class_names)}"
-        )
-    return test
+    if list(test.class_names) == list(class_names):
+        return test
+    index = {name: i for i, name in enumerate(class_names)}
+    # a listed test class without images maps nowhere, and no label points at it
+    mapping = np.array([index.get(name, -1) for name in test.class_names], dtype=np.int64)
+    mapped = replace(test, labels=mapping[test.labels], class_names=list(class_names))
+    mapped.digest = mapped.compute_digest()  # the labels and names are part of it
+    return mapped
 
 
 def check_test_split_labels(

@@ -388,6 +388,16 @@ def test_a_test_split_with_labels_training_never_has_is_refused_naming_them(tmp_
     fine = _keras(tmp_path / "f.npz", [0, 1, 2] * 2, [2, 0, 0], names=["a", "b", "c"])
     test = load_test_data(fine, fine, load_dataset(fine).class_names)
     assert test.class_counts() == {"a": 2, "b": 0, "c": 1}
+    # separate test data whose classes are a subset, or in another order: mapped by name
+    train_named = _keras(tmp_path / "t.npz", [0, 1, 2] * 2, [0], names=["a", "b", "c"])
+    names = load_dataset(train_named).class_names
+    subset = tmp_path / "subset.npz"
+    np.savez(subset, x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 1, 1]),
+             class_names=np.array(["c", "a"]))  # fmt: skip
+    mapped = load_test_data(subset, train_named, names)
+    assert mapped.class_names == ["a", "b", "c"]
+    assert [names[i] for i in mapped.labels] == ["c", "a", "a"]
+    assert mapped.digest == mapped.compute_digest()
     # separate test data with a class the training data has not: named too
     other = tmp_path / "other.npz"
     np.savez(other, x=np.zeros((4, 4, 4), np.uint8), y=np.array([0, 1, 5, 5]))
