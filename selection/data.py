@@ -1143,7 +1143,10 @@ _SPLIT_LIMITS = replace(DEFAULT_LIMITS, min_per_class=0)
 
 
 def load_test_data(
-    path: str | Path, train_path: str | Path, class_names: Sequence[str]
+    path: str | Path,
+    train_path: str | Path,
+    class_names: Sequence[str],
+    limits: DatasetLimits | None = None,
 ) -> TargetDataset:
     """The test data a run names, checked against its training data's classes.
 
@@ -1153,9 +1156,11 @@ def load_test_data(
     lists the classes in another order, is read as the training data names them. A test class
     with images that the training data never has is a :class:`DatasetError` (a model trained
     on it cannot predict it). One function, so ``zoopick train`` refuses what its workers
-    would fail on."""
+    would fail on. ``limits``: those of the training data (default: the library's); a test
+    set may lack a class, so ``min_per_class`` is lifted."""
     same = Path(path).expanduser().resolve() == Path(train_path).expanduser().resolve()
-    test = load_dataset(path, split="test" if same else "train", limits=_SPLIT_LIMITS)
+    bounds = _SPLIT_LIMITS if limits is None else replace(limits, min_per_class=0)
+    test = load_dataset(path, split="test" if same else "train", limits=bounds)
     counts = test.class_counts()
     unseen = [n for n in test.class_names if counts[n] and n not in set(class_names)]
     if unseen:

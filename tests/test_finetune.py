@@ -265,3 +265,17 @@ def test_auto_recipe_searches_returns_its_best_checkpoint_and_never_reads_the_te
     assert float((pred == val.labels).mean()) == pytest.approx(final["best_val_accuracy"])
     epochs = _epoch_lines(real)
     assert epochs[-1]["val_acc"] == pytest.approx(final["best_val_accuracy"])
+
+
+def test_the_trainer_loads_its_data_under_the_runs_dataset_limits(tiny_zoo, tiny_npz, tmp_path):
+    """A job's run carries the deployment's dataset limits (the ones that validated the
+    dataset), and the trainer loads under them, not the library's defaults."""
+    from zoopick.selection.limits import LimitExceeded
+    from zoopick.training.finetune import _load_data
+
+    cfg = FinetuneConfig(**_cfg(tiny_zoo, tiny_npz, tmp_path / "run"))
+    train, test, _ = _load_data(cfg, 1)
+    assert len(train) + len(test) == 24  # the defaults: the whole file
+    bounded = cfg.model_copy(update={"dataset_limits": {"max_members": 5}})
+    with pytest.raises(LimitExceeded, match="max_members"):
+        _load_data(bounded, 1)

@@ -308,8 +308,15 @@ class FinetuneConfig(FinetuneOptions):
         "at the end of an annealed run. None: a constant rate.",
     )
 
+    dataset_limits: dict[str, Any] | None = Field(
+        None,
+        description="The bounds the run loads its datasets under "
+        "(zoopick.selection.limits.DatasetLimits' fields: the deployment's, which validated "
+        "the dataset); None: the library's defaults.",
+    )
+
     # fields that may change between a run and its resumption
-    _RESUMABLE = frozenset({"epochs", "resume", "out", "max_steps", "decay_from"})
+    _RESUMABLE = frozenset({"epochs", "resume", "out", "max_steps", "decay_from", "dataset_limits"})
 
     @model_validator(mode="after")
     def _decay_within_the_run(self) -> FinetuneConfig:

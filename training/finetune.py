@@ -57,10 +57,12 @@ def _load_data(cfg: FinetuneConfig, world: int):
     (``recipe.validation_fraction``, drawn as the race's is), what it chooses on; None where
     it holds none out (the fixed recipe, a rung, too few images)."""
     from zoopick.selection.data import load_dataset, load_test_data, split_dataset
+    from zoopick.selection.limits import DatasetLimits
 
-    train = load_dataset(cfg.data, max_per_class=cfg.max_per_class, seed=cfg.seed)
+    limits = DatasetLimits(**cfg.dataset_limits) if cfg.dataset_limits else None
+    train = load_dataset(cfg.data, max_per_class=cfg.max_per_class, seed=cfg.seed, limits=limits)
     if cfg.test_data:
-        test = load_test_data(cfg.test_data, cfg.data, train.class_names)
+        test = load_test_data(cfg.test_data, cfg.data, train.class_names, limits)
     else:
         train, test = split_dataset(train, cfg.test_fraction, cfg.seed)
     if cfg.validation_fraction is not None:

@@ -10,6 +10,7 @@ tasks, never at import time: prefork children must not inherit CUDA state.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -540,6 +541,7 @@ def finetune(self, job_id: str) -> str:
             resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
             # the race winner's training is where this run starts: no step is thrown away
             init_from=str(winner) if winner is not None and winner.is_file() else None,
+            dataset_limits=dataclasses.asdict(cfg.dataset_limits()),  # what validated it
         )
         run = pipeline.open_run(
             session,
@@ -675,6 +677,7 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
                     max_steps=entry.target_steps,
                     decay_from=races.rung_start(job, level),
                     validation_fraction=selection.validation_fraction,
+                    dataset_limits=dataclasses.asdict(cfg.dataset_limits()),
                 )
                 entry_id = entry.id
                 outcome = "train"
