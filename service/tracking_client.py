@@ -128,10 +128,13 @@ def log(record: RunRecord, settings: Settings) -> Logged:
             return Logged(run.info.run_id, experiment_id, run_url(uri, experiment_id,
                                                                   run.info.run_id))  # fmt: skip
         if run is None:
+            # the run's user (RunInfo.user_id, MLflow's "User" column) is read from the
+            # mlflow.user tag when the run is created: set later, it is only a tag
+            user = {k: v for k, v in record.tags.items() if k == "mlflow.user"}
             run = client.create_run(
                 experiment_id,
                 start_time=record.start_ms,
-                tags={JOB_TAG: record.job_id},
+                tags={JOB_TAG: record.job_id, **user},
                 run_name=record.job_id,
             )
         run_id = run.info.run_id

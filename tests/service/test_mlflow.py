@@ -113,6 +113,7 @@ def test_a_finished_job_is_one_mlflow_run_with_its_scores_curve_and_model(mlflow
     assert run.info.run_name == job_id and run.info.status == "FINISHED"
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
     assert tags["zoopick.tenant"] == TENANT and tags["mlflow.user"] == TENANT
+    assert run.info.user_id == TENANT  # MLflow's User column, not only a tag
     assert tags["zoopick.dataset_id"] == ds and tags["zoopick.dataset_name"] == "shades.npz"
     assert tags["zoopick.status"] == "succeeded" and tags["zoopick.version"]
     assert tags["zoopick.chosen_model"] == job["chosen_model"]
