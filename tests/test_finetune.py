@@ -3,6 +3,7 @@ run continues the same run, and the final model loads with its data config."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -163,6 +164,7 @@ def test_sparse_hooks_get_the_default_warmup_unless_the_run_sets_one():
     assert options("dense") == {}
     state, _ = make_hook("spardl", density=0.01, **options("spardl"))
     assert [state.density_at(t) for t in range(5)] == [0.25, 0.0625, 0.015625, 0.01, 0.01]
+
     # what the trainer builds: the run's typed hook options, the same schedule
     def run_hook(compressor: str):
         cfg = FinetuneConfig(zoo="z", model="m", data="d", out="o", compressor=compressor)
@@ -279,3 +281,27 @@ def test_the_trainer_loads_its_data_under_the_runs_dataset_limits(tiny_zoo, tiny
     bounded = cfg.model_copy(update={"dataset_limits": {"max_members": 5}})
     with pytest.raises(LimitExceeded, match="max_members"):
         _load_data(bounded, 1)
+
+
+def test_the_trainer_reads_the_images_validation_decoded(tiny_zoo, tiny_imagefolder, tmp_path):
+    """A job's run names the copy validation decoded: the trainer reads its images there (the
+    file itself is never opened) and gets the loader's dataset; without a usable copy it reads
+    the file."""
+    from zoopick.selection import decoded
+    from zoopick.selection.data import load_dataset
+    from zoopick.training.finetune import _load_data
+
+    assert decoded.write(load_dataset(tiny_imagefolder), tmp_path / "decoded", max_bytes=None)
+    cfg = FinetuneConfig(**_cfg(tiny_zoo, tiny_imagefolder, tmp_path / "run"))
+    from_file = _load_data(cfg, 1)
+    gone = cfg.model_copy(
+        update={"data": str(tmp_path / "deleted"), "decoded": str(tmp_path / "decoded")}
+    )
+    from_copy = _load_data(gone, 1)
+    for a, b in zip(from_file[:2], from_copy[:2], strict=True):
+        assert a.digest == b.digest and list(a.labels) == list(b.labels)
+        assert all(
+            np.array_equal(np.asarray(a.image(i)), np.asarray(b.image(i))) for i in range(len(a))
+        )
+    missing = cfg.model_copy(update={"decoded": str(tmp_path / "none")})
+    assert _load_data(missing, 1)[0].digest == from_file[0].digest

@@ -315,8 +315,18 @@ class FinetuneConfig(FinetuneOptions):
         "the dataset); None: the library's defaults.",
     )
 
+    decoded: str | None = Field(
+        None,
+        min_length=1,
+        description="A folder holding the training data decoded once at validation "
+        "(zoopick.selection.decoded): the run reads its images there instead of decoding the "
+        "file again, and reads the file where the folder holds no usable copy.",
+    )
+
     # fields that may change between a run and its resumption
-    _RESUMABLE = frozenset({"epochs", "resume", "out", "max_steps", "decay_from", "dataset_limits"})
+    _RESUMABLE = frozenset(
+        {"epochs", "resume", "out", "max_steps", "decay_from", "dataset_limits", "decoded"}
+    )
 
     @model_validator(mode="after")
     def _decay_within_the_run(self) -> FinetuneConfig:

@@ -56,11 +56,18 @@ def _load_data(cfg: FinetuneConfig, world: int):
     its test images. ``validation`` is the auto recipe's own share of the training split
     (``recipe.validation_fraction``, drawn as the race's is), what it chooses on; None where
     it holds none out (the fixed recipe, a rung, too few images)."""
+    from zoopick.selection import decoded
     from zoopick.selection.data import load_dataset, load_test_data, split_dataset
     from zoopick.selection.limits import DatasetLimits
 
     limits = DatasetLimits(**cfg.dataset_limits) if cfg.dataset_limits else None
-    train = load_dataset(cfg.data, max_per_class=cfg.max_per_class, seed=cfg.seed, limits=limits)
+    train = None
+    if cfg.decoded:  # the images validation decoded: the same dataset, no archive read
+        train = decoded.load(cfg.decoded, max_per_class=cfg.max_per_class, seed=cfg.seed,
+                             limits=limits)  # fmt: skip
+    if train is None:
+        train = load_dataset(cfg.data, max_per_class=cfg.max_per_class, seed=cfg.seed,
+                             limits=limits)  # fmt: skip
     if cfg.test_data:
         test = load_test_data(cfg.test_data, cfg.data, train.class_names, limits)
     else:

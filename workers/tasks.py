@@ -542,6 +542,7 @@ def finetune(self, job_id: str) -> str:
             # the race winner's training is where this run starts: no step is thrown away
             init_from=str(winner) if winner is not None and winner.is_file() else None,
             dataset_limits=dataclasses.asdict(cfg.dataset_limits()),  # what validated it
+            decoded=str(store.decoded_dir(ds.storage_path)),  # its images, decoded once
         )
         run = pipeline.open_run(
             session,
@@ -678,6 +679,7 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
                     decay_from=races.rung_start(job, level),
                     validation_fraction=selection.validation_fraction,
                     dataset_limits=dataclasses.asdict(cfg.dataset_limits()),
+                    decoded=str(store.decoded_dir(ds.storage_path)),
                 )
                 entry_id = entry.id
                 outcome = "train"
