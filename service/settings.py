@@ -168,6 +168,14 @@ class Settings(BaseSettings):
         description="The Retry-After the API sends with a 202 or 503 that asks to come back "
         "(an export being made, a busy database).",
     )
+    shutdown_grace_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long the API, once told to stop (SIGTERM, Ctrl-C), lets in-flight "
+        "requests finish: it stops accepting at once, and at this deadline cancels what is "
+        "left (a client still trickling an upload is cut, its partial file removed) and "
+        "exits. A process manager's own stop timeout should be longer.",
+    )
     page_size_default: int = Field(20, gt=0, description="Items of a list page by default.")
     page_size_max: int = Field(100, gt=0, description="Most items a list page may ask for.")
 

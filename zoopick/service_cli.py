@@ -38,7 +38,8 @@ KEY_FILE = "api-key"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 WORKER_STOP_GRACE_SECONDS = 20.0
 """How long ``serve`` lets its worker finish a short task (a warm shutdown) before killing
-it; a re-delivered or swept task redoes whatever was cut off."""
+it, at most ``ZOOPICK_SHUTDOWN_GRACE_SECONDS``; a re-delivered or swept task redoes whatever
+was cut off."""
 
 
 class ServerStopped(Exception):
@@ -175,6 +176,9 @@ def serve(
     # runs and stops the worker (with the default handler the process would die on the spot
     # and leave the worker and its pool running)
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in STOP_SIGNALS}
+    # a stop drains: no new connections, in-flight requests get ``grace`` seconds, then
+    # uvicorn cancels them (an upload still trickling in is cut and its partial file removed)
+    grace = settings.shutdown_grace_seconds
     from zoopick.service.liveness import LocalWorkerWatch
 
     proc = None
@@ -209,7 +213,12 @@ def serve(
             watch = LocalWorkerWatch(settings, restart_worker, exited).start()
         if workers == 1:
             uvicorn.run(
-                create_app(settings), host=host, port=port, log_level="info", http=HTTP_PROTOCOL
+                create_app(settings),
+                host=host,
+                port=port,
+                log_level="info",
+                http=HTTP_PROTOCOL,
+                timeout_graceful_shutdown=grace,
             )
         else:
             # several processes need the app by import path; they read the settings from the
@@ -229,6 +238,7 @@ def serve(
                 port=port,
                 log_level="info",
                 http=HTTP_PROTOCOL,
+                timeout_graceful_shutdown=grace,
             )
     except ServerStopped:
         pass
@@ -236,7 +246,7 @@ def serve(
         if watch is not None:
             watch.stop()
         if proc is not None:
-            stop_group(proc, grace=WORKER_STOP_GRACE_SECONDS)
+            stop_group(proc, grace=min(WORKER_STOP_GRACE_SECONDS, grace))
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
