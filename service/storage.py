@@ -466,17 +466,21 @@ class S3Store(Store):
 
         return chunks()
 
-    def size(self, key: str) -> int | None:
+    def _head(self, key: str) -> dict[str, Any] | None:
+        """The object's HEAD answer; None when there is no such object."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except (ClientError, BotoCoreError) as exc:
             error = self._fail(exc, key)
             if isinstance(error, ObjectMissing):
                 return None
             raise error from exc
-        return int(head["ContentLength"])
+
+    def size(self, key: str) -> int | None:
+        head = self._head(key)
+        return None if head is None else int(head["ContentLength"])
 
     def delete(self, key: str) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -504,16 +508,8 @@ class S3Store(Store):
         return True
 
     def modified(self, key: str) -> float | None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except (ClientError, BotoCoreError) as exc:
-            error = self._fail(exc, key)
-            if isinstance(error, ObjectMissing):
-                return None
-            raise error from exc
-        return head["LastModified"].timestamp()
+        head = self._head(key)
+        return None if head is None else head["LastModified"].timestamp()
 
     def list(self, prefix: str) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError
