@@ -67,9 +67,9 @@ class Dispatcher:
         then)."""
         self.settings.ensure_dirs()
         app = make_celery(self.settings)
-        # a sender subscribes to each task's result channel as it sends it; during a Redis
-        # outage Celery's default policy retries that for ~20 s, holding the request (an API
-        # answer) that long before its 503. A sender never reads results: fail fast
+        # a sender never reads results (nor subscribes to them: result_backend.py); during a
+        # Redis outage Celery's default policy retries a result-backend call for ~20 s,
+        # holding the request (an API answer) that long before its 503: fail fast
         opts = dict(app.conf.result_backend_transport_options or {})
         opts["retry_policy"] = SENDER_RESULT_RETRY
         app.conf.result_backend_transport_options = opts

@@ -22,6 +22,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
+from zoopick.service.result_backend import backend_url
 from zoopick.service.settings import Settings
 
 CPU = "cpu"
@@ -82,7 +83,7 @@ def make_celery(settings: Settings, *, include_tasks: bool = False) -> Celery:
     app = Celery(
         "zoopick",
         broker=settings.broker_url,
-        backend=settings.result_backend,
+        backend=backend_url(settings.result_backend),
         include=[TASKS_MODULE] if include_tasks else [],
     )
     backend_opts: dict[str, Any] = {}
