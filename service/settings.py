@@ -43,12 +43,20 @@ class Settings(BaseSettings):
     storage_dir: Path | None = Field(None, description="Uploads and artefacts; <data_dir>/storage.")
     storage_url: str | None = Field(
         None,
-        description="Where files that outlive a machine are kept (fine-tuned models and their "
-        "exports so far): a local folder (a path or file:// URL; default <storage_dir>, today's "
-        "folder) or s3://bucket/prefix on any S3-compatible store, its credentials, endpoint and "
+        description="Where files that outlive a machine are kept (uploaded datasets with their "
+        "decoded images and thumbnails, fine-tuned models and their exports so far): a local "
+        "folder (a path or file:// URL; default <storage_dir>, today's folder) or "
+        "s3://bucket/prefix on any S3-compatible store, its credentials, endpoint and "
         "region read from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_REGION.",
     )
     cache_dir: Path | None = Field(None, description="Feature cache; default <data_dir>/cache.")
+    object_cache_max_bytes: int = Field(
+        20 * 1024**3,
+        gt=0,
+        description="Bytes of a machine's local copies of objects of a remote store (a dataset, "
+        "its decoded images) kept in <data_dir>/objects for its workers to read as files; the "
+        "copies used least recently are removed past it.",
+    )
     zoo_manifest: Path | None = Field(
         None, description="Zoo manifest (JSON/YAML) synced into the database at start."
     )

@@ -111,26 +111,39 @@ def _chunks(source: IO[bytes] | Iterable[bytes]) -> Iterator[bytes]:
                 yield bytes(chunk)
 
 
-class _Counted:
-    """A source's chunks, counted and hashed as they pass, :class:`TooLarge` past the limit
-    (raised before the chunk that goes over is handed on)."""
+class Writer(ABC):
+    """One object being written: :meth:`write` its bytes as they come (counted, hashed and
+    refused with :class:`TooLarge` past ``max_bytes`` before they are stored), then
+    :meth:`commit` (it becomes visible whole) or :meth:`abort` (nothing is left). Until
+    committed no reader sees it, whatever happens to the writer."""
 
-    def __init__(self, key: str, source: IO[bytes] | Iterable[bytes], max_bytes: int | None):
-        self.key, self.max_bytes = key, max_bytes
+    def __init__(self, key: str, max_bytes: int | None) -> None:
+        self.key, self.max_bytes = check_key(key), max_bytes
         self.size = 0
-        self.hash = hashlib.sha256()
-        self._it = _chunks(source)
+        self._hash = hashlib.sha256()
 
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self._it:
-            self.size += len(chunk)
-            if self.max_bytes is not None and self.size > self.max_bytes:
-                raise TooLarge(self.key, self.max_bytes)
-            self.hash.update(chunk)
-            yield chunk
+    def write(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        self.size += len(chunk)
+        if self.max_bytes is not None and self.size > self.max_bytes:
+            raise TooLarge(self.key, self.max_bytes)
+        self._hash.update(chunk)
+        self._write(chunk)
 
     def stored(self) -> Stored:
-        return Stored(self.key, self.size, self.hash.hexdigest())
+        return Stored(self.key, self.size, self._hash.hexdigest())
+
+    @abstractmethod
+    def _write(self, chunk: bytes) -> None: ...
+
+    @abstractmethod
+    def commit(self) -> Stored:
+        """Make the object visible, whole; what was under its key before is replaced."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop what was written (safe to call twice, and after a failed commit)."""
 
 
 class Store(ABC):
@@ -140,11 +153,25 @@ class Store(ABC):
     """The store as errors name it: its folder or ``s3://bucket/prefix``, no credentials."""
 
     @abstractmethod
+    def writer(self, key: str, *, max_bytes: int | None = None) -> Writer:
+        """A :class:`Writer` of a new object under ``key``: what a caller that receives the
+        bytes piece by piece (an upload's body, on the event loop) writes through."""
+
     def put(
         self, key: str, source: IO[bytes] | Iterable[bytes], *, max_bytes: int | None = None
     ) -> Stored:
         """Store ``source`` (a binary file or an iterable of byte chunks) under ``key``,
-        replacing what was there once complete. :class:`TooLarge` past ``max_bytes``."""
+        replacing what was there once complete. :class:`TooLarge` past ``max_bytes``. The
+        source's own errors (a client gone) pass as they are: only the store's are
+        :class:`StoreUnavailable`."""
+        out = self.writer(key, max_bytes=max_bytes)
+        try:
+            for chunk in _chunks(source):
+                out.write(chunk)
+            return out.commit()
+        except BaseException:
+            out.abort()
+            raise
 
     def put_file(
         self, key: str, path: str | Path, *, max_bytes: int | None = None, move: bool = False
@@ -223,33 +250,8 @@ class LocalStore(Store):
     def _unavailable(self, exc: OSError) -> StoreUnavailable:
         return StoreUnavailable(self.name, f"{type(exc).__name__}: {exc.strerror or exc}")
 
-    def put(
-        self, key: str, source: IO[bytes] | Iterable[bytes], *, max_bytes: int | None = None
-    ) -> Stored:
-        dest = self._path(key)
-        counted = _Counted(key, source, max_bytes)
-        chunks = iter(counted)
-        partial = self.root / ".partial" / uuid.uuid4().hex
-        try:
-            with self._writing():
-                partial.parent.mkdir(parents=True, exist_ok=True)
-                f = open(partial, "wb")  # noqa: SIM115 - closed below
-            with f:
-                # the source's own errors (a client gone) pass as they are: only the folder's
-                # are the store's
-                while (chunk := next(chunks, None)) is not None:
-                    with self._writing():
-                        f.write(chunk)
-                with self._writing():
-                    f.flush()
-                    os.fsync(f.fileno())
-            with self._writing():
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(partial, dest)
-        finally:
-            with contextlib.suppress(OSError):
-                partial.unlink(missing_ok=True)
-        return counted.stored()
+    def writer(self, key: str, *, max_bytes: int | None = None) -> Writer:
+        return _LocalWriter(self, key, max_bytes)
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
@@ -276,9 +278,10 @@ class LocalStore(Store):
             return super().put_file(key, path, move=True)
         try:
             with open(partial, "rb") as f:
-                stored = _Counted(key, f, None)
-                for _ in stored:
-                    pass
+                size, digest = 0, hashlib.sha256()
+                while chunk := f.read(CHUNK):
+                    size += len(chunk)
+                    digest.update(chunk)
             with self._writing():
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(partial, dest)
@@ -286,7 +289,7 @@ class LocalStore(Store):
             with contextlib.suppress(OSError):
                 partial.unlink(missing_ok=True)
         Path(path).unlink(missing_ok=True)
-        return stored.stored()
+        return Stored(key, size, digest.hexdigest())
 
     def get(self, key: str) -> Iterator[bytes]:
         path = self._path(key)
@@ -354,6 +357,47 @@ class LocalStore(Store):
         return self._path(key)
 
 
+class _LocalWriter(Writer):
+    """Into ``<root>/.partial/<random>``, renamed to the key's path once committed."""
+
+    def __init__(self, store: LocalStore, key: str, max_bytes: int | None) -> None:
+        super().__init__(key, max_bytes)
+        self.store = store
+        self.dest = store._path(key)
+        self.partial = store.root / ".partial" / uuid.uuid4().hex
+        with store._writing():
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+            self.file: IO[bytes] | None = open(self.partial, "wb")  # noqa: SIM115
+
+    def _write(self, chunk: bytes) -> None:
+        assert self.file is not None, "written after commit or abort"
+        with self.store._writing():
+            self.file.write(chunk)
+
+    def commit(self) -> Stored:
+        assert self.file is not None, "committed twice or after abort"
+        try:
+            with self.store._writing():
+                self.file.flush()
+                os.fsync(self.file.fileno())
+                self.file.close()
+                self.file = None
+                self.dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(self.partial, self.dest)
+        except BaseException:
+            self.abort()
+            raise
+        return self.stored()
+
+    def abort(self) -> None:
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+            self.file = None
+        with contextlib.suppress(OSError):
+            self.partial.unlink(missing_ok=True)
+
+
 # -- S3 ----------------------------------------------------------------------------------------
 
 
@@ -399,48 +443,8 @@ class S3Store(Store):
             return StoreUnavailable(self.name, exc)
         raise exc
 
-    def put(
-        self, key: str, source: IO[bytes] | Iterable[bytes], *, max_bytes: int | None = None
-    ) -> Stored:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        name = self._key(key)
-        counted = _Counted(key, source, max_bytes)
-        buffer = bytearray()
-        upload_id: str | None = None
-        parts: list[dict[str, Any]] = []
-        try:
-            for chunk in counted:
-                buffer += chunk
-                if len(buffer) >= PART:
-                    if upload_id is None:
-                        upload_id = self.client.create_multipart_upload(
-                            Bucket=self.bucket, Key=name
-                        )["UploadId"]
-                    parts.append(self._part(name, upload_id, len(parts) + 1, bytes(buffer)))
-                    buffer.clear()
-            if upload_id is None:  # small: one PUT, visible whole or not at all
-                self.client.put_object(Bucket=self.bucket, Key=name, Body=bytes(buffer))
-            else:
-                if buffer:
-                    parts.append(self._part(name, upload_id, len(parts) + 1, bytes(buffer)))
-                self.client.complete_multipart_upload(
-                    Bucket=self.bucket,
-                    Key=name,
-                    UploadId=upload_id,
-                    MultipartUpload={"Parts": parts},
-                )
-                upload_id = None
-        except (ClientError, BotoCoreError) as exc:
-            raise self._fail(exc) from exc
-        finally:
-            if upload_id is not None:  # failed or too large: drop the parts
-                # where this fails too, the bucket's lifecycle rule (or an operator) removes it
-                with contextlib.suppress(ClientError, BotoCoreError):
-                    self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=name, UploadId=upload_id
-                    )
-        return counted.stored()
+    def writer(self, key: str, *, max_bytes: int | None = None) -> Writer:
+        return _S3Writer(self, key, max_bytes)
 
     def _part(self, name: str, upload_id: str, number: int, data: bytes) -> dict[str, Any]:
         answer = self.client.upload_part(
@@ -531,6 +535,78 @@ class S3Store(Store):
         return sorted(keys)
 
 
+class _S3Writer(Writer):
+    """A small object in one PUT, a larger one as a multipart upload (:data:`PART` at a time):
+    either is visible whole or not at all; an aborted multipart upload's parts are dropped."""
+
+    def __init__(self, store: S3Store, key: str, max_bytes: int | None) -> None:
+        super().__init__(key, max_bytes)
+        self.store = store
+        self.name = store._key(key)
+        self.buffer = bytearray()
+        self.upload_id: str | None = None
+        self.parts: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def _calling(self) -> Iterator[None]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            yield
+        except (ClientError, BotoCoreError) as exc:
+            raise self.store._fail(exc) from exc
+
+    def _write(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        if len(self.buffer) >= PART:
+            s3 = self.store
+            with self._calling():
+                if self.upload_id is None:
+                    self.upload_id = s3.client.create_multipart_upload(
+                        Bucket=s3.bucket, Key=self.name
+                    )["UploadId"]
+                number = len(self.parts) + 1
+                self.parts.append(s3._part(self.name, self.upload_id, number, bytes(self.buffer)))
+            self.buffer.clear()
+
+    def commit(self) -> Stored:
+        s3 = self.store
+        try:
+            with self._calling():
+                if self.upload_id is None:  # small: one PUT, visible whole or not at all
+                    s3.client.put_object(Bucket=s3.bucket, Key=self.name, Body=bytes(self.buffer))
+                else:
+                    if self.buffer:
+                        number = len(self.parts) + 1
+                        self.parts.append(
+                            s3._part(self.name, self.upload_id, number, bytes(self.buffer))
+                        )
+                    s3.client.complete_multipart_upload(
+                        Bucket=s3.bucket,
+                        Key=self.name,
+                        UploadId=self.upload_id,
+                        MultipartUpload={"Parts": self.parts},
+                    )
+                    self.upload_id = None
+        except BaseException:
+            self.abort()
+            raise
+        self.buffer.clear()
+        return self.stored()
+
+    def abort(self) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        self.buffer.clear()
+        if self.upload_id is not None:  # drop the parts sent; where this fails too, the
+            # bucket's lifecycle rule (or an operator) removes them
+            s3, upload_id, self.upload_id = self.store, self.upload_id, None
+            with contextlib.suppress(ClientError, BotoCoreError):
+                s3.client.abort_multipart_upload(
+                    Bucket=s3.bucket, Key=self.name, UploadId=upload_id
+                )
+
+
 RETRY_WAITS = (2.0, 5.0, 15.0)
 """Seconds a worker waits before each new try of a store that was unavailable (on top of
 the client's own quick retries): a store restarting or failing over is back within them."""
@@ -572,6 +648,7 @@ __all__ = [
     "StoreUnavailable",
     "Stored",
     "TooLarge",
+    "Writer",
     "check_key",
     "open_store",
     "retrying",

@@ -1,9 +1,11 @@
 """Small PNG thumbnails of a few images per class of a ready dataset, for the dashboard.
 
 Made by the worker that validates the upload, from the dataset it has just loaded (within the
-dataset limits, so what is shown is what gets scored), and kept beside the upload in
-``<dataset folder>/thumbs/``. The API only ever reads those files: a page view never loads a
-dataset (a 1.5 MB npz once cost the API process 3 GB per first view).
+dataset limits, so what is shown is what gets scored), and kept in the store beside the
+upload (``<dataset prefix>/thumbs/``, ``index.json`` written last: the set is complete once it
+is there), or beside the file of a dataset uploaded before the store (``<folder>/thumbs/``).
+The API only ever reads them: a page view never loads a dataset (a 1.5 MB npz once cost the
+API process 3 GB per first view).
 """
 
 from __future__ import annotations
@@ -14,22 +16,26 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from zoopick.service.storage import ObjectMissing, Store
+
 PER_CLASS = 4
 SIZE = 96
+FOLDER = "thumbs"
 INDEX = "index.json"
 
 log = logging.getLogger(__name__)
 
 
 def write_thumbnails(
-    dataset: Any, storage_path: str | Path, *, per_class: int = PER_CLASS
+    dataset: Any, folder: str | Path, *, per_class: int = PER_CLASS
 ) -> dict[str, list[str]]:
     """Write thumbnails of the first ``per_class`` images of each class of ``dataset`` (a
-    loaded ``zoopick.selection.data.TargetDataset``) beside ``storage_path``; returns the
-    index ``{class name: [thumbnail file, ...]}``. Only those images are decoded."""
+    loaded ``zoopick.selection.data.TargetDataset``) into ``folder``, ``index.json`` last;
+    returns the index ``{class name: [thumbnail file, ...]}``. Only those images are
+    decoded."""
     from PIL import Image
 
-    folder = Path(storage_path).parent / "thumbs"
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out: dict[str, list[str]] = {str(name): [] for name in dataset.class_names}
     for i, label in enumerate(dataset.labels.tolist()):
@@ -52,20 +58,43 @@ def write_thumbnails(
     return out
 
 
-def thumbnails(storage_path: str | Path) -> dict[str, list[str]]:
-    """``{class name: [thumbnail file, ...]}`` of the dataset stored at ``storage_path``, as its
-    validation wrote them; ``{}`` where there are none (validated before thumbnails were made
-    at validation, or making them failed). Never loads the dataset."""
-    index = Path(storage_path).parent / "thumbs" / INDEX
+def put_thumbnails(folder: Path, store: Store, prefix: str) -> None:
+    """The thumbnails :func:`write_thumbnails` made in ``folder`` into the store under
+    ``prefix`` (the index last), removed from ``folder`` as they go."""
+    index = json.loads((folder / INDEX).read_text())
+    for files in index.values():
+        for file in files:
+            store.put_file(f"{prefix}/{file}", folder / file, move=True)
+    store.put_file(f"{prefix}/{INDEX}", folder / INDEX, move=True)
+
+
+def thumbnails(where: str | Path, store: Store | None = None) -> dict[str, list[str]]:
+    """``{class name: [thumbnail file, ...]}`` of a dataset's thumbnails in ``where``: a key
+    prefix of ``store``, or a local folder (a dataset from before the store); ``{}`` where
+    there are none (validated before thumbnails were made at validation, or making them
+    failed). Never loads the dataset. ``StoreUnavailable`` where the store cannot say."""
     try:
-        return json.loads(index.read_text())
-    except FileNotFoundError:
+        if store is None:
+            return json.loads((Path(where) / INDEX).read_text())
+        return json.loads(b"".join(store.get(f"{where}/{INDEX}")))
+    except (FileNotFoundError, ObjectMissing):
         return {}
 
 
-def thumbnail_path(storage_path: str | Path, file: str) -> Path | None:
-    """The thumbnail file ``file`` of that dataset, or None (names are checked against the
-    index, so a request cannot walk out of the folder)."""
-    folder = Path(storage_path).parent / "thumbs"
-    known = {f for files in thumbnails(storage_path).values() for f in files}
-    return folder / file if file in known else None
+def thumbnail(where: str | Path, file: str, store: Store | None = None) -> Path | bytes | None:
+    """The thumbnail ``file`` in ``where`` (as :func:`thumbnails`): a local file, or the
+    object's bytes from a remote store; None where there is none (names are checked against
+    the index, so a request cannot walk out of the folder)."""
+    known = {f for files in thumbnails(where, store).values() for f in files}
+    if file not in known:
+        return None
+    if store is None:
+        return Path(where) / file
+    key = f"{where}/{file}"
+    local = store.local_path(key)
+    if local is not None:
+        return local if local.is_file() else None
+    try:
+        return b"".join(store.get(key))
+    except ObjectMissing:
+        return None

@@ -536,13 +536,12 @@ def finetune(self, job_id: str) -> str:
             options,
             zoo=str(manifest),
             model=row.id,
-            data=ds.storage_path,
             out=str(out),
             resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
             # the race winner's training is where this run starts: no step is thrown away
             init_from=str(winner) if winner is not None and winner.is_file() else None,
             dataset_limits=dataclasses.asdict(cfg.dataset_limits()),  # what validated it
-            decoded=str(store.decoded_dir(ds.storage_path)),  # its images, decoded once
+            **store.run_data(ds.storage_path, cfg),  # its file and images decoded once, here
         )
         run = pipeline.open_run(
             session,
@@ -672,14 +671,13 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
                     races.race_options(job),
                     zoo=str(manifest),
                     model=row.id,
-                    data=ds.storage_path,
                     out=str(out),
                     resume=(out / CHECKPOINT).exists(),
                     max_steps=entry.target_steps,
                     decay_from=races.rung_start(job, level),
                     validation_fraction=selection.validation_fraction,
                     dataset_limits=dataclasses.asdict(cfg.dataset_limits()),
-                    decoded=str(store.decoded_dir(ds.storage_path)),
+                    **store.run_data(ds.storage_path, cfg),
                 )
                 entry_id = entry.id
                 outcome = "train"

@@ -1,4 +1,4 @@
-"""``/datasets``: upload (streamed to storage), validate, list, show, delete.
+"""``/datasets``: upload (streamed into the store), validate, list, show, delete.
 
 A thin adapter: the upload's body is received here (HTTP streaming), admitting it (format,
 quota, insert, validation) is ``service.datasets.admission``'s, as deleting one is."""
@@ -23,10 +23,12 @@ from zoopick.app.api.deps import (
     SessionDep,
     SettingsDep,
 )
+from zoopick.app.api.jobs import store_down
 from zoopick.app.api.schemas import DatasetOut, Page, pattern_of
 from zoopick.app.problems import Problem, responses
 from zoopick.app.uploads import UNCAPPED_BODY, receive_file
 from zoopick.selection import formats
+from zoopick.service import storage
 from zoopick.service.datasets import admission, store
 from zoopick.service.db.models import Dataset, DatasetStatus
 from zoopick.service.dispatch import Dispatcher
@@ -35,7 +37,7 @@ from zoopick.service.settings import Settings
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
-ERRORS = responses(400, 404, 409, 413, 415, 422)
+ERRORS = responses(400, 404, 409, 413, 415, 422, 503)
 
 UPLOAD_BODY = {
     "requestBody": {
@@ -78,7 +80,7 @@ async def upload_dataset(
     settings: SettingsDep,
     dispatcher: DispatcherDep,
 ) -> Response:
-    """Stream the file to storage, then validate it with the selection engine's loader.
+    """Stream the file into the store, then validate it with the selection engine's loader.
 
     Answers 202 with the dataset in status ``uploaded`` while a cpu worker validates it (poll
     ``GET /datasets/{id}`` until ``ready`` or ``invalid``); a deployment that validates in the
@@ -117,15 +119,16 @@ async def receive_and_admit(
     dispatcher: Dispatcher,
 ) -> admission.Admitted:
     """The HTTP half of an upload, for both faces (this router and the dashboard's form):
-    the caller's upload rate, the room its quota leaves, the body streamed to the dataset's
-    folder; then ``admission.admit``, the use case. Refusals are :class:`Problem`."""
+    the caller's upload rate, the room its quota leaves, the body streamed into the store
+    (``app.uploads``, under the tenant's prefix); then ``admission.admit``, the use case.
+    Refusals are :class:`Problem`; a store that is down answers 503 with ``Retry-After``,
+    nothing of the upload kept."""
     request.app.state.rate.check("uploads", str(caller.key_id), "uploads")
     try:
         room = await run_in_threadpool(admission.quota_room, session, caller.tenant_id, settings)
     except Rejected as exc:
         raise problem(exc) from None
     dataset_id = uuid.uuid4()
-    folder = store.dataset_dir(settings, dataset_id)
     full = None if room >= settings.upload_max_bytes else admission.quota_exceeded(settings)
     try:
         # the body streams in as slowly as the client likes: meanwhile the request holds no
@@ -133,22 +136,19 @@ async def receive_and_admit(
         async with request.state.session_slot.released(session):
             received = await receive_file(
                 request,
-                folder / "upload.part",
+                storage.open_store(settings.storage_url),
+                lambda filename: store.dataset_key(caller.tenant_id, dataset_id, filename),
                 max_bytes=min(settings.upload_max_bytes, room),
                 too_large=None if full is None else problem(full),
             )
-    except BaseException:
-        await run_in_threadpool(store.remove_files, settings, dataset_id)
-        raise
-    upload = admission.Upload(
-        dataset_id=dataset_id,
-        path=received.path,
-        filename=received.filename,
-        size=received.size,
-        sha256=received.sha256,
-        name=received.fields.get("name"),
-    )
-    try:
+        upload = admission.Upload(
+            dataset_id=dataset_id,
+            key=received.key,
+            filename=received.filename,
+            size=received.size,
+            sha256=received.sha256,
+            name=received.fields.get("name"),
+        )
         return await run_in_threadpool(
             admission.admit,
             session,
@@ -160,6 +160,8 @@ async def receive_and_admit(
         )
     except Rejected as exc:
         raise problem(exc) from None
+    except storage.StoreUnavailable as exc:
+        raise store_down(exc, settings) from None
 
 
 @router.get("", response_model=Page[DatasetOut], responses=ERRORS, summary="List datasets")
@@ -193,9 +195,12 @@ def get_dataset(ds: DatasetDep) -> DatasetOut:
 @router.delete("/{dataset_id}", status_code=204, responses=ERRORS, summary="Delete a dataset")
 def delete_dataset(ds: DatasetDep, session: SessionDep, settings: SettingsDep) -> Response:
     """Delete the dataset and its files; refused (409) while a job still uses it. Finished
-    jobs keep their results, with ``dataset_id`` cleared (``admission.delete``)."""
+    jobs keep their results, with ``dataset_id`` cleared (``admission.delete``); 503 while
+    the store is down (nothing deleted)."""
     try:
         admission.delete(session, ds, settings)
     except Rejected as exc:
         raise problem(exc) from None
+    except storage.StoreUnavailable as exc:
+        raise store_down(exc, settings) from None
     return Response(status_code=204)

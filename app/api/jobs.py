@@ -371,7 +371,7 @@ def download_model(
             )
         return _streamed(store, art, request, exports.MEDIA_TYPE[format], filename, headers)
     except storage.StoreUnavailable as exc:
-        raise _store_down(exc, settings) from None
+        raise store_down(exc, settings) from None
 
 
 def export_failure(fmt: str, export: exports.ExportState) -> Problem:
@@ -416,7 +416,7 @@ def _streamed(
     return StreamingResponse(store.get(art.path), media_type=media_type, headers=headers)
 
 
-def _store_down(exc: storage.StoreUnavailable, settings: Settings) -> Problem:
+def store_down(exc: storage.StoreUnavailable, settings: Settings) -> Problem:
     """503 for a store that is down or refuses: the server's trouble, for a while; the log
     names the store and why, the tenant reads neither."""
     log.error("%s", exc)

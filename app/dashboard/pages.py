@@ -39,12 +39,11 @@ from zoopick.app.api.schemas import JobOut
 from zoopick.app.dashboard import auth, figures
 from zoopick.app.problems import Problem, problem_response
 from zoopick.app.uploads import UNCAPPED_BODY
-from zoopick.service import job_records, jobs, metric_notes
-from zoopick.service.datasets import admission
+from zoopick.service import job_records, jobs, metric_notes, storage
+from zoopick.service.datasets import admission, store
 from zoopick.service.db.models import TERMINAL, Dataset, Job, ZooModel
 from zoopick.service.liveness import worker_status
 from zoopick.service.security import authenticate
-from zoopick.service.thumbnails import thumbnail_path, thumbnails
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
@@ -896,8 +895,11 @@ async def dataset_page(request: Request, dataset_id: str, session: SessionDep) -
         return error_page(request, p)
     thumbs, thumb_error = {}, None
     if ds.status == "ready":
+        settings = request.app.state.settings
         try:
-            thumbs = await run_in_threadpool(thumbnails, row.storage_path)
+            thumbs = await run_in_threadpool(store.thumbnails_of, settings, row)
+        except storage.StoreUnavailable as exc:  # the log names the store, the page does not
+            thumb_error = jobs_api.store_down(exc, settings).detail
         except Exception as exc:  # noqa: BLE001 - a page without thumbnails still helps
             thumb_error = f"thumbnails could not be made: {exc}"
     return render(
@@ -955,10 +957,17 @@ def dataset_thumb(request: Request, dataset_id: str, file: str, session: Session
         row = get_owned(session, caller, Dataset, dataset_id, "dataset")
     except Problem as p:
         return error_page(request, p)
-    path = thumbnail_path(row.storage_path, file)
-    if path is None or not path.is_file():
+    settings = request.app.state.settings
+    try:
+        found = store.thumbnail_of(settings, row, file)
+    except storage.StoreUnavailable as exc:
+        return error_page(request, jobs_api.store_down(exc, settings))
+    headers = {"Cache-Control": "private"}
+    if isinstance(found, bytes):  # from a remote store
+        return Response(found, media_type="image/png", headers=headers)
+    if found is None or not found.is_file():
         return error_page(request, Problem(404, f"no thumbnail {file!r}"))
-    return FileResponse(path, media_type="image/png", headers={"Cache-Control": "private"})
+    return FileResponse(found, media_type="image/png", headers=headers)
 
 
 ZOO_PAGE_SIZE = 100

@@ -6,19 +6,19 @@ so both faces admit a dataset the same way, in one place.
 A refusal raises ``service.jobs.Rejected`` with a ``kind`` (the HTTP face maps it to a status:
 ``storage-quota`` 413, ``unsupported-format`` 415, ``invalid-dataset`` 422, ``dataset-in-use``
 409, ``broker-unavailable`` 503) and a message naming the problem. Whatever is refused, the
-files received for it are removed: a refused upload keeps no bytes on disk.
+files received for it are removed: a refused upload keeps no bytes in the store. A store that
+is down raises ``storage.StoreUnavailable`` (the HTTP face answers 503).
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from zoopick.selection import formats
-from zoopick.service import pipeline, quotas
+from zoopick.service import pipeline, quotas, storage
 from zoopick.service.datasets import store
 from zoopick.service.db.models import Dataset, DatasetStatus
 from zoopick.service.dispatch import Dispatcher
@@ -68,12 +68,12 @@ def insert_within_quota(session: Session, ds: Dataset, settings: Settings) -> No
 
 @dataclass(frozen=True)
 class Upload:
-    """A file a face received for dataset ``dataset_id``, in that dataset's folder
-    (``store.dataset_dir``): the client's file name, the optional ``name`` field, its size and
+    """A file a face received for dataset ``dataset_id``, stored under ``key``
+    (``store.dataset_key``): the client's file name, the optional ``name`` field, its size and
     sha256 as they streamed in."""
 
     dataset_id: uuid.UUID
-    path: Path
+    key: str
     filename: str
     size: int
     sha256: str
@@ -102,10 +102,15 @@ def admit(
     try:
         ds = _insert(session, tenant_id, upload, settings)
     except BaseException:
-        store.remove_files(settings, upload.dataset_id)
+        store.remove_quietly(settings, _received(tenant_id, upload))
         raise
     if settings.validate_inline:
-        status = store.validate(factory, ds.id, settings)
+        try:
+            status = store.validate(factory, ds.id, settings)
+        except storage.StoreUnavailable:
+            session.expire_all()
+            _forget(session, ds, settings)
+            raise
         session.expire_all()
         ds = session.get(Dataset, upload.dataset_id)
         if status == DatasetStatus.invalid.value:
@@ -131,8 +136,6 @@ def _insert(session: Session, tenant_id: uuid.UUID, upload: Upload, settings: Se
     if upload.size == 0:
         raise Rejected("invalid-dataset", "the uploaded file is empty")
     name = (upload.name or "").strip() or upload.filename
-    path = store.dataset_dir(settings, upload.dataset_id) / store.safe_filename(upload.filename)
-    upload.path.rename(path)
     ds = Dataset(
         id=upload.dataset_id,
         tenant_id=tenant_id,
@@ -141,18 +144,24 @@ def _insert(session: Session, tenant_id: uuid.UUID, upload: Upload, settings: Se
         filename=upload.filename[:255],
         size_bytes=upload.size,
         file_sha256=upload.sha256,
-        storage_path=str(path),
+        storage_path=upload.key,
         status=DatasetStatus.uploaded.value,
     )
     insert_within_quota(session, ds, settings)
     return ds
 
 
+def _received(tenant_id: uuid.UUID, upload: Upload) -> Dataset:
+    """The row an upload not yet inserted would have, as far as its files go."""
+    return Dataset(id=upload.dataset_id, tenant_id=tenant_id, storage_path=upload.key)
+
+
 def _forget(session: Session, ds: Dataset, settings: Settings) -> None:
-    """Drop a dataset that was not admitted after all: its row and its files."""
+    """Drop a dataset that was not admitted after all: its row and its files (a store that is
+    down meanwhile leaves them, logged)."""
     session.delete(ds)
     session.commit()
-    store.remove_files(settings, ds.id)
+    store.remove_quietly(settings, ds)
 
 
 def delete(session: Session, ds: Dataset, settings: Settings) -> None:
@@ -160,7 +169,8 @@ def delete(session: Session, ds: Dataset, settings: Settings) -> None:
     it. Finished jobs keep their results, with ``dataset_id`` cleared. Checked and deleted
     under the tenant's lock, the one a job's submission inserts under: a job submitted
     meanwhile either counts here or finds the dataset gone, never a job on a deleted
-    dataset."""
+    dataset. A store that is down is found before the row goes (``StoreUnavailable``: nothing
+    deleted); one that fails after it leaves the files, logged."""
     with quotas.tenant_lock(session, ds.tenant_id):
         active = pipeline.active_jobs_for_dataset(session, ds.id)
         if active:
@@ -169,6 +179,11 @@ def delete(session: Session, ds: Dataset, settings: Settings) -> None:
                 "dataset-in-use",
                 f"dataset is used by {active} unfinished job(s); cancel them first",
             )
+        try:
+            store.reachable(settings, ds)
+        except storage.StoreUnavailable:
+            session.rollback()
+            raise
         session.delete(ds)
         session.commit()
-    store.remove_files(settings, ds.id)
+    store.remove_quietly(settings, ds)

@@ -87,8 +87,8 @@ def test_hostile_upload_is_invalid_naming_the_limit(service, filename, make, lim
     assert ds["status"] == "invalid", ds
     assert limit in ds["error"], ds["error"]
     assert "0x" not in ds["error"]
-    folder = settings.storage_dir / "datasets" / ds["id"]
-    assert not folder.exists() or not any(folder.iterdir())  # an invalid upload's file is gone
+    kept = settings.storage_dir.glob(f"tenants/*/datasets/{ds['id']}/**/*")
+    assert not [p for p in kept if p.is_file()]  # an invalid upload's file is gone
     assert worker.alive()
     assert pool_peak_rss(worker) < 600 * MiB
 
@@ -102,7 +102,7 @@ def test_a_fair_dataset_is_still_ready(service):
     assert ds["num_samples"] == 12
     # the worker made the dashboard's thumbnails while it held the dataset: a page view reads
     # them and never loads the dataset in the API process
-    folder = settings.storage_dir / "datasets" / ds["id"] / "thumbs"
+    (folder,) = settings.storage_dir.glob(f"tenants/*/datasets/{ds['id']}/thumbs")
     index = json.loads((folder / "index.json").read_text())
     assert sorted(index) == sorted(ds["classes"]) and all(len(f) == 3 for f in index.values())
     assert all((folder / f).read_bytes()[:4] == b"\x89PNG" for fs in index.values() for f in fs)
@@ -110,9 +110,10 @@ def test_a_fair_dataset_is_still_ready(service):
 
 def test_a_page_view_never_loads_a_dataset(tmp_path):
     from tests.service.datafiles import npz_bytes
-    from zoopick.service.thumbnails import thumbnail_path, thumbnails
+    from zoopick.service.thumbnails import thumbnail, thumbnails
 
     stored = tmp_path / "upload.npz"  # a ready dataset from before thumbnails were made
     stored.write_bytes(npz_bytes(n_per_class=3, classes=2))
-    assert thumbnails(stored) == {} and thumbnail_path(stored, "0-0-0.png") is None
+    folder = tmp_path / "thumbs"
+    assert thumbnails(folder) == {} and thumbnail(folder, "0-0-0.png") is None
     assert list(tmp_path.iterdir()) == [stored]  # nothing loaded, nothing made

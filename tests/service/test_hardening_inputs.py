@@ -389,11 +389,11 @@ def test_a_dataset_deleted_while_it_is_validated_leaves_no_files(live, carol, mo
         )  # fmt: skip
     thumbnails = store._thumbnails
 
-    def deleted_meanwhile(loaded, path):
+    def deleted_meanwhile(loaded, ds, settings):
         with session_scope(factory) as session:
             session.delete(session.get(Dataset, ds_id))
-        store.remove_files(settings, ds_id)
-        thumbnails(loaded, path)
+        store.remove_files(settings, ds)
+        thumbnails(loaded, ds, settings)
         assert any(folder.rglob("*")), "the thumbnails were written after the delete"
 
     monkeypatch.setattr(store, "_thumbnails", deleted_meanwhile)

@@ -160,9 +160,11 @@ def test_storage_quota_names_the_quota_and_invalid_uploads_are_not_kept(isolated
             assert _upload(c, q, not_a_dataset_zip_bytes(), "x.zip").status_code == 422
             assert _upload(c, q, small).status_code == 201
             assert_problem(_upload(c, q, small), 413, "ZOOPICK_QUOTA_DATASETS")
-        # each kept dataset is its file (and the thumbnails its validation made), no more
-        stored = (settings.storage_dir / "datasets").rglob("*")
-        files = [p for p in stored if p.is_file() and "thumbs" not in p.parts]
+        # each kept dataset is its file (and the thumbnails and manifest its validation
+        # made), no more
+        stored = settings.storage_dir.glob("tenants/*/datasets/**/*")
+        made = ("thumbs", "manifest.json")
+        files = [p for p in stored if p.is_file() and not set(made) & set(p.parts)]
         assert len(files) == 2
     finally:
         api.stop()

@@ -1,6 +1,7 @@
 """Issue 43: SIGTERM drains the API within ``ZOOPICK_SHUTDOWN_GRACE_SECONDS``. A client that
 trickles an upload and never finishes it does not keep ``zoopick serve`` alive: at the
-deadline its request is cancelled, the partial ``upload.part`` is removed, and serve exits."""
+deadline its request is cancelled, the partial object in the store (the local store's
+``.partial/`` file) is removed, and serve exits."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from tests.service.procs import Proc, free_port, poll, wait_http
 
 SERVE = "from zoopick.service_cli import service_app; service_app()"
 GRACE = 3.0
+
+
+def partial_files(data):
+    """The objects being written into the (local) store of the data folder."""
+    return list((data / "storage" / ".partial").glob("*"))
 
 
 def test_sigterm_cuts_a_trickling_upload_at_the_grace_deadline(tmp_path):
@@ -39,7 +45,7 @@ def test_sigterm_cuts_a_trickling_upload_at_the_grace_deadline(tmp_path):
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(request + head + b"x" * 1000)
             parts = poll(
-                lambda: list(data.rglob("*.part")),
+                lambda: partial_files(data),
                 bool,
                 timeout=30,
                 what="the upload's partial file",
@@ -55,7 +61,7 @@ def test_sigterm_cuts_a_trickling_upload_at_the_grace_deadline(tmp_path):
         assert serve.proc.poll() is not None, f"serve still running {took:.1f} s after SIGTERM"
         assert took < GRACE + 8, f"serve took {took:.1f} s to exit (grace {GRACE} s)"
         assert parts and not any(p.exists() for p in parts)
-        assert list(data.rglob("*.part")) == []
+        assert partial_files(data) == []
         assert "timeout graceful shutdown exceeded" in serve.tail(200)
     finally:
         serve.stop()

@@ -3,6 +3,8 @@ selection engine's loader (inline in these tests), listed with page tokens."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from tests.service.datafiles import (
@@ -25,8 +27,10 @@ def upload(client, tenant, filename: str, data: bytes, name: str | None = None):
 
 
 def storage_files(settings) -> list:
-    root = settings.storage_dir / "datasets"
-    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+    """Every dataset file in the (local) store, and anything left half-written."""
+    root = settings.storage_dir
+    found = [p for p in (root / "tenants").rglob("*") if p.is_file() and "datasets" in p.parts]
+    return found + [p for p in (root / ".partial").glob("*")]
 
 
 # -- streaming and limits (no dataset loader needed) -------------------------------------------
@@ -114,21 +118,25 @@ def test_upload_imagefolder_zip_is_validated(client, alice, loader):
 
 
 def test_validation_keeps_the_images_decoded_for_scoring(client, alice, service_settings, loader):
-    """Validation decodes an archive's images once and keeps them beside it: a scoring task
-    reads that copy (the archive gone, it still gives the dataset the row describes), and the
-    dataset's deletion removes it with the file."""
+    """Validation decodes an archive's images once and keeps them beside it in the store: a
+    scoring task reads that copy (the archive gone, it still gives the dataset the row
+    describes), and the dataset's deletion removes it with the file."""
     from zoopick.service import datasets as store
+    from zoopick.service.db.models import Dataset
 
     resp = upload(client, alice, "pets.zip", imagefolder_zip_bytes())
     assert resp.status_code == 201, resp.text
     ds = resp.json()
-    archive = next(store.dataset_dir(service_settings, ds["id"]).glob("*.zip"))
-    assert (store.decoded_dir(archive) / "pixels.npy").is_file()
-    archive.unlink()
-    scored = store.for_scoring(archive, service_settings)
+    with client.app.state.sessionmaker() as session:
+        key = session.get(Dataset, uuid.UUID(ds["id"])).storage_path
+    folder = service_settings.storage_dir / key.rsplit("/", 1)[0]
+    assert key.startswith("tenants/") and key.endswith("/pets.zip")
+    assert (folder / "decoded" / "pixels.npy").is_file()
+    (service_settings.storage_dir / key).unlink()
+    scored = store.for_scoring(key, service_settings)
     assert scored.digest == ds["digest"] and len(scored) == ds["num_samples"]
     assert client.delete(f"{API}/datasets/{ds['id']}", headers=alice.headers).status_code == 204
-    assert not store.dataset_dir(service_settings, ds["id"]).exists()
+    assert not [p for p in folder.rglob("*") if p.is_file()]
 
 
 @pytest.mark.parametrize("compression", ["xz", "bz2"])
@@ -185,7 +193,7 @@ def test_dataset_list_pagination_and_delete(client, make_key, service_settings, 
     ).json()
     assert [d["id"] for d in second["items"]] == ids[:1] and second["next_page_token"] is None
     assert client.delete(f"{API}/datasets/{ids[0]}", headers=fay.headers).status_code == 204
-    assert not (service_settings.storage_dir / "datasets" / ids[0]).exists()
+    assert not [p for p in storage_files(service_settings) if ids[0] in p.parts]
     left = client.get(f"{API}/datasets", headers=fay.headers).json()["items"]
     assert {d["id"] for d in left} == set(ids[1:])
 
