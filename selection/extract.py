@@ -12,7 +12,9 @@ Two caches keep repeated work away:
   the images once; normalisation is done per batch in float;
 * on disk (when ``cache_dir`` is given), each model's outputs are stored as ``.npz`` keyed by
   the weights' digest, the dataset's digest and the transform, so scoring again with another
-  metric costs no forward pass.
+  metric costs no forward pass; behind it, a :class:`SharedCache` (the service's object store)
+  gives every machine the outputs any machine computed: looked up on a local miss, handed each
+  result computed here, under the same file name.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -38,6 +40,7 @@ from zoopick.selection.zoo import ZooEntry, ZooError
 __all__ = [
     "MAX_LOGITS_BYTES",
     "Extraction",
+    "SharedCache",
     "cache_key",
     "check_logits_size",
     "clear_preprocess_cache",
@@ -216,6 +219,19 @@ def cache_key(
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+class SharedCache(Protocol):
+    """A feature cache beyond this machine, behind ``cache_dir`` (the service's: objects of its
+    store). Its own trouble is its own: a failed lookup is a miss, a failed keep is skipped, so
+    scoring never fails for it. What it gives back is checked as a local file is."""
+
+    def fetch(self, name: str, dest: Path) -> bool:
+        """Copy the entry ``name`` to ``dest`` (written whole, then renamed); whether there was
+        one."""
+
+    def keep(self, name: str, path: Path) -> None:
+        """Keep the file at ``path`` as the entry ``name``."""
+
+
 def _read_cache(path: Path, key: str, n: int) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -303,11 +319,14 @@ def extract(
     model: torch.nn.Module | None = None,
     max_logits_bytes: int | None = None,
     preprocess_cache_bytes: int | None = None,
+    shared_cache: SharedCache | None = None,
 ) -> Extraction:
     """Source logits and pre-logit features of ``entry``'s model on ``dataset``.
 
     With ``cache_dir``, a stored result for the same weights, dataset and transform is
-    returned without building the model or decoding an image. ``model``, when given, must be
+    returned without building the model or decoding an image; with ``shared_cache`` too, a
+    result another machine kept there is (fetched into ``cache_dir`` first), and a result
+    computed here is kept there. ``model``, when given, must be
     ``entry``'s model with its source weights (it saves rebuilding; it is moved to ``device``).
     ``max_logits_bytes`` (:func:`check_logits_size`) and ``preprocess_cache_bytes``
     (:func:`preprocess`'s ``cache_bytes``) are the caller's bounds, the service's settings.
@@ -325,6 +344,8 @@ def extract(
         key = cache_key(entry, dataset, data_config, precision=precision)
         path = Path(cache_dir).expanduser() / f"{key}.npz"
         hit = _read_cache(path, key, len(dataset))
+        if hit is None and shared_cache is not None and shared_cache.fetch(path.name, path):
+            hit = _read_cache(path, key, len(dataset))
         if hit is not None:
             return Extraction(hit[0], hit[1], 0.0, True)
     x = preprocess(dataset, data_config, cache_bytes=preprocess_cache_bytes)
@@ -342,4 +363,6 @@ def extract(
             "precision": precision,
         }
         _write_cache(path, key, logits, features, meta)
+        if shared_cache is not None:
+            shared_cache.keep(path.name, path)
     return Extraction(logits, features, seconds, False)

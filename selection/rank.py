@@ -87,12 +87,14 @@ def score_model(
     metric_options: Mapping[str, Mapping[str, Any]] | None = None,
     max_logits_bytes: int | None = None,
     preprocess_cache_bytes: int | None = None,
+    shared_cache: Any = None,
 ) -> ModelResult:
     """One forward pass of the zoo model ``entry`` over ``dataset`` (cached on disk when
     ``cache_dir`` is given), then every metric from those outputs, each timed.
 
     ``metric_options`` maps a metric name to its keyword options; ``max_logits_bytes`` and
-    ``preprocess_cache_bytes`` bound the extraction (``extract``'s). A metric error is raised
+    ``preprocess_cache_bytes`` bound the extraction, ``shared_cache`` stands behind
+    ``cache_dir`` (``extract``'s). A metric error is raised
     naming model and metric, never hidden behind a placeholder score. This is what a service
     worker calls per model; :func:`rank_zoo` calls it for each model of a zoo."""
     from zoopick.selection.extract import extract  # torch-heavy; imported when scoring
@@ -107,6 +109,7 @@ def score_model(
         cache_dir=cache_dir,
         max_logits_bytes=max_logits_bytes,
         preprocess_cache_bytes=preprocess_cache_bytes,
+        shared_cache=shared_cache,
     )
     result = ModelResult(entry.id, cached=out.cached)
     result.seconds["forward"] = out.seconds

@@ -294,6 +294,7 @@ def score_one(entry: Any, dataset_path: str, metrics: list[str], cfg: Settings) 
         dataset,
         metrics,
         cache_dir=cfg.cache_dir,
+        shared_cache=store.feature_cache(dataset_path, cfg),  # the store's, behind cache_dir
         batch_size=cfg.score_batch_size,
         max_logits_bytes=cfg.max_logits_bytes,
         preprocess_cache_bytes=cfg.preprocess_cache_bytes,

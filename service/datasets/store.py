@@ -245,6 +245,19 @@ def for_scoring(path: str | Path, settings: Settings) -> Any:
     return load_dataset(file, max_per_class=settings.score_max_per_class, limits=limits)
 
 
+def feature_cache(storage_path: str, settings: Settings) -> Any:
+    """The shared feature cache (``service.feature_cache``) of the tenant that owns the dataset
+    stored at ``storage_path``, behind a scoring worker's local one; None for a dataset from
+    before the store (its tenant is not in its path: the local cache alone, as then) or a
+    local store."""
+    from zoopick.service import feature_cache
+
+    if is_local(storage_path):
+        return None
+    tenant_prefix = "/".join(storage_path.split("/")[:2])  # tenants/<tenant>
+    return feature_cache.for_tenant(open_files(settings), tenant_prefix)
+
+
 def run_data(storage_path: str, settings: Settings) -> dict[str, str | None]:
     """Where a fine-tune's or a race rung's trainer, started on this machine, reads the
     dataset: ``data`` (its file) and ``decoded`` (the copy validation decoded, or None), as

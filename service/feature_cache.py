@@ -1,0 +1,61 @@
+"""The feature cache in the store (issue 40, step 2): a model's forward pass on a dataset
+happens once per deployment, not once per machine.
+
+Each worker keeps its local feature cache (``ZOOPICK_CACHE_DIR``, as before); behind it,
+:class:`StoreFeatures` is the ``SharedCache`` of ``selection.extract``: on a local miss the
+worker fetches ``<key>.npz`` from the store, and a result it computes is put there, under the
+same key as today (weights, dataset digest, transform, precision). The objects are kept under
+the tenant's prefix (``tenants/<tenant>/features/``), since a model's outputs on a dataset are
+that tenant's data: tenants never share them, even for the same dataset.
+
+Only a remote store gets one: with a local store every worker is on one machine (or shares its
+folders), where the local cache is already all of it. The store's trouble never fails
+scoring: a lookup that cannot reach it is a miss, a result it cannot take stays local; both
+logged, naming the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from zoopick.service.storage import ObjectMissing, Store, StoreError
+
+log = logging.getLogger(__name__)
+
+FOLDER = "features"
+
+
+@dataclass(frozen=True)
+class StoreFeatures:
+    store: Store
+    prefix: str
+    """``tenants/<tenant>/features``."""
+
+    def fetch(self, name: str, dest: Path) -> bool:
+        try:
+            self.store.get_to_file(f"{self.prefix}/{name}", dest)
+        except ObjectMissing:
+            return False
+        except StoreError as exc:
+            log.warning("the shared feature cache was not read: %s", exc)
+            return False
+        return True
+
+    def keep(self, name: str, path: Path) -> None:
+        try:
+            self.store.put_file(f"{self.prefix}/{name}", path)
+        except StoreError as exc:
+            log.warning("a result was not kept in the shared feature cache: %s", exc)
+
+
+def for_tenant(store: Store, tenant_prefix: str) -> StoreFeatures | None:
+    """The shared feature cache of the tenant whose objects are under ``tenant_prefix``
+    (``tenants/<tenant>``); None for a local store (see the module's docstring)."""
+    if store.local_path(f"{tenant_prefix}/{FOLDER}") is not None:
+        return None
+    return StoreFeatures(store, f"{tenant_prefix}/{FOLDER}")
+
+
+__all__ = ["StoreFeatures", "for_tenant"]
