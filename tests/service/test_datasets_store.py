@@ -141,8 +141,10 @@ def test_a_store_that_fails_mid_upload_answers_503_and_nothing_is_visible(
                     upload_max_bytes=4 * PART) as (client, settings, store):  # fmt: skip
             assert upload(client, cid, "first.npz", npz_bytes()).status_code == 201
             monkeypatch.setattr(S3Store, "_part", cut_after_first_part)
-            body = assert_problem(upload(client, cid, "big.npz", big), 503)
-            assert body["type"].endswith("store-unavailable")
+            resp = upload(client, cid, "big.npz", big)
+            body = assert_problem(resp, 503)
+            assert body["type"].endswith("store-unavailable") and "file store" in body["detail"]
+            assert int(resp.headers["retry-after"]) >= 1
             link.restore()
             monkeypatch.setattr(S3Store, "_part", part)
             kept = [k for k in keys_of(store) if k.endswith(".npz") and "decoded" not in k]
