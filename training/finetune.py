@@ -16,8 +16,9 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,10 @@ from zoopick.training.config import (
 )
 from zoopick.training.progress import Reporter
 from zoopick.training.race import rung_lr_factor
+
+if TYPE_CHECKING:
+    from zoopick.selection.data import TargetDataset
+    from zoopick.selection.zoo import ZooEntry
 
 
 def _log(record: EpochRecord | RunEvent, out: Path) -> None:
@@ -200,6 +205,35 @@ class _Run:
         self.plan: recipe.Plan | None = None
         self.floor: float | None = None
         """What a trial of the search must beat on the validation split to count."""
+        self.n_val = 0
+        """The validation split's images, every rank's shards together (0: none)."""
+
+    @property
+    def limit(self) -> int:
+        """The run's length in steps: ``max_steps`` when set (``epochs`` then only says what a
+        full run is), else the plan's."""
+        return self.cfg.max_steps if self.cfg.max_steps is not None else self.plan.steps
+
+    @property
+    def epochs(self) -> int:
+        """The epochs the run's steps span (the last one may be partial)."""
+        return -(-self.limit // self.steps)
+
+    @property
+    def held(self) -> str:
+        """The record's field for the held-out accuracy: a race's validation share, or the
+        test split."""
+        return "val_accuracy" if self.cfg.validation_fraction is not None else "test_accuracy"
+
+    def rate(self, lr: float, at: int) -> float:
+        """The learning rate of step ``at`` (counted from the run's start): a race's rung
+        anneals from its own start (``training.race``), the plan may warm up and follow a
+        cosine, else ``lr`` throughout."""
+        if self.cfg.decay_from is not None:
+            return lr * rung_lr_factor(at, self.cfg.decay_from, self.limit)
+        if self.plan.cosine:
+            return lr * recipe.lr_factor(at, self.limit, self.plan.warmup_steps)
+        return lr
 
     def order(self, epoch: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch)
@@ -277,6 +311,32 @@ class _Run:
         return trials
 
 
+@dataclass
+class _Progress:
+    """Where the run stands: the epoch and step it starts at (after a resume, inside the
+    checkpoint's epoch), its optimizer, and the recipe's state the loop updates and each
+    checkpoint keeps (its choices, the best validation weights, the validation history)."""
+
+    epoch: int
+    step: int
+    opt: torch.optim.Optimizer
+    choices: recipe.Choices
+    best: dict[str, torch.Tensor] | None
+    history: list[float]
+
+
+@dataclass
+class _Trained:
+    """One epoch's training on this rank: its sums on the device, the step it stopped at
+    (``first`` is where it began) and its wall time."""
+
+    loss_sum: torch.Tensor
+    correct: torch.Tensor
+    first: int
+    step: int
+    wall: float
+
+
 def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, Any]:
     """Fine-tune on this rank; the process group must be initialised (by torchrun's
     :func:`main_worker`, or by Ray Train in the ``ray`` backend, which passes the ``device``
@@ -284,24 +344,45 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     included). The recipe (``training.recipe``) plans the run from the data; with ``auto`` the
     rate is searched first and the model returned is the best validation checkpoint. Returns
     the last epoch's record (the same on every rank)."""
-    from zoopick.selection.zoo import load_zoo, save_checkpoint
-    from zoopick.training.comm import build
-    from zoopick.training.comm.stats import dense_allreduce_bytes
-
     rank, world = dist.get_rank(), dist.get_world_size()
     if device is None:
-        device = (
-            torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-            if dist.get_backend() == "nccl"
-            else torch.device("cpu")
-        )
-    amp = device.type == "cuda"
+        device = _rank_device()
     out = Path(cfg.out)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     report = Reporter(lambda event: _log(event, out), active=rank == 0)
     report.phase("loading data")
+
+    entry, train, r = _setup(cfg, device, rank, world)
+    progress = _start(r, out, report)
+    record = _train(r, progress, out, report)
+    if cfg.max_steps is not None:  # a rung: its checkpoint is the product, not a model file
+        if record is None:  # nothing left to train (a re-delivered rung that had finished)
+            record = _standing(r, progress, out)
+        dist.barrier()
+        return record.to_dict()
+    if record is None and progress.best is not None:  # resumed after the last epoch
+        r.model.load_state_dict(progress.best)  # the best again
+    _write_model(r, entry, train, progress.choices, record, out, report)
+    dist.barrier()
+    return record.to_dict() if record else {}
+
+
+def _rank_device() -> torch.device:
+    """This rank's device under torchrun: its GPU (``LOCAL_RANK``) under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def _setup(
+    cfg: FinetuneConfig, device: torch.device, rank: int, world: int
+) -> tuple[ZooEntry, TargetDataset, _Run]:
+    """(zoo entry, training split, the rank's :class:`_Run`): the data, the model in DDP with
+    the run's comm hook, and the recipe's plan for it."""
+    from zoopick.selection.zoo import load_zoo
+    from zoopick.training.comm import build
 
     entry = load_zoo(cfg.zoo)[cfg.model]
     train, test, val = _load_data(cfg, world)
@@ -320,6 +401,7 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
         shard(val) if val is not None else None,
     )
 
+    amp = device.type == "cuda"
     model.to(device)
     if amp:
         model.to(memory_format=torch.channels_last)
@@ -333,13 +415,21 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     r = _Run(cfg, model, ddp, state, device, amp, data_config, data, rank, world)
     if val is not None:
         r.floor = recipe.chance_floor(list(val.class_counts().values()))
-    plan = r.plan = recipe.plan(
+        r.n_val = len(val)
+    r.plan = recipe.plan(
         cfg,
         steps_per_epoch=r.steps,
         validation=None if val is None else _validation_share(train, val),
         rung=cfg.max_steps is not None,
     )
+    return entry, train, r
 
+
+def _start(r: _Run, out: Path, report: Reporter) -> _Progress:
+    """Where the run starts: from scratch, from its own checkpoint (``resume``), or from
+    another run's (``init_from``, a race winner's); the recipe's choices (searched now unless
+    the checkpoint holds them) and the optimizer, its state restored."""
+    cfg, model, rank = r.cfg, r.model, r.rank
     start_epoch = start_step = 0
     resumed = cfg.resume and (out / CHECKPOINT).exists()
     saved: dict[str, Any] = {}
@@ -349,7 +439,7 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
     if seed is not None:  # the comm hook's residuals start from zero: that run had its own
         model.load_state_dict(seed["model"])
     if resumed:
-        start_epoch, start_step, saved = _restore(out, cfg, model, state, rank, world)
+        start_epoch, start_step, saved = _restore(out, cfg, model, r.state, rank, r.world)
     choices = saved.get("recipe")
     if choices is None:
         choices = _choose(r, report)
@@ -357,164 +447,212 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
             _log(RunEvent("recipe", recipe=choices.to_dict()), out)
     else:
         choices = recipe.Choices(**choices)
-    lr = choices.lr
-    opt = _optimizer(model, plan, lr)
+    opt = _optimizer(model, r.plan, choices.lr)
     if resumed:
         opt.load_state_dict(saved["optimizer"])
         if rank == 0:
-            _log(RunEvent("resumed", epoch=start_epoch, workers=world), out)
+            _log(RunEvent("resumed", epoch=start_epoch, workers=r.world), out)
     elif seed is not None:
         _init_optimizer(seed, cfg, opt)
-    best = saved.get("best")
-    history: list[float] = list(saved.get("history", []))
-    n_val = len(val) if val is not None else 0  # every rank's shards together
-    timer = _CommTimer(state)
+    history = list(saved.get("history", []))
+    return _Progress(start_epoch, start_step, opt, choices, saved.get("best"), history)
 
-    steps = r.steps
-    # max_steps, when set, is the run's length (epochs then only says what a full run is)
-    limit = cfg.max_steps if cfg.max_steps is not None else plan.steps
-    epochs = -(-limit // steps)
-    held = "val_accuracy" if cfg.validation_fraction is not None else "test_accuracy"
+
+def _train(r: _Run, progress: _Progress, out: Path, report: Reporter) -> EpochRecord | None:
+    """The epochs from where the run starts, each recorded and checkpointed; the last one's
+    record, or None where nothing was left to train. A run with ``max_steps`` may stop
+    mid-epoch, the auto recipe's early; the model is left at the run's product (its best
+    validation checkpoint where the recipe keeps one)."""
+    steps, limit, choices = r.steps, r.limit, progress.choices
+    timer = _CommTimer(r.state)
     record: EpochRecord | None = None
-    for epoch in range(start_epoch, epochs):
+    for epoch in range(progress.epoch, r.epochs):
         if choices.stopped_early:
             break
-        first = start_step if epoch == start_epoch else 0
+        first = progress.step if epoch == progress.epoch else 0
         last = min(steps, limit - epoch * steps)  # a run with max_steps may stop mid-epoch
         if last <= first:
             break
-        order, gen = r.order(epoch), r.augmenter(epoch)
-        ddp.train()
-        t0 = time.perf_counter()
-        report.phase("training", epoch=epoch + 1, epochs=epochs, step=first, steps=steps)
-        # summed on the device: a step never waits for the GPU (a report reads them)
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        correct = torch.zeros((), dtype=torch.float64, device=device)
-        step = first
-        while step < last:
-            at = epoch * steps + step
-            if cfg.decay_from is not None:  # a race's rung anneals (training.race)
-                _set_lr(opt, lr * rung_lr_factor(at, cfg.decay_from, limit))
-            elif plan.cosine:
-                _set_lr(opt, lr * recipe.lr_factor(at, limit, plan.warmup_steps))
-            else:
-                _set_lr(opt, lr)
-            xb, yb = r.batch_at(order, step, gen)
-            loss, logits = r.step(opt, xb, yb)
-            loss_sum += loss.detach().double() * len(yb)
-            correct += (logits.argmax(1) == yb).sum()
-            step += 1
-            if report.due(step - 1, first, last):
-                report.step(
-                    epoch=epoch + 1,
-                    epochs=epochs,
-                    step=step,
-                    steps=steps,
-                    loss_sum=loss_sum,
-                    correct=correct,
-                    seen=(step - first) * r.batch,
-                )
-            if plan.keep_best and ((at + 1) % plan.eval_every == 0 or at + 1 == limit):
-                acc, _ = r.evaluate(r.val)
-                history.append(acc)
-                if recipe.keeps(history, n_val):
-                    choices.best_val_accuracy, choices.best_step = acc, at + 1
-                    best = _copy_weights(model)
-                ddp.train()
-                stop = recipe.should_stop(
-                    history, step=at + 1, steps=limit, patience=plan.patience, n=n_val
-                )
-                if stop and at + 1 < limit:
-                    choices.stopped_early = True
-                    break
-        used = (step - first) * r.batch
-        wall = time.perf_counter() - t0
+        trained = _train_epoch(r, progress, epoch, first, last, report)
         comm = timer.take()
+        step = trained.step
         finished = step == steps
         ending = choices.stopped_early or epoch * steps + step >= limit
-        if ending and best is not None:
-            model.load_state_dict(best)  # the run returns its best validation checkpoint
-        report.phase("evaluating", epoch=epoch + 1, epochs=epochs)
-        test_correct, test_n, _ = _evaluate(
-            model, *r.test, data_config, device, cfg.batch_size * 2, amp
-        )
-        totals = _all_sum(
-            [float(loss_sum), float(correct), used, test_correct, test_n, comm["bytes_sent"]],
-            device,
-        )
-        if not math.isfinite(totals[0]):  # the same sum on every rank: all of them stop
-            raise Diverged(
-                f"the training loss is not finite in epoch {epoch + 1} ({totals[0] / totals[2]}):"
-                f" the run diverged (lr {lr}, weight_decay {plan.weight_decay}); no model "
-                "is written"
-            )
-        values = {held: totals[3] / max(totals[4], 1)}
-        if plan.keep_best and history:
-            values["val_accuracy"] = choices.best_val_accuracy if ending else history[-1]
-        record = EpochRecord(
-            epoch=epoch + 1,
-            loss=totals[0] / totals[2],
-            train_accuracy=totals[1] / totals[2],
-            bytes_sent=totals[5] / world,  # per worker
-            compute_seconds=max(wall - comm["select_s"] - comm["comm_s"], 0.0),
-            select_seconds=comm["select_s"],
-            comm_seconds=comm["comm_s"],
-            workers=world,
-            compressor=cfg.compressor,
-            iterations=int(comm["iterations"]),
-            dense_bytes=dense_allreduce_bytes(comm["numel"], world),
-            steps=epoch * steps + step,
-            **values,
-        )
-        if rank == 0:
+        if ending and progress.best is not None:
+            r.model.load_state_dict(progress.best)  # the run returns its best validation checkpoint
+        record = _epoch_record(r, progress, epoch, trained, comm, ending, report)
+        if r.rank == 0:
             _log(record, out)
         resume_at = (epoch + 1, 0) if finished else (epoch, step)
-        extra = {"recipe": choices.to_dict(), "best": best, "history": history}
-        _save(out, cfg, model, opt, state, *resume_at, rank, world, extra)
+        extra = {"recipe": choices.to_dict(), "best": progress.best, "history": progress.history}
+        _save(out, r.cfg, r.model, progress.opt, r.state, *resume_at, r.rank, r.world, extra)
         if not finished or choices.stopped_early:
             break
-    if record is None and cfg.max_steps is not None:
-        # nothing left to train (a re-delivered rung that had already finished): say where
-        # the run stands, so whoever waits for this rung gets its validation accuracy
-        acc, _ = r.evaluate(r.test)
-        record = EpochRecord(
-            epoch=start_epoch + (1 if start_step else 0),
-            steps=start_epoch * steps + start_step,
-            workers=world,
-            compressor=cfg.compressor,
-            **{held: acc},
+    return record
+
+
+def _train_epoch(
+    r: _Run, progress: _Progress, epoch: int, first: int, last: int, report: Reporter
+) -> _Trained:
+    """Steps ``first`` to ``last`` of ``epoch``; where the plan keeps the best checkpoint,
+    validation at its intervals (which may stop the run early)."""
+    steps, limit, epochs, lr = r.steps, r.limit, r.epochs, progress.choices.lr
+    order, gen = r.order(epoch), r.augmenter(epoch)
+    r.ddp.train()
+    t0 = time.perf_counter()
+    report.phase("training", epoch=epoch + 1, epochs=epochs, step=first, steps=steps)
+    # summed on the device: a step never waits for the GPU (a report reads them)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=r.device)
+    correct = torch.zeros((), dtype=torch.float64, device=r.device)
+    step = first
+    while step < last:
+        at = epoch * steps + step
+        _set_lr(progress.opt, r.rate(lr, at))
+        xb, yb = r.batch_at(order, step, gen)
+        loss, logits = r.step(progress.opt, xb, yb)
+        loss_sum += loss.detach().double() * len(yb)
+        correct += (logits.argmax(1) == yb).sum()
+        step += 1
+        if report.due(step - 1, first, last):
+            report.step(
+                epoch=epoch + 1,
+                epochs=epochs,
+                step=step,
+                steps=steps,
+                loss_sum=loss_sum,
+                correct=correct,
+                seen=(step - first) * r.batch,
+            )
+        due = r.plan.keep_best and ((at + 1) % r.plan.eval_every == 0 or at + 1 == limit)
+        if due and _validate(r, progress, at + 1):  # eval_every is 0 unless keep_best
+            break
+    return _Trained(loss_sum, correct, first, step, time.perf_counter() - t0)
+
+
+def _validate(r: _Run, progress: _Progress, done: int) -> bool:
+    """The auto recipe's look at the validation split after ``done`` steps: the weights kept
+    when they are the best so far; True when the run stops early here."""
+    acc, _ = r.evaluate(r.val)
+    progress.history.append(acc)
+    if recipe.keeps(progress.history, r.n_val):
+        progress.choices.best_val_accuracy, progress.choices.best_step = acc, done
+        progress.best = _copy_weights(r.model)
+    r.ddp.train()
+    stop = recipe.should_stop(
+        progress.history, step=done, steps=r.limit, patience=r.plan.patience, n=r.n_val
+    )
+    if stop and done < r.limit:
+        progress.choices.stopped_early = True
+        return True
+    return False
+
+
+def _epoch_record(
+    r: _Run,
+    progress: _Progress,
+    epoch: int,
+    trained: _Trained,
+    comm: dict[str, float],
+    ending: bool,
+    report: Reporter,
+) -> EpochRecord:
+    """The epoch's record, summed over the ranks, with the held-out accuracy of the model as
+    it now stands; raises :class:`Diverged` (on every rank) when the loss is not finite."""
+    from zoopick.training.comm.stats import dense_allreduce_bytes
+
+    cfg, world, steps, choices = r.cfg, r.world, r.steps, progress.choices
+    used = (trained.step - trained.first) * r.batch
+    report.phase("evaluating", epoch=epoch + 1, epochs=r.epochs)
+    test_correct, test_n, _ = _evaluate(
+        r.model, *r.test, r.data_config, r.device, cfg.batch_size * 2, r.amp
+    )
+    totals = _all_sum(
+        [
+            float(trained.loss_sum),
+            float(trained.correct),
+            used,
+            test_correct,
+            test_n,
+            comm["bytes_sent"],
+        ],
+        r.device,
+    )
+    if not math.isfinite(totals[0]):  # the same sum on every rank: all of them stop
+        raise Diverged(
+            f"the training loss is not finite in epoch {epoch + 1} ({totals[0] / totals[2]}):"
+            f" the run diverged (lr {choices.lr}, weight_decay {r.plan.weight_decay}); no model "
+            "is written"
         )
-        if rank == 0:
-            _log(record, out)
+    values = {r.held: totals[3] / max(totals[4], 1)}
+    if r.plan.keep_best and progress.history:
+        values["val_accuracy"] = choices.best_val_accuracy if ending else progress.history[-1]
+    return EpochRecord(
+        epoch=epoch + 1,
+        loss=totals[0] / totals[2],
+        train_accuracy=totals[1] / totals[2],
+        bytes_sent=totals[5] / world,  # per worker
+        compute_seconds=max(trained.wall - comm["select_s"] - comm["comm_s"], 0.0),
+        select_seconds=comm["select_s"],
+        comm_seconds=comm["comm_s"],
+        workers=world,
+        compressor=cfg.compressor,
+        iterations=int(comm["iterations"]),
+        dense_bytes=dense_allreduce_bytes(comm["numel"], world),
+        steps=epoch * steps + trained.step,
+        **values,
+    )
 
-    if cfg.max_steps is not None:  # a rung: its checkpoint is the product, not a model file
-        dist.barrier()
-        return record.to_dict() if record else {}
-    if record is None and best is not None:  # resumed after the last epoch: the best again
-        model.load_state_dict(best)
 
-    # every replica must end with the same parameters (the hooks apply the same averaged
-    # update on every rank): recorded, so a run whose replicas drifted apart can be told
-    digests: list[str | None] = [None] * world
-    dist.all_gather_object(digests, _parameter_digest(model))
-    if rank == 0:
-        report.phase("saving the model")
-        save_checkpoint(model, out / FINAL_WEIGHTS)
-        meta = {
-            "rank_digests": digests,
-            "arch": entry.arch,
-            "source_model": entry.id,
-            "num_classes": len(train.class_names),
-            "class_names": list(train.class_names),
-            "data_config": {
-                k: list(v) if isinstance(v, tuple) else v for k, v in data_config.items()
-            },
-            "final": record.to_dict() if record else None,
-            "recipe": choices.to_dict(),
-        }
-        (out / FINAL_CONFIG).write_text(json.dumps(meta, indent=2))
-    dist.barrier()
-    return record.to_dict() if record else {}
+def _standing(r: _Run, progress: _Progress, out: Path) -> EpochRecord:
+    """Where a rung with nothing left to train stands (a re-delivered rung that had already
+    finished), so whoever waits for it gets its validation accuracy."""
+    acc, _ = r.evaluate(r.test)
+    record = EpochRecord(
+        epoch=progress.epoch + (1 if progress.step else 0),
+        steps=progress.epoch * r.steps + progress.step,
+        workers=r.world,
+        compressor=r.cfg.compressor,
+        **{r.held: acc},
+    )
+    if r.rank == 0:
+        _log(record, out)
+    return record
+
+
+def _write_model(
+    r: _Run,
+    entry: ZooEntry,
+    train: TargetDataset,
+    choices: recipe.Choices,
+    record: EpochRecord | None,
+    out: Path,
+    report: Reporter,
+) -> None:
+    """The fine-tuned model (rank 0) as safetensors beside its config: architecture, classes,
+    data config, the last record and the recipe's choices. Every replica must end with the
+    same parameters (the hooks apply the same averaged update on every rank): their digests
+    are recorded, so a run whose replicas drifted apart can be told."""
+    from zoopick.selection.zoo import save_checkpoint
+
+    digests: list[str | None] = [None] * r.world
+    dist.all_gather_object(digests, _parameter_digest(r.model))
+    if r.rank != 0:
+        return
+    report.phase("saving the model")
+    save_checkpoint(r.model, out / FINAL_WEIGHTS)
+    meta = {
+        "rank_digests": digests,
+        "arch": entry.arch,
+        "source_model": entry.id,
+        "num_classes": len(train.class_names),
+        "class_names": list(train.class_names),
+        "data_config": {
+            k: list(v) if isinstance(v, tuple) else v for k, v in r.data_config.items()
+        },
+        "final": record.to_dict() if record else None,
+        "recipe": choices.to_dict(),
+    }
+    (out / FINAL_CONFIG).write_text(json.dumps(meta, indent=2))
 
 
 def _validation_share(train, val) -> float:
