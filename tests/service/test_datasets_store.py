@@ -8,6 +8,7 @@ absolute local path) still works; the cache keeps to its bound."""
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from contextlib import contextmanager
 from urllib.parse import urlparse
@@ -244,6 +245,9 @@ def test_a_dataset_from_before_the_store_is_still_read_from_its_path(
         )
         shown = client.get(f"{API}/datasets/{ds_id}", headers=eve.headers).json()
         assert shown["status"] == "ready" and shown["num_samples"] == 18
+        index = json.loads((folder / "thumbs" / "index.json").read_text())
+        thumb = sign_in(client.app, eve.token).get(f"/datasets/{ds_id}/thumbs/{index['0'][0]}")
+        assert thumb.status_code == 200 and thumb.content[:4] == b"\x89PNG"
         assert client.delete(f"{API}/datasets/{ds_id}", headers=eve.headers).status_code == 204
         assert not folder.exists()
 
