@@ -198,7 +198,8 @@ def on_this_machine(
     """(the file, the folder of its decoded copy) of a validated dataset, as files of this
     machine: beside a file from before the store, else the store's objects through the
     machine's cache, checked against the dataset's manifest. The copy is None where
-    validation kept none; the file is fetched only when ``file`` or there is no copy. For
+    validation kept none; the file of a remote store is fetched only when ``file`` or there is
+    no copy (a local store's is always given: it costs nothing). For
     workers: a store that is unavailable is tried again (``storage.retrying``) before its
     ``StoreUnavailable`` fails the work, naming it."""
     return storage.retrying(lambda: _on_this_machine(settings, storage_path, file=file))
@@ -218,10 +219,9 @@ def _on_this_machine(
         copy = f"{_prefix(storage_path)}/{DECODED}"
         fetched = [cache.fetch(f"{copy}/{n}", **described[DECODED][n]) for n in DECODED_FILES]
         folder = fetched[0].parent
-    path = None
     if file or folder is None:
-        path = cache.fetch(storage_path, **described["file"])
-    return path, folder
+        return cache.fetch(storage_path, **described["file"]), folder
+    return cache.store.local_path(storage_path), folder  # None for a remote store
 
 
 def for_scoring(path: str | Path, settings: Settings) -> Any:
@@ -261,8 +261,19 @@ def feature_cache(storage_path: str, settings: Settings) -> Any:
 def run_data(storage_path: str, settings: Settings) -> dict[str, str | None]:
     """Where a fine-tune's or a race rung's trainer, started on this machine, reads the
     dataset: ``data`` (its file) and ``decoded`` (the copy validation decoded, or None), as
-    ``FinetuneConfig`` takes them, both files of this machine."""
-    file, folder = on_this_machine(settings, storage_path)
+    ``FinetuneConfig`` takes them, files of this machine. A copy the trainer can read under
+    the deployment's limits (those its run config carries) is all it reads: the file of a
+    remote store is then not fetched (``data`` names where its copy would be); else the
+    file, and no copy."""
+    from zoopick.selection import decoded
+
+    file, folder = on_this_machine(settings, storage_path, file=False)
+    if folder is not None and decoded.load(folder, limits=settings.dataset_limits()) is None:
+        folder = None
+    if folder is None and file is None:
+        file, _ = on_this_machine(settings, storage_path)
+    if file is None:  # not fetched: the trainer reads the copy
+        file = object_cache(settings).root / storage_path
     return {"data": str(file), "decoded": None if folder is None else str(folder)}
 
 

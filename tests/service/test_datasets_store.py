@@ -90,6 +90,10 @@ def test_an_upload_lives_in_the_store_and_a_worker_reads_it_through_its_cache(
         assert not (cached / "pets.zip").exists()  # the copy was enough: the archive not fetched
         data = datasets.run_data(key, worker)  # the trainer's: files of this machine
         assert data == {"data": str(cached / "pets.zip"), "decoded": str(cached / "decoded")}
+        assert not (cached / "pets.zip").exists()  # the copy is all the trainer reads
+        lowered = worker.model_copy(update={"dataset_max_pixels": 10})  # the copy is over it
+        data = datasets.run_data(key, lowered)
+        assert data == {"data": str(cached / "pets.zip"), "decoded": None}
         assert (cached / "pets.zip").read_bytes() == archive
 
         # the dashboard's thumbnails come from the store, to their tenant only

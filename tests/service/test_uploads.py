@@ -132,6 +132,11 @@ def test_validation_keeps_the_images_decoded_for_scoring(client, alice, service_
     folder = service_settings.storage_dir / key.rsplit("/", 1)[0]
     assert key.startswith("tenants/") and key.endswith("/pets.zip")
     assert (folder / "decoded" / "pixels.npy").is_file()
+    # the trainer reads the local store's own files, nothing copied
+    assert store.run_data(key, service_settings) == {
+        "data": str(service_settings.storage_dir / key),
+        "decoded": str(folder / "decoded"),
+    }
     (service_settings.storage_dir / key).unlink()
     scored = store.for_scoring(key, service_settings)
     assert scored.digest == ds["digest"] and len(scored) == ds["num_samples"]
