@@ -11,9 +11,7 @@ commands run distributed: ``zoopick serve --no-worker`` on one machine, ``zoopic
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -38,8 +36,8 @@ KEY_FILE = "api-key"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 WORKER_STOP_GRACE_SECONDS = 20.0
 """How long ``serve`` lets its worker finish a short task (a warm shutdown) before killing
-it, at most ``ZOOPICK_SHUTDOWN_GRACE_SECONDS``; a re-delivered or swept task redoes whatever
-was cut off."""
+it, at most ``ZOOPICK_SHUTDOWN_GRACE_SECONDS``, counted from the stop signal (the API drains
+meanwhile); a re-delivered or swept task redoes whatever was cut off."""
 
 
 class ServerStopped(Exception):
@@ -152,103 +150,42 @@ def serve(
 
     On the first start it creates a local admin API key and prints it.
     """
-    import uvicorn
-
-    from zoopick.app.httpcaps import PROTOCOL as HTTP_PROTOCOL  # request-head caps
-    from zoopick.app.main import create_app
-    from zoopick.service.processes import (
-        SUPERVISOR_ENV,
-        die_with_parent,
-        lowered_priority,
-        stop_group,
-    )
+    from zoopick.serving import LocalWorker, run_api
 
     settings = get_settings()
     key = bootstrap(settings, demo=wants_demo(settings, demo), local_key=local_key)
-    url = f"http://{host}:{port}"
-    typer.echo(f"zoopick: serving {url}  (API docs: {url}/docs)", err=True)
-    typer.echo(f"database: {settings.database_url}", err=True)
-    typer.echo(f"broker:   {settings.broker_url}", err=True)
-    if key:
-        typer.echo(f"API key:  {key}  (kept in {settings.data_dir / KEY_FILE})", err=True)
+    _announce(settings, f"http://{host}:{port}", key)
+    # the worker's warm shutdown gets at most the API's drain, both from the stop signal
+    grace = min(WORKER_STOP_GRACE_SECONDS, settings.shutdown_grace_seconds)
+    local = LocalWorker(settings, concurrency, worker_nice, grace) if worker else None
     # uvicorn answers SIGTERM/SIGINT by shutting down, then re-raises the signal to the handler
     # that was installed before it: make that handler an exception, so the ``finally`` below
     # runs and stops the worker (with the default handler the process would die on the spot
     # and leave the worker and its pool running)
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in STOP_SIGNALS}
-    # a stop drains: no new connections, in-flight requests get ``grace`` seconds, then
-    # uvicorn cancels them (an upload still trickling in is cut and its partial file removed)
-    grace = settings.shutdown_grace_seconds
-    from zoopick.service.liveness import LocalWorkerWatch
-
-    proc = None
-    watch = None
-
-    def start_worker() -> subprocess.Popen:
-        # its own process group (one signal reaches its pool and their trainers), and it
-        # dies with us even if we are killed outright: a parent-death signal, and the worker
-        # watches our pid itself (zoopick.workers.supervision), also when it was restarted;
-        # at a lower CPU priority than the API (see processes.LOCAL_WORKER_NICE)
-        return subprocess.Popen(
-            worker_argv("cpu,gpu", concurrency, loglevel="warning"),
-            env={**settings.env(), SUPERVISOR_ENV: str(os.getpid())},
-            start_new_session=True,
-            preexec_fn=lowered_priority(worker_nice, die_with_parent()),
-        )
-
-    def restart_worker() -> None:
-        nonlocal proc
-        if proc is not None:
-            stop_group(proc, grace=5)
-        proc = start_worker()
-
     try:
-        if worker:
-            proc = start_worker()
-
-            # a worker that stopped running tasks stops beating (or exits): restart it
-            def exited() -> bool:
-                return proc is not None and proc.poll() is not None
-
-            watch = LocalWorkerWatch(settings, restart_worker, exited).start()
-        if workers == 1:
-            uvicorn.run(
-                create_app(settings),
-                host=host,
-                port=port,
-                log_level="info",
-                http=HTTP_PROTOCOL,
-                timeout_graceful_shutdown=grace,
-            )
-        else:
-            # several processes need the app by import path; they read the settings from the
-            # environment, exactly as a worker does
-            os.environ.update(settings.env())
-            # each process' HTTP latency histogram in files that /metrics reads all of
-            # (prometheus_client's multiprocess mode); emptied, as the processes are new
-            prom_dir = settings.data_dir / "prometheus"
-            shutil.rmtree(prom_dir, ignore_errors=True)
-            prom_dir.mkdir(parents=True)
-            os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(prom_dir)
-            uvicorn.run(
-                "zoopick.app.main:create_app",
-                factory=True,
-                workers=workers,
-                host=host,
-                port=port,
-                log_level="info",
-                http=HTTP_PROTOCOL,
-                timeout_graceful_shutdown=grace,
-            )
+        if local is not None:
+            local.start()
+        run_api(settings, host, port, workers, on_stop=local.begin_stop if local else _nothing)
     except ServerStopped:
         pass
     finally:
-        if watch is not None:
-            watch.stop()
-        if proc is not None:
-            stop_group(proc, grace=min(WORKER_STOP_GRACE_SECONDS, grace))
+        if local is not None:
+            local.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _nothing() -> None:
+    """What a stop signal starts besides the API's drain when there is no local worker."""
+
+
+def _announce(settings: Settings, url: str, key: str | None) -> None:
+    typer.echo(f"zoopick: serving {url}  (API docs: {url}/docs)", err=True)
+    typer.echo(f"database: {settings.database_url}", err=True)
+    typer.echo(f"broker:   {settings.broker_url}", err=True)
+    if key:
+        typer.echo(f"API key:  {key}  (kept in {settings.data_dir / KEY_FILE})", err=True)
 
 
 @service_app.command("worker")

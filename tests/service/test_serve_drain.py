@@ -1,7 +1,10 @@
 """Issue 43: SIGTERM drains the API within ``ZOOPICK_SHUTDOWN_GRACE_SECONDS``. A client that
 trickles an upload and never finishes it does not keep ``zoopick serve`` alive: at the
 deadline its request is cancelled, the partial object in the store (the local store's
-``.partial/`` file) is removed, and serve exits."""
+``.partial/`` file) is removed, and serve exits. Its local worker is told to stop at the
+signal, not once the API has drained: a worker that cannot finish (stopped here, as one
+busy in a long task would be) is killed at the same deadline, so serve exits within the
+grace, not twice it."""
 
 from __future__ import annotations
 
@@ -13,9 +16,14 @@ import sys
 import time
 
 from tests.service.procs import Proc, free_port, poll, wait_http
+from tests.service.test_serve_signals import alive, descendants
 
 SERVE = "from zoopick.service_cli import service_app; service_app()"
-GRACE = 3.0
+GRACE = 4.0
+BOUND = 3.5
+"""Seconds past the grace that serve may take to exit (measured: about 1.2 on two loaded
+cores). The worker's stop used to begin only once the API had drained, its own grace (the
+same, at most 20 s) on top: twice the grace and more, which this bound refuses."""
 
 
 def partial_files(data):
@@ -28,10 +36,17 @@ def test_sigterm_cuts_a_trickling_upload_at_the_grace_deadline(tmp_path):
     data = tmp_path / "data"
     env.update(ZOOPICK_DATA_DIR=str(data), ZOOPICK_SHUTDOWN_GRACE_SECONDS=str(GRACE))
     port = free_port()
-    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo", "--no-worker"]
-    serve = Proc("serve", cmd, env, tmp_path)
+    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
+    serve = Proc("serve", cmd + ["--concurrency", "1"], env, tmp_path)
+    worker: set[int] = set()
     try:
         wait_http(serve, f"http://127.0.0.1:{port}/healthz", timeout=90)
+        # the local worker (started before the API) never gets to run: a warm shutdown that
+        # cannot end, which only the deadline's SIGKILL ends
+        worker = descendants(serve.proc.pid)
+        leaders = [p for p in worker if os.getpgid(p) == p]  # its own process group
+        assert leaders, "serve started no local worker"
+        os.killpg(leaders[0], signal.SIGSTOP)
         key = (data / "api-key").read_text().strip()
         head = (
             b'--b\r\nContent-Disposition: form-data; name="file"; filename="d.npz"\r\n'
@@ -59,9 +74,13 @@ def test_sigterm_cuts_a_trickling_upload_at_the_grace_deadline(tmp_path):
                 time.sleep(0.2)
             took = time.monotonic() - sent
         assert serve.proc.poll() is not None, f"serve still running {took:.1f} s after SIGTERM"
-        assert took < GRACE + 8, f"serve took {took:.1f} s to exit (grace {GRACE} s)"
+        assert took < GRACE + BOUND, f"serve took {took:.1f} s to exit (grace {GRACE} s)"
+        assert not any(alive(p) for p in worker), "the local worker outlived serve"
         assert parts and not any(p.exists() for p in parts)
         assert partial_files(data) == []
         assert "timeout graceful shutdown exceeded" in serve.tail(200)
     finally:
         serve.stop()
+        for pid in worker:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,175 @@
+"""What ``zoopick serve`` runs: the API under uvicorn (one process, or several under uvicorn's
+supervisor) and its local Celery worker, stopped together.
+
+A stop signal reaches both at once: uvicorn's own handler starts the API's drain (no new
+connections, in-flight requests get ``ZOOPICK_SHUTDOWN_GRACE_SECONDS``), and the hook here
+starts the worker's warm shutdown at the same moment, so ``serve`` exits within the grace
+rather than draining the API first and only then giving the worker its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from zoopick.service.processes import (
+    SUPERVISOR_ENV,
+    die_with_parent,
+    lowered_priority,
+    stop_group,
+)
+from zoopick.service.queue import worker_argv
+from zoopick.service.settings import Settings
+
+RESTART_GRACE_SECONDS = 5.0
+"""How long a worker being replaced (it exited or stopped beating) gets to stop."""
+
+
+class LocalWorker:
+    """``serve``'s local worker: a Celery worker on both queues in its own process group (one
+    signal reaches its pool and their trainers), at a lower CPU priority than the API
+    (``processes.LOCAL_WORKER_NICE``), dying with ``serve`` even if that is killed outright (a
+    parent-death signal, and the worker watches our pid itself: ``workers.supervision``),
+    restarted when it exits or stops beating (``liveness.LocalWorkerWatch``).
+
+    Stopping is two calls: :meth:`begin_stop` at the stop signal (SIGTERM to its group: its
+    warm shutdown runs while the API drains), :meth:`stop` once the API is down (what is
+    left of its ``grace`` from the signal, then SIGKILL)."""
+
+    def __init__(self, settings: Settings, concurrency: int, nice: int, grace: float) -> None:
+        self.settings, self.concurrency, self.nice, self.grace = settings, concurrency, nice, grace
+        self.proc: subprocess.Popen | None = None
+        self.deadline: float | None = None
+        """When the stop signal's grace ends (``time.monotonic``); None before a signal."""
+        self._watch = None
+
+    def start(self) -> None:
+        from zoopick.service.liveness import LocalWorkerWatch
+
+        self.proc = self._spawn()
+        self._watch = LocalWorkerWatch(self.settings, self.restart, self.exited).start()
+
+    def _spawn(self) -> subprocess.Popen:
+        return subprocess.Popen(
+            worker_argv("cpu,gpu", self.concurrency, loglevel="warning"),
+            env={**self.settings.env(), SUPERVISOR_ENV: str(os.getpid())},
+            start_new_session=True,
+            preexec_fn=lowered_priority(self.nice, die_with_parent()),
+        )
+
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def restart(self) -> None:
+        """The watch's: a new worker in place of one that exited or stopped beating; none
+        once ``serve`` is stopping (:meth:`stop` stops one started just before)."""
+        if self.deadline is not None:
+            return
+        if self.proc is not None:
+            stop_group(self.proc, grace=RESTART_GRACE_SECONDS)
+        self.proc = self._spawn()
+
+    def begin_stop(self) -> None:
+        """At the stop signal (called from the signal's handler: nothing here waits): SIGTERM
+        the worker's group, whose warm shutdown then has ``grace`` seconds from now."""
+        if self.deadline is not None:  # a second signal: the first one's deadline stands
+            return
+        self.deadline = time.monotonic() + self.grace
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def stop(self) -> None:
+        """Stop watching and stop the worker: what is left of the signal's grace (all of
+        ``grace`` when the API ended without one), then whatever of its group is left is
+        killed. Nothing of it keeps running."""
+        if self._watch is not None:
+            self._watch.stop()
+        if self.proc is None:
+            return
+        if self.deadline is None:
+            stop_group(self.proc, grace=self.grace)
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        stop_group(self.proc, grace=0)  # past the deadline: SIGKILL
+
+
+def run_api(
+    settings: Settings, host: str, port: int, workers: int, on_stop: Callable[[], None]
+) -> None:
+    """The API until a stop signal: ``workers`` uvicorn processes (one: in this process, the
+    app built from ``settings``; more: by import path under uvicorn's supervisor, reading the
+    settings from the environment as a worker does). A stop drains: no new connections,
+    in-flight requests get ``ZOOPICK_SHUTDOWN_GRACE_SECONDS``, then uvicorn cancels them (an
+    upload still trickling in is cut and its partial file removed). ``on_stop`` is called as
+    the stop signal arrives, before the drain."""
+    import uvicorn
+
+    from zoopick.app.httpcaps import PROTOCOL as HTTP_PROTOCOL  # request-head caps
+
+    common = {
+        "host": host,
+        "port": port,
+        "log_level": "info",
+        "http": HTTP_PROTOCOL,
+        "timeout_graceful_shutdown": settings.shutdown_grace_seconds,
+    }
+    if workers == 1:
+        from zoopick.app.main import create_app
+
+        server = _server(uvicorn.Config(create_app(settings), **common), on_stop)
+        server.run()
+        if not server.started:  # as uvicorn.run: the app, or its socket, failed to start
+            sys.exit(uvicorn.config.STARTUP_FAILURE)
+        return
+    _share_settings(settings)
+    config = uvicorn.Config("zoopick.app.main:create_app", factory=True, workers=workers, **common)
+    _supervisor(config, on_stop).run()
+
+
+def _share_settings(settings: Settings) -> None:
+    """The environment of the API's processes: the settings, and a fresh folder where each
+    process keeps its HTTP latency histogram for ``/metrics`` to read all of
+    (prometheus_client's multiprocess mode)."""
+    os.environ.update(settings.env())
+    prom_dir = settings.data_dir / "prometheus"
+    shutil.rmtree(prom_dir, ignore_errors=True)
+    prom_dir.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(prom_dir)
+
+
+def _server(config, on_stop: Callable[[], None]):
+    """A uvicorn server of one process that calls ``on_stop`` when a stop signal arrives
+    (``Server.handle_exit``, uvicorn's handler of SIGTERM and SIGINT)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            on_stop()
+            super().handle_exit(sig, frame)
+
+    return Server(config=config)
+
+
+def _supervisor(config, on_stop: Callable[[], None]):
+    """uvicorn's supervisor of several API processes, bound to the config's socket, that
+    calls ``on_stop`` when told to stop (SIGTERM, SIGINT; its handlers run on its loop)."""
+    from uvicorn.supervisors import Multiprocess
+
+    class Supervisor(Multiprocess):
+        def handle_int(self) -> None:
+            on_stop()
+            super().handle_int()
+
+        def handle_term(self) -> None:
+            on_stop()
+            super().handle_term()
+
+    return Supervisor(config, sockets=[config.bind_socket()])
