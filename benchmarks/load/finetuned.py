@@ -24,6 +24,25 @@ EPOCHS = 40
 STEPS_PER_EPOCH = 50
 
 
+def zoo_and_dataset(session: Session, tenant_id: uuid.UUID, models: list[str],
+                    num_classes: int) -> uuid.UUID:  # fmt: skip
+    """The rows a job stands on: ``models`` as zoo entries and a ready two-class dataset of
+    1,000 images whose file is never read (a poll reads only rows); the dataset's id."""
+    from zoopick.service.db.models import Dataset, ZooModel
+
+    for m in models:
+        session.add(ZooModel(id=m, arch="test_resnet", weights="none", num_classes=num_classes))
+    ds = Dataset(
+        tenant_id=tenant_id, name="d", format="npz", filename="d.npz", size_bytes=1,
+        file_sha256="0" * 64, storage_path="/nonexistent", status="ready",
+        classes=["a", "b"], counts={"a": 500, "b": 500}, num_samples=1000,
+        digest="d" * 16,
+    )  # fmt: skip
+    session.add(ds)
+    session.flush()
+    return ds.id
+
+
 def build(session: Session, tenant_id: uuid.UUID, dataset_id: uuid.UUID,
           models: list[str]) -> uuid.UUID:  # fmt: skip
     """The job's id: succeeded, its race won by ``models[0]``, fine-tuned for ``EPOCHS``."""

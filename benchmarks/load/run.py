@@ -93,7 +93,7 @@ def prepare(
 
     from zoopick.service import pipeline
     from zoopick.service.db import migrate
-    from zoopick.service.db.models import Dataset, Job, ZooModel
+    from zoopick.service.db.models import Job
     from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
     from zoopick.service.security import create_api_key, get_or_create_tenant
 
@@ -108,22 +108,13 @@ def prepare(
         _, token = create_api_key(session, tenant="load", name="load")
         tenant = get_or_create_tenant(session, "load")
         models = ["m1", "m2", "m3"] if kind == "scoring" else [f"m{i}" for i in range(6)]
-        for m in models:
-            session.add(ZooModel(id=m, arch="test_resnet", weights="none", num_classes=10))
-        ds = Dataset(
-            tenant_id=tenant.id, name="d", format="npz", filename="d.npz", size_bytes=1,
-            file_sha256="0" * 64, storage_path="/nonexistent", status="ready",
-            classes=["a", "b"], counts={"a": 500, "b": 500}, num_samples=1000,
-            digest="d" * 16,
-        )  # fmt: skip
-        session.add(ds)
-        session.flush()
+        dataset_id = finetuned.zoo_and_dataset(session, tenant.id, models, num_classes=10)
         if kind == "finetuned":
-            job_id = str(finetuned.build(session, tenant.id, ds.id, models))
+            job_id = str(finetuned.build(session, tenant.id, dataset_id, models))
         metrics = ["sms", "isms", "logme"]
         if kind == "scoring":
             job = Job(
-                tenant_id=tenant.id, dataset_id=ds.id, status="scoring", progress=0.5,
+                tenant_id=tenant.id, dataset_id=dataset_id, status="scoring", progress=0.5,
                 request={}, models=models, metrics=metrics, select_by="isms", task_ids=[],
             )  # fmt: skip
             session.add(job)

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import event, update
 
 from benchmarks.load import finetuned
-from zoopick.service.db.models import Dataset, Job, TrainingRun, ZooModel
+from zoopick.service.db.models import Job, TrainingRun
 from zoopick.service.db.session import session_scope
 
 
@@ -39,17 +39,8 @@ def finished_job(service_app, tenant_name: str) -> uuid.UUID:
     models = [f"poll-{tag}-{i}" for i in range(6)]
     with session_scope(service_app.state.sessionmaker) as session:
         tenant = get_or_create_tenant(session, tenant_name)
-        for m in models:
-            session.add(ZooModel(id=m, arch="test_resnet", weights="none", num_classes=2))
-        ds = Dataset(
-            tenant_id=tenant.id, name="d", format="npz", filename="d.npz", size_bytes=1,
-            file_sha256="0" * 64, storage_path="/nonexistent", status="ready",
-            classes=["a", "b"], counts={"a": 500, "b": 500}, num_samples=1000,
-            digest="d" * 16,
-        )  # fmt: skip
-        session.add(ds)
-        session.flush()
-        return finetuned.build(session, tenant.id, ds.id, models)
+        dataset_id = finetuned.zoo_and_dataset(session, tenant.id, models, num_classes=2)
+        return finetuned.build(session, tenant.id, dataset_id, models)
 
 
 def test_a_finished_jobs_view_is_built_once_and_follows_its_row(
