@@ -71,15 +71,11 @@ the cost grows with the dataset too: 1 GiB holds 10,000 images at ImageNet-21k's
 outputs, while a 100,000-output head reaches it at about 2,700 images."""
 
 
-def _bound(value: int | None, variable: str, default: int) -> int:
-    """``value`` as passed by the caller; where it is None (a caller that passes none), the
-    process's ``variable`` when set (read now, not at import: what ``zoopick`` commands run
-    under, and a worker started with the service's settings, which describe and validate
-    it), else ``default``."""
-    if value is not None:
-        return value
-    raw = os.environ.get(variable, "").strip()
-    return int(raw) if raw else default
+def _bound(value: int | None, default: int) -> int:
+    """``value`` as the caller passed it (the service passes its settings), else the library's
+    ``default``. The library reads no ``ZOOPICK_*`` variable: ``Settings`` declares and
+    validates them, and the service hands their values down."""
+    return default if value is None else value
 
 
 @dataclass
@@ -140,8 +136,8 @@ def preprocess(
     """The dataset through the eval transform, without normalisation: uint8 (N, 3, H, W).
 
     Cached in process per (dataset digest, transform key); an array too large for the cache
-    budget (``cache_bytes``; None: ``ZOOPICK_PREPROCESS_CACHE_BYTES`` where the process has
-    it, else :data:`PREPROCESS_CACHE_BYTES`, 4 GiB) is returned but not kept.
+    budget (``cache_bytes``, the service's ``ZOOPICK_PREPROCESS_CACHE_BYTES``; None:
+    :data:`PREPROCESS_CACHE_BYTES`, 4 GiB) is returned but not kept.
     Callers must not modify the returned tensor.
     """
     key = (dataset.digest, transform_key(data_config))
@@ -163,7 +159,7 @@ def preprocess(
         out[i] = t
 
     _parallel(one, len(dataset))
-    budget = _bound(cache_bytes, "ZOOPICK_PREPROCESS_CACHE_BYTES", PREPROCESS_CACHE_BYTES)
+    budget = _bound(cache_bytes, PREPROCESS_CACHE_BYTES)
     if dataset.digest and out.numel() <= budget:
         with _LOCK:
             _PREPROCESSED[key] = out
@@ -296,10 +292,10 @@ def _forward(
 
 def check_logits_size(entry: ZooEntry, n: int, *, max_logits_bytes: int | None = None) -> None:
     """Raise ``ZooError`` when ``entry``'s logits on ``n`` images would be over
-    ``max_logits_bytes`` (None: ``ZOOPICK_MAX_LOGITS_BYTES`` where the process has it, else
+    ``max_logits_bytes`` (the service's ``ZOOPICK_MAX_LOGITS_BYTES``; None:
     :data:`MAX_LOGITS_BYTES`). Checked before the model is built or a cached result read
     (both cost the same memory), from the manifest's ``num_classes`` alone."""
-    bound = _bound(max_logits_bytes, "ZOOPICK_MAX_LOGITS_BYTES", MAX_LOGITS_BYTES)
+    bound = _bound(max_logits_bytes, MAX_LOGITS_BYTES)
     size = n * entry.num_classes * 4
     if size > bound:
         raise ZooError(

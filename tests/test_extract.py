@@ -185,9 +185,10 @@ def test_imagefolder_dataset_and_default_device(tiny_zoo, tiny_imagefolder):
 
 
 def test_the_bounds_are_arguments_with_the_services_defaults(tiny_zoo, tiny_npz, monkeypatch):
-    """``max_logits_bytes`` and ``preprocess_cache_bytes`` are the caller's (the service's
-    settings, same defaults); a caller that passes none gets the process's
-    ``ZOOPICK_*`` variable, read when called, not at import."""
+    """``max_logits_bytes`` and ``preprocess_cache_bytes`` are the caller's (the service
+    passes its settings, whose defaults are the library's); a caller that passes none gets
+    the library's default. The library reads no ``ZOOPICK_*`` variable (Settings declares
+    and validates them): one set in the process changes nothing here."""
     from zoopick.selection.rank import score_model
     from zoopick.selection.zoo import ZooError
     from zoopick.service.settings import Settings
@@ -201,13 +202,17 @@ def test_the_bounds_are_arguments_with_the_services_defaults(tiny_zoo, tiny_npz,
     with pytest.raises(ZooError, match=f"bound of {need - 1:,} bytes"):
         score_model(entry, ds, ["leep"], device="cpu", max_logits_bytes=need - 1)
     monkeypatch.setenv("ZOOPICK_MAX_LOGITS_BYTES", str(need - 1))
+    monkeypatch.setenv("ZOOPICK_PREPROCESS_CACHE_BYTES", "0")
     with pytest.raises(ZooError, match=f"bound of {need - 1:,} bytes"):
-        extract(entry, ds, device="cpu")
+        extract(entry, ds, device="cpu", max_logits_bytes=need - 1)
     out = extract(entry, ds, device="cpu", max_logits_bytes=need, preprocess_cache_bytes=0)
     assert out.logits.shape == (len(ds), entry.num_classes)
     assert not extract_mod._PREPROCESSED  # a budget of 0 keeps no decoded images
-    monkeypatch.setenv("ZOOPICK_PREPROCESS_CACHE_BYTES", "0")
-    preprocess(ds, entry.data_config())
+    out = extract(entry, ds, device="cpu")  # the variables are not read: the defaults
+    assert out.logits.shape == (len(ds), entry.num_classes)
+    assert len(extract_mod._PREPROCESSED) == 1
+    extract_mod.clear_preprocess_cache()
+    preprocess(ds, entry.data_config(), cache_bytes=0)
     assert not extract_mod._PREPROCESSED
-    preprocess(ds, entry.data_config(), cache_bytes=extract_mod.PREPROCESS_CACHE_BYTES)
+    preprocess(ds, entry.data_config())
     assert len(extract_mod._PREPROCESSED) == 1

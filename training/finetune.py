@@ -93,7 +93,8 @@ def _load_data(cfg: FinetuneConfig, world: int):
 
 def _tensors(dataset, data_config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """The dataset through the model's eval transform, decoded once, as uint8 NCHW (1 byte a
-    pixel) plus labels; normalisation happens per batch."""
+    pixel) plus labels; normalisation happens per batch. ``preprocess``'s cache keeps its
+    library budget: the run holds these tensors anyway, so a budget changes no memory here."""
     return preprocess(dataset, data_config), torch.as_tensor(dataset.labels, dtype=torch.long)
 
 
