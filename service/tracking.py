@@ -71,6 +71,8 @@ RUN_STATUS = {
 JOB_TAG = "zoopick.job_id"
 """The tag a job's run is found by (one run per job, whatever was delivered twice)."""
 PENDING, LOGGING, LOGGED, FAILED = "pending", "logging", "logged", "failed"
+STATUSES = (PENDING, LOGGING, LOGGED, FAILED)
+"""Where logging a job to MLflow stands (``Job.mlflow["status"]``): the API's list of them."""
 EPOCH_METRICS = {
     "loss": "train_loss",
     "train_accuracy": "train_accuracy",

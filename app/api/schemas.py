@@ -23,6 +23,7 @@ from zoopick.selection.zoo import MAX_NUM_CLASSES
 from zoopick.service.db.models import DatasetStatus, JobStatus
 from zoopick.service.inputs import NoNulModel
 from zoopick.service.jobs import JobCreate
+from zoopick.service.tracking import STATUSES as MLFLOW_STATUSES
 from zoopick.training.config import FinetuneOptions
 from zoopick.training.race import SelectionOptions
 
@@ -277,7 +278,7 @@ class RaceOut(BaseModel):
 class MlflowOut(BaseModel):
     """How logging the finished job to MLflow went (``ZOOPICK_MLFLOW_TRACKING_URI``)."""
 
-    status: Literal["pending", "logging", "logged", "failed"] = Field(
+    status: Literal[MLFLOW_STATUSES] = Field(  # type: ignore[valid-type]
         description="pending (waiting for a try, or for the next after a failed one), logging, "
         "logged, or failed (given up after the last try; the job itself is unaffected)."
     )
