@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.comm_harness import launch
+from tests.test_finetune import _cfg as finetune_cfg
 from tests.test_finetune import _run_many
 from zoopick.training import race
 from zoopick.training.config import (
@@ -137,21 +138,10 @@ def test_selection_options_are_strict():
 
 
 def _cfg(tiny_zoo, tiny_npz, out, **kw) -> dict:
-    base = FinetuneConfig(
-        zoo=str(tiny_zoo),
-        model="tiny-resnet",
-        data=str(tiny_npz),
-        out=str(out),
-        epochs=100,
-        batch_size=4,
-        lr=0.05,
-        compressor="dense",
-        test_fraction=0.25,
-        validation_fraction=0.25,
-        workers=1,
-        recipe="fixed",  # the rungs' mechanics under SGD's hand-computed rates
-    )
-    return base.model_dump() | kw
+    """The trainer tests' run (the fixed recipe: the rungs' mechanics under SGD's
+    hand-computed rates) as a race's rung: dense, one worker, a validation share."""
+    rung = {"epochs": 100, "compressor": "dense", "validation_fraction": 0.25, "workers": 1}
+    return finetune_cfg(tiny_zoo, tiny_npz, out, **rung) | kw
 
 
 def _records(path) -> list[EpochRecord]:

@@ -26,6 +26,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVE = "from zoopick.service_cli import service_app; service_app()"
+"""``zoopick serve`` from this checkout, as a child's ``python -c``."""
+
+
+def start_serve(log_dir: Path, *args: str, **env: str) -> tuple[Proc, int]:
+    """``zoopick serve --no-demo`` on a free port with ``args``, logging to ``log_dir``, and
+    that port. Its environment is this process' less every ``ZOOPICK_*`` variable (the test's
+    own settings), plus ``env`` (its ``ZOOPICK_DATA_DIR`` and whatever the test sets)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
+    port = free_port()
+    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo", *args]
+    return Proc("serve", cmd, clean | env, log_dir), port
+
+
 def env_for(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: ``settings.env()`` (every setting) plus ``extra`` values (a
     child that must differ from the test's own settings, e.g. a worker with another queue's

@@ -6,8 +6,6 @@ a local admin key; a dataset goes through validation, and a job through scoring 
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
 import uuid
 
 import httpx
@@ -15,12 +13,10 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.service.datafiles import npz_bytes
-from tests.service.procs import ROOT, Proc, free_port, poll, wait_http
+from tests.service.procs import ROOT, poll, start_serve, wait_http
 from zoopick.service.db.models import ApiKey, Job, Score
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.jobs import DEFAULT_METRICS
-
-SERVE = "from zoopick.service_cli import service_app; service_app()"
 
 
 def test_serve_runs_a_job_with_no_external_service(tmp_path):
@@ -29,14 +25,14 @@ def test_serve_runs_a_job_with_no_external_service(tmp_path):
     from zoopick.service_cli import KEY_FILE, bootstrap
 
     data = tmp_path / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
-    env.update(
-        ZOOPICK_DATA_DIR=str(data), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)
+    serve, port = start_serve(
+        tmp_path,
+        *("--concurrency", "1"),
+        ZOOPICK_DATA_DIR=str(data),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(ROOT),
     )
-    port = free_port()
-    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
-    cmd += ["--concurrency", "1"]
-    serve = Proc("serve", cmd, env, tmp_path)
     try:
         base = f"http://127.0.0.1:{port}"
         wait_http(serve, base + "/readyz", timeout=90)

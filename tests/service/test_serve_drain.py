@@ -12,13 +12,11 @@ import contextlib
 import os
 import signal
 import socket
-import sys
 import time
 
-from tests.service.procs import Proc, free_port, poll, wait_http
+from tests.service.procs import poll, start_serve, wait_http
 from tests.service.test_serve_signals import alive, descendants
 
-SERVE = "from zoopick.service_cli import service_app; service_app()"
 GRACE = 4.0
 BOUND = 3.5
 """Seconds past the grace that serve may take to exit (measured: about 1.2 on two loaded
@@ -32,12 +30,9 @@ def partial_files(data):
 
 
 def test_sigterm_cuts_a_trickling_upload_at_the_grace_deadline(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
     data = tmp_path / "data"
-    env.update(ZOOPICK_DATA_DIR=str(data), ZOOPICK_SHUTDOWN_GRACE_SECONDS=str(GRACE))
-    port = free_port()
-    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
-    serve = Proc("serve", cmd + ["--concurrency", "1"], env, tmp_path)
+    grace = {"ZOOPICK_SHUTDOWN_GRACE_SECONDS": str(GRACE)}
+    serve, port = start_serve(tmp_path, "--concurrency", "1", ZOOPICK_DATA_DIR=str(data), **grace)
     worker: set[int] = set()
     try:
         wait_http(serve, f"http://127.0.0.1:{port}/healthz", timeout=90)

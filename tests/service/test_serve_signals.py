@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.service.procs import Proc, free_port, poll, wait_http
+from tests.service.procs import poll, start_serve, wait_http
 from zoopick.service.processes import LOCAL_WORKER_NICE
-
-SERVE = "from zoopick.service_cli import service_app; service_app()"
 
 
 def alive(pid: int) -> bool:
@@ -59,11 +56,10 @@ def descendants(pid: int) -> set[int]:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_stopping_serve_stops_its_worker_and_the_pool(tmp_path, signum):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
-    env.update(ZOOPICK_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1")
-    port = free_port()
-    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
-    serve = Proc("serve", cmd + ["--concurrency", "2"], env, tmp_path)
+    data = str(tmp_path / "data")
+    serve, port = start_serve(
+        tmp_path, "--concurrency", "2", ZOOPICK_DATA_DIR=data, OMP_NUM_THREADS="1"
+    )
     started: set[int] = set()
     try:
         # ready once the local worker beats: it runs niced (below), so on a loaded machine
@@ -105,17 +101,15 @@ def test_a_restarted_worker_busy_in_its_pool_dies_with_a_killed_serve(tmp_path):
     serve's process group is SIGKILLed. The worker, in a session of its own, gets no signal
     from that kill, and a parent-death signal alone only starts a warm shutdown that waits for
     the pool: the worker must see that serve is gone and take its pool down with it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
-    env.update(
+    serve, port = start_serve(
+        tmp_path,
+        *("--worker-nice", "0"),  # heartbeats timed in seconds (see test_serve_watch)
+        *("--concurrency", "1"),
         ZOOPICK_DATA_DIR=str(tmp_path / "data"),
         OMP_NUM_THREADS="1",
         ZOOPICK_HEARTBEAT_SECONDS="0.5",
         ZOOPICK_HEARTBEAT_TIMEOUT_SECONDS="3",  # serve checks its worker every second
     )
-    port = free_port()
-    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
-    cmd += ["--worker-nice", "0"]  # heartbeats timed in seconds (see test_serve_watch)
-    serve = Proc("serve", cmd + ["--concurrency", "1"], env, tmp_path)
     seen: set[int] = set()
     try:
         wait_http(serve, f"http://127.0.0.1:{port}/healthz", timeout=90)

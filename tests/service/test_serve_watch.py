@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,16 +25,18 @@ def serving(
     ``concurrency`` pool processes) and a client with its key. On exit serve is stopped and
     every process in the yielded set, plus serve's descendants then, is killed: a test adds
     the processes it saw to that set."""
-    from tests.service.test_serve_signals import SERVE, descendants
+    from tests.service.test_serve_signals import descendants
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOPICK_")}
-    env.update(extra, ZOOPICK_DATA_DIR=str(tmp_path / "data"), OMP_NUM_THREADS="1")
-    port = procs.free_port()
-    cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(port), "--no-demo"]
-    # these tests time the worker's heartbeats in seconds: at the API's CPU priority, so a
-    # worker starting beside the suite's other tests is not taken for a stalled one
-    cmd += ["--worker-nice", "0"]
-    serve = procs.Proc("serve", cmd + ["--concurrency", str(concurrency)], env, tmp_path)
+    serve, port = procs.start_serve(
+        tmp_path,
+        # these tests time the worker's heartbeats in seconds: at the API's CPU priority, so
+        # a worker starting beside the suite's other tests is not taken for a stalled one
+        *("--worker-nice", "0"),
+        *("--concurrency", str(concurrency)),
+        **extra,
+        ZOOPICK_DATA_DIR=str(tmp_path / "data"),
+        OMP_NUM_THREADS="1",
+    )
     base = f"http://127.0.0.1:{port}"
     seen: set[int] = set()
     try:
