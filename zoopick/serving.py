@@ -9,6 +9,7 @@ rather than draining the API first and only then giving the worker its own.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -27,6 +28,9 @@ from zoopick.service.processes import (
 from zoopick.service.queue import worker_argv
 from zoopick.service.settings import Settings
 
+CLEANUP_SECONDS = 2.0
+"""How long the requests cancelled at the stop's deadline get to clean up (an upload's
+partial object removed from the store) before the API's event loop ends."""
 RESTART_GRACE_SECONDS = 5.0
 """How long a worker being replaced (it exited or stopped beating) gets to stop."""
 
@@ -154,6 +158,15 @@ def _server(config, on_stop: Callable[[], None]):
         def handle_exit(self, sig, frame) -> None:
             on_stop()
             super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets=None) -> None:
+            await super().shutdown(sockets)
+            # uvicorn cancels the requests still running at the grace's deadline without
+            # waiting for them; the loop's end would cancel their cleanup in turn (an upload's
+            # partial object left in the store): it gets a moment to run
+            cancelled = list(self.server_state.tasks)
+            if cancelled:
+                await asyncio.wait(cancelled, timeout=CLEANUP_SECONDS)
 
     return Server(config=config)
 
