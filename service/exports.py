@@ -36,6 +36,14 @@ from zoopick.service.db.models import Artefact, Job
 log = logging.getLogger(__name__)
 
 FORMATS = ("safetensors", "timm", "onnx")
+"""The download formats of a fine-tuned model, the API's ``format`` and the run page's."""
+DESCRIPTIONS = {
+    "safetensors": ("safetensors", "the weights (a timm state dict), as the trainer wrote them"),
+    "timm": ("timm folder", "a tar of config.json and model.safetensors, which timm loads"),
+    "onnx": ("ONNX", "for ONNX Runtime and other inference engines; batch size dynamic"),
+}
+"""Each format's label and one line on what it is; the timm folder and ONNX are made on
+first request."""
 KIND = {"safetensors": "model", "timm": "model-timm", "onnx": "model-onnx"}
 SUFFIX = {"safetensors": ".safetensors", "timm": ".tar", "onnx": ".onnx"}
 MEDIA_TYPE = {

@@ -49,3 +49,15 @@ def test_list_filters_accept_exactly_the_enums_values(router, path, enum):
         assert re.fullmatch(pattern, status.value)
     for wrong in ("", "x", f"{next(iter(enum)).value}x", f"{next(iter(enum)).value}|x"):
         assert not re.fullmatch(pattern, wrong), wrong
+
+
+def test_download_formats_are_the_exports_own():
+    """The model download's ``format`` (API and run page) is ``exports.FORMATS``."""
+    from zoopick.app.dashboard import pages
+    from zoopick.service import exports
+
+    spec = get_openapi(title="t", version="0", routes=jobs.router.routes)
+    params = spec["paths"]["/jobs/{job_id}/model"]["get"]["parameters"]
+    [fmt] = [p for p in params if p["name"] == "format"]
+    assert fmt["schema"]["enum"] == list(exports.FORMATS)
+    assert list(pages.FORMATS) == list(exports.FORMATS)

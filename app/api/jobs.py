@@ -313,7 +313,7 @@ def download_model(
     session: SessionDep,
     request: Request = None,  # type: ignore[assignment] - FastAPI always passes it
     format: Annotated[  # noqa: A002 - the query parameter's name
-        Literal["safetensors", "timm", "onnx"],
+        Literal[exports.FORMATS],  # type: ignore[valid-type] - the one list
         Query(
             description="safetensors: the weights (timm state dict); timm: a tar of a folder "
             "(config.json + model.safetensors) that timm.create_model loads; onnx: ONNX, "

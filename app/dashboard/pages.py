@@ -39,7 +39,7 @@ from zoopick.app.api.schemas import JobOut
 from zoopick.app.dashboard import auth, figures
 from zoopick.app.problems import Problem, problem_response
 from zoopick.app.uploads import UNCAPPED_BODY
-from zoopick.service import job_records, jobs, metric_notes, storage
+from zoopick.service import exports, job_records, jobs, metric_notes, storage
 from zoopick.service.datasets import admission, store
 from zoopick.service.db.models import TERMINAL, Dataset, Job, ZooModel
 from zoopick.service.liveness import worker_status
@@ -394,14 +394,9 @@ async def job_cancel(request: Request, job_id: str, form: FormDep, session: Sess
     return RedirectResponse(f"/jobs/{job_id}?" + urlencode(note), 303)
 
 
-FORMATS = {
-    "safetensors": ("safetensors", "the weights (a timm state dict), as the trainer wrote them"),
-    "timm": ("timm folder", "a tar of config.json and model.safetensors, which timm loads"),
-    "onnx": ("ONNX", "for ONNX Runtime and other inference engines; batch size dynamic"),
-}
-"""The download formats the run page offers (the API's ``format``), each with its label and
-one line on what it is; the timm folder and ONNX are made on first request."""
-EXPORT_KINDS = frozenset({"export-failed", "model-file-damaged"})
+FORMATS = exports.DESCRIPTIONS
+"""The download formats the run page offers (the API's ``format``), with their labels."""
+EXPORT_KINDS = frozenset({exports.EXPORT_FAILED, exports.MODEL_FILE_DAMAGED})
 
 
 def _format_of(request: Request, fmt: str | None) -> str:
