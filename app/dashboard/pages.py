@@ -34,12 +34,12 @@ from zoopick.app.api import datasets as datasets_api
 from zoopick.app.api import jobs as jobs_api
 from zoopick.app.api import webhooks as webhooks_api
 from zoopick.app.api import zoo as zoo_api
-from zoopick.app.api.deps import Caller, SessionDep, get_owned
-from zoopick.app.api.schemas import JobOut
+from zoopick.app.api.deps import Caller, SessionDep, get_owned, zoo_model
+from zoopick.app.api.schemas import JobOut, ZooModelIn
 from zoopick.app.dashboard import auth, figures
 from zoopick.app.problems import Problem, problem_response
 from zoopick.app.uploads import UNCAPPED_BODY
-from zoopick.service import exports, job_records, jobs, metric_notes, storage
+from zoopick.service import exports, job_records, jobs, metric_notes, storage, zoo_admin
 from zoopick.service.datasets import admission, store
 from zoopick.service.db.models import TERMINAL, Dataset, Job, ZooModel
 from zoopick.service.liveness import worker_status
@@ -969,11 +969,11 @@ ZOO_PAGE_SIZE = 100
 """Zoo models on one page of the zoo page (a row each, no pictures: more than other lists)."""
 
 
-@router.get("/zoo")
-def zoo_page(request: Request, session: SessionDep) -> Response:
-    """The zoo, a page at a time with a link to the next, as the other lists (one page of 100
-    and no link hid the rest of a larger zoo)."""
-    caller = _session_caller(request, session)
+def _zoo_page(
+    request: Request, session, caller: Caller, code: int = 200, **context: Any
+) -> Response:
+    """The zoo page: a page of models with the caller's jobs that used each, and for an
+    admin the add form and a Remove link a row (``context``: the form as posted, its error)."""
     token = request.query_params.get("page_token") or None
     try:
         page = zoo_api.list_zoo(
@@ -982,8 +982,119 @@ def zoo_page(request: Request, session: SessionDep) -> Response:
         )  # fmt: skip
     except Problem as p:  # a mangled page token: the API's 400, as a page
         return error_page(request, p)
-    next_url = _next_page_url("/zoo", page)
+    models = page["items"]
+    used = zoo_admin.jobs_using(session, caller.tenant_id, (m.id for m in models))
+    context.setdefault("form", {})
     return render(
-        request, "zoo.html", signed_in=True, models=page["items"], next_url=next_url,
-        first_page=token is None,
+        request, "zoo.html", code=code, signed_in=True, models=models, used=used,
+        next_url=_next_page_url("/zoo", page), first_page=token is None, admin=caller.admin,
+        error=auth.read_note(request, "error"), message=auth.read_note(request, "message"),
+        **context,
     )  # fmt: skip
+
+
+@router.get("/zoo")
+def zoo_page(request: Request, session: SessionDep) -> Response:
+    """The zoo, a page at a time with a link to the next, as the other lists (one page of 100
+    and no link hid the rest of a larger zoo)."""
+    return _zoo_page(request, session, _session_caller(request, session))
+
+
+def _admin_caller(request: Request, session) -> Caller:
+    """The session's caller if an admin's key signed in; the API's 403 otherwise."""
+    caller = _session_caller(request, session)
+    if not caller.admin:
+        raise Problem(403, "this needs an admin API key", kind="forbidden")
+    return caller
+
+
+ZOO_TEXT_FIELDS = ("id", "arch", "weights", "interpolation", "crop_mode", "source")
+ZOO_LIST_FIELDS = {"input_size": int, "mean": float, "std": float}
+
+
+def _zoo_body(form: dict[str, str]) -> dict[str, Any]:
+    """The zoo form as ``POST /zoo``'s body: blank fields left out, numbers as JSON numbers
+    (or the text, for the API's own message), lists split on commas or spaces."""
+    body: dict[str, Any] = {k: form[k].strip() for k in ZOO_TEXT_FIELDS if form[k].strip()}
+    for name, kind in (("num_classes", int), ("crop_pct", float)):
+        if (value := _form_number(form[name], kind)) is not None:
+            body[name] = value
+    for name, kind in ZOO_LIST_FIELDS.items():
+        if items := form[name].replace(",", " ").split():
+            body[name] = [_form_number(item, kind) for item in items]
+    body["tags"] = form["tags"].replace(",", " ").split()
+    return body
+
+
+@router.post("/zoo/add")
+async def zoo_add(request: Request, raw: FormDep, session: SessionDep) -> Response:
+    """The zoo page's add form (admins): the API's body model, then the same use case as
+    ``POST /zoo`` (``service.zoo_admin.register``). A refusal is said above the form, which
+    keeps what was typed."""
+    auth.check_csrf(request, raw.get(auth.CSRF_FIELD))
+    names = (*ZOO_TEXT_FIELDS, "num_classes", "crop_pct", *ZOO_LIST_FIELDS, "tags")
+    form = {k: str(raw.get(k) or "") for k in names}
+
+    def add() -> tuple[Caller, str | None, str | None]:
+        caller = _admin_caller(request, session)
+        try:
+            body = ZooModelIn.model_validate(_zoo_body(form))
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            where = ".".join(str(p) for p in e["loc"])
+            return caller, None, f"{where}: {e['msg']}"
+        try:
+            row = zoo_admin.register(session, body.model_dump(exclude_none=True))
+        except jobs.Rejected as exc:
+            return caller, None, exc.detail
+        return caller, row.id, None
+
+    try:
+        caller, added, refused = await run_in_threadpool(add)
+    except Problem as p:
+        return error_page(request, p)
+    if refused:
+        return await run_in_threadpool(
+            lambda: _zoo_page(request, session, caller, 422, form=form, form_error=refused)
+        )
+    note = auth.note_query(request, "message", f"Model {added} added.")
+    return RedirectResponse("/zoo?" + urlencode(note), 303)
+
+
+@router.get("/zoo/{model_id}/remove")
+def zoo_remove_confirm(request: Request, model_id: str, session: SessionDep) -> Response:
+    """Remove asks first, on a page of its own (admins)."""
+    try:
+        caller = _admin_caller(request, session)
+        row = zoo_model(model_id, session, caller)
+    except Problem as p:
+        return error_page(request, p)
+    return render(
+        request, "delete.html", signed_in=True, what=f"zoo model {row.id}",
+        action=f"/zoo/{row.id}/remove", back="/zoo", verb="remove",
+        consequence="No new job may name it. Past jobs that used it keep their ranking, "
+        "their fine-tuned model and its downloads; its id stays taken.",
+        final="A removed model cannot be added back under the same id.",
+    )  # fmt: skip
+
+
+@router.post("/zoo/{model_id}/remove")
+async def zoo_remove(
+    request: Request, model_id: str, form: FormDep, session: SessionDep
+) -> Response:
+    """The confirmation's post: the use case of ``DELETE /zoo/{id}``
+    (``service.zoo_admin.remove``)."""
+    auth.check_csrf(request, form.get(auth.CSRF_FIELD))
+
+    def remove() -> str:
+        caller = _admin_caller(request, session)
+        row = zoo_model(model_id, session, caller)
+        zoo_admin.remove(session, row)
+        return row.id
+
+    try:
+        removed = await run_in_threadpool(remove)
+    except Problem as p:
+        return error_page(request, p)
+    note = auth.note_query(request, "message", f"Model {removed} removed.")
+    return RedirectResponse("/zoo?" + urlencode(note), 303)
