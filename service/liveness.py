@@ -140,6 +140,33 @@ class Heartbeat:
             self._stop.wait(self.interval)
 
 
+class Renewal:
+    """A daemon thread calling ``renew()`` every ``interval`` seconds while a task's work runs
+    (``with Renewal(...):``): the proof of life the sweeper reads (a scoring task's lease, a
+    validating dataset's ``updated_at``) must not lapse during one long forward pass or load.
+    A failed call (the database is away) is logged and tried again at the next tick."""
+
+    def __init__(self, renew: Callable[[], object], interval: float) -> None:
+        self.renew, self.interval = renew, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="zoopick-renewal", daemon=True)
+
+    def __enter__(self) -> Renewal:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.renew()
+            except Exception:  # noqa: BLE001 - the next tick tries again
+                log.warning("renewing a task's lease failed", exc_info=True)
+
+
 def _ids(requests: Iterable[object]) -> set[str]:
     """Ids of a ``celery.worker.state`` request set, read from another thread (the worker's
     event loop may change the set meanwhile: read it again)."""

@@ -120,6 +120,13 @@ def renew_lease(session: Session, job_id: uuid.UUID, owner: str, seconds: int) -
     return session.execute(stmt).rowcount == 1
 
 
+def scoring_owner(job_id: uuid.UUID) -> str:
+    """The lease owner every scoring task of a job shares (as a race's candidates share
+    ``race:<job>``): a job's models may be scored on several workers at once, and any of them
+    alive keeps the job alive. Selection releases it when it moves the job on."""
+    return f"score:{job_id}"
+
+
 def release_lease(session: Session, job_id: uuid.UUID, owner: str) -> None:
     session.execute(
         update(Job)

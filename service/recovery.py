@@ -8,6 +8,14 @@ mid-task loses it for good. Two signs on the job row tell a lost job:
 
 * **lease expired**: a training task renews its lease every few seconds while its trainer runs
   (``zoopick.workers.tasks.finetune``); a lease past its expiry means the owner stopped;
+* **unattended**: a job being scored or selected (``queued``, ``scoring``) whose scoring lease
+  (shared by its scoring tasks, renewed while one runs) lapsed and which made no progress for
+  ``recovery_grace_seconds`` (60 s), while a gpu worker is up and no job's task holds a live
+  lease: nothing it could be queued behind runs, so its tasks are gone (a dead worker's, lost
+  by the broker, or a selection that never ran). A dataset ``uploaded`` or ``validating`` is
+  lost the same way (a running validation keeps its ``updated_at`` fresh), while a cpu worker
+  is up and no other validation runs. With a job's tasks queued behind another's work, only
+  the stall below can tell;
 * **stalled**: no progress (``updated_at``) for longer than ``settings.stall_timeout``, by
   default the longest hard time limit, which no task can outlive (a training job holding a
   live lease is never stalled: its task is alive, however long an epoch takes).
@@ -35,13 +43,21 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, exists, or_, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from zoopick.service import tracking, webhooks
-from zoopick.service.db.models import Dataset, DatasetStatus, Job, JobStatus, RaceEntry
+from zoopick.service.db.models import (
+    Dataset,
+    DatasetStatus,
+    Job,
+    JobStatus,
+    RaceEntry,
+    WorkerHeartbeat,
+)
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
 from zoopick.service.db.types import utcnow
 from zoopick.service.pipeline import finish_run
+from zoopick.service.queue import CPU, GPU
 from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,6 +70,8 @@ UNFINISHED = (
 )
 LEASED = (JobStatus.racing.value, JobStatus.training.value)
 """Statuses whose tasks hold the job's lease while they train (a race's candidates share it)."""
+SCORING = (JobStatus.queued.value, JobStatus.scoring.value)
+"""Statuses whose tasks (scoring, then selection) share a short lease while one runs."""
 BATCH = 100
 
 
@@ -79,13 +97,36 @@ def _dead_candidate(now: datetime) -> Any:
     )
 
 
-def _lost_clause(now: datetime, cutoff: datetime) -> Any:
+def _worker_up(now: datetime, settings: Settings, queue: str) -> Any:
+    """A worker consuming ``queue`` beat within the heartbeat timeout: work sent there runs."""
+    fresh = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
+    return exists().where(WorkerHeartbeat.seen_at >= fresh, WorkerHeartbeat.queues.contains(queue))
+
+
+def _unattended(now: datetime, settings: Settings) -> Any:
+    """A job being scored or selected that no task attends: its scoring lease lapsed and no
+    progress for the grace, while a gpu worker is up and no job's task holds a live lease (so
+    its tasks are not merely queued behind another job's work: they are gone)."""
+    grace = now - timedelta(seconds=settings.recovery_grace_seconds)
+    busy = aliased(Job)
+    return and_(
+        Job.status.in_(SCORING),
+        Job.updated_at < grace,
+        or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now),
+        ~exists().where(busy.status.in_(UNFINISHED), busy.lease_expires_at >= now),
+        _worker_up(now, settings, GPU),
+    )
+
+
+def _lost_clause(now: datetime, settings: Settings) -> Any:
+    cutoff = now - timedelta(seconds=settings.stall_timeout)
     leased = and_(Job.status.in_(LEASED), Job.lease_owner.is_not(None))
     return and_(
         Job.status.in_(UNFINISHED),
         or_(
             _dead_candidate(now),
             and_(leased, Job.lease_expires_at < now),
+            _unattended(now, settings),
             # a live lease is proof of life (renewed every few seconds), however long an
             # epoch takes: only jobs without one can be stalled
             and_(Job.updated_at < cutoff, ~and_(leased, Job.lease_expires_at >= now)),
@@ -110,15 +151,24 @@ def lost_reason(job: Job, now: datetime, settings: Settings) -> str | None:
     live_lease = job.lease_owner and job.lease_expires_at and job.lease_expires_at >= now
     if job.status in LEASED and live_lease:
         return None
+    since = job.updated_at.isoformat(timespec="seconds")
     if job.updated_at < now - timedelta(seconds=settings.stall_timeout):
         return (
-            f"no progress while {job.status} since {job.updated_at.isoformat(timespec='seconds')}"
+            f"no progress while {job.status} since {since}"
             f" (longer than {settings.stall_timeout} s, the longest a task may run)"
+        )
+    grace = settings.recovery_grace_seconds
+    if job.status in SCORING and job.updated_at < now - timedelta(seconds=grace) and not live_lease:
+        # the rest (a gpu worker up, no other work running) is the sweep's query's to check
+        return (
+            f"no task attended it while {job.status} since {since} (no live lease, no progress "
+            f"for over {grace} s while a gpu worker was up and idle): its tasks were lost with "
+            "a dead worker or by the broker"
         )
     return None
 
 
-def _claim(session: Session, job: Job, now: datetime, cutoff: datetime, **values: Any) -> bool:
+def _claim(session: Session, job: Job, now: datetime, settings: Settings, **values: Any) -> bool:
     """Apply ``values`` if the job is still lost and untouched since it was read."""
     stmt = (
         update(Job)
@@ -126,7 +176,7 @@ def _claim(session: Session, job: Job, now: datetime, cutoff: datetime, **values
             Job.id == job.id,
             Job.status == job.status,
             Job.recoveries == job.recoveries,
-            _lost_clause(now, cutoff),
+            _lost_clause(now, settings),
         )
         .values(**values)
     )
@@ -136,7 +186,6 @@ def _claim(session: Session, job: Job, now: datetime, cutoff: datetime, **values
 def _recover(
     factory: sessionmaker[Session], dispatcher: Any, settings: Settings, job: Job, now: datetime
 ) -> Action | None:
-    cutoff = now - timedelta(seconds=settings.stall_timeout)
     reason = lost_reason(job, now, settings) or _dead_candidates(factory, job, now)
     if reason is None:
         return None
@@ -157,7 +206,7 @@ def _recover(
                 session,
                 job,
                 now,
-                cutoff,
+                settings,
                 status=status,
                 finished_at=now,
                 updated_at=now,
@@ -176,7 +225,7 @@ def _recover(
             session,
             job,
             now,
-            cutoff,
+            settings,
             recoveries=job.recoveries + 1,
             updated_at=now,
             lease_owner=None,
@@ -263,11 +312,10 @@ def sweep(
 ) -> list[Action]:
     """One pass: re-queue, fail or cancel every lost job; returns what was done."""
     now = now or utcnow()
-    cutoff = now - timedelta(seconds=settings.stall_timeout)
     with factory() as session:
         jobs = list(
             session.scalars(
-                select(Job).where(_lost_clause(now, cutoff)).order_by(Job.updated_at).limit(BATCH)
+                select(Job).where(_lost_clause(now, settings)).order_by(Job.updated_at).limit(BATCH)
             )
         )
         session.expunge_all()
@@ -303,19 +351,31 @@ LOST_DATASET = (DatasetStatus.uploaded.value, DatasetStatus.validating.value)
 def sweep_datasets(
     factory: sessionmaker[Session], dispatcher: Any, settings: Settings, now: datetime
 ) -> list[Action]:
-    """Datasets stuck ``uploaded`` or ``validating`` for longer than a validation may take
-    (twice the light tasks' hard time limit: queueing and running): their message was lost (the
-    embedded broker drops a message its dead worker had reserved) or their worker died. Each is
-    sent for validation again, at most ``max_deliveries`` times, then marked invalid."""
+    """Datasets ``uploaded`` or ``validating`` whose validation is gone: no progress for
+    ``recovery_grace_seconds`` (a running validation keeps ``updated_at`` fresh) while a cpu
+    worker is up and no other validation runs, or for longer than a validation may take at all
+    (twice the light tasks' hard time limit: queueing and running). Their message was lost (the
+    broker lost it, or the embedded broker dropped what its dead worker had reserved) or their
+    worker died. Each is sent for validation again, at most ``max_deliveries`` times, then
+    marked invalid."""
     from zoopick.service import datasets as store
     from zoopick.service.liveness import count_delivery
 
     cutoff = now - timedelta(seconds=2 * settings.light_hard_time_limit)
+    grace = now - timedelta(seconds=settings.recovery_grace_seconds)
+    other = aliased(Dataset)
+    running = exists().where(
+        other.status == DatasetStatus.validating.value, other.updated_at >= grace
+    )
+    unattended = and_(Dataset.updated_at < grace, ~running, _worker_up(now, settings, CPU))
     with factory() as session:
         stuck = list(
             session.execute(
                 select(Dataset.id, Dataset.updated_at)
-                .where(Dataset.status.in_(LOST_DATASET), Dataset.updated_at < cutoff)
+                .where(
+                    Dataset.status.in_(LOST_DATASET),
+                    or_(Dataset.updated_at < cutoff, unattended),
+                )
                 .order_by(Dataset.updated_at)
                 .limit(BATCH)
             )
@@ -344,6 +404,15 @@ def sweep_datasets(
         log.warning("re-queued the validation of dataset %s (lost since %s)", dataset_id, seen)
         actions.append(Action(dataset_id, "requeued", "validation lost"))
     return actions
+
+
+def touch_validation(session: Session, dataset_id: uuid.UUID) -> None:
+    """A running validation's proof of life (renewed by its task, as a lease)."""
+    session.execute(
+        update(Dataset)
+        .where(Dataset.id == dataset_id, Dataset.status == DatasetStatus.validating.value)
+        .values(updated_at=utcnow())
+    )
 
 
 def sweep_once(settings: Settings) -> list[Action]:

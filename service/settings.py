@@ -278,6 +278,17 @@ class Settings(BaseSettings):
     recovery_attempts: int = Field(
         2, ge=0, description="Times a lost job is re-queued before it is failed."
     )
+    recovery_grace_seconds: int = Field(
+        60,
+        gt=0,
+        description="A scoring task's lease on its job (renewed every quarter of it while the "
+        "task runs), and how long a job being scored or selected, or a dataset being validated, "
+        "may show no live lease and no progress, while a worker on its queue is up and runs "
+        "nothing else, before the sweeper counts its tasks lost (a dead worker's, or lost by "
+        "the broker) and sends them again. Recovery then takes at most this plus "
+        "sweep_interval_seconds plus the re-sent work: 60 + 60 + under 60 s fits the stated "
+        "3 minutes.",
+    )
 
     # rate limits (``limits`` notation: "60/minute", "1000/hour") and storage quotas
     rate_uploads: str = Field("60/minute", description="Dataset uploads per API key.")

@@ -275,7 +275,14 @@ def validate_dataset(self, dataset_id: str) -> str:
         return _db(
             f"validating {did}", lambda: store.fail_validation(factory(), did, settings(), error)
         )
-    return _db(f"validating {did}", lambda: store.validate(factory(), did, settings()))
+
+    def touch() -> None:
+        with session_scope(factory()) as session:
+            recovery.touch_validation(session, did)
+
+    # a long load keeps the dataset's progress fresh: only a dead validation looks lost
+    with liveness.Renewal(touch, settings().recovery_grace_seconds / 4):
+        return _db(f"validating {did}", lambda: store.validate(factory(), did, settings()))
 
 
 # -- scoring ----------------------------------------------------------------------------------
@@ -362,8 +369,15 @@ def score_model(self, job_id: str, model_id: str) -> str:
         return started
     entry, metrics, path = started
 
+    def renew() -> None:
+        with session_scope(factory()) as session:
+            pipeline.renew_lease(session, jid, pipeline.scoring_owner(jid),
+                                 cfg.recovery_grace_seconds)  # fmt: skip
+
     try:
-        result = score_one(entry, path, metrics, cfg)
+        # the job's lease stays live through a long forward pass (the sweeper's proof of life)
+        with liveness.Renewal(renew, cfg.recovery_grace_seconds / 4):
+            result = score_one(entry, path, metrics, cfg)
     except SoftTimeLimitExceeded:  # this model is too slow: skip it, score the others
         log.warning("job %s: scoring model %s hit its time limit", jid, model_id)
         error = (
@@ -405,6 +419,9 @@ def _start_scoring(jid: uuid.UUID, model_id: str, cfg: Settings) -> str | tuple[
             what = f"zoo model {model_id!r}" if row is None else "the dataset"
             pipeline.fail(session, jid, f"{what} was deleted before it could be scored")
             return "failed"
+        # renewed while the model is scored: once it lapses with no progress, the sweeper
+        # sends the job's unsettled work again (``service.recovery``)
+        pipeline.claim_lease(session, jid, pipeline.scoring_owner(jid), cfg.recovery_grace_seconds)
         return zoo_catalog.to_entry(row), list(job.metrics), ds.storage_path
 
 
@@ -465,6 +482,8 @@ def _select(jid: uuid.UUID) -> str:
         if missing:
             pipeline.fail(session, jid, f"models left unscored: {', '.join(missing)}")
             return "failed"
+        # scoring is over: its shared lease must not hold off the race's or the fine-tune's
+        pipeline.release_lease(session, jid, pipeline.scoring_owner(jid))
         pipeline.combine_zoo_scores(session, job)  # NCTI: normalised over the scored zoo
         chosen = pipeline.choose(session, job)
         if chosen is None:

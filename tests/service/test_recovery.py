@@ -19,7 +19,7 @@ from sqlalchemy import delete, select, update
 from tests.service.procs import Proc, env_for, poll
 from zoopick.service import recovery
 from zoopick.service.db import migrate
-from zoopick.service.db.models import Job, TrainingRun
+from zoopick.service.db.models import Dataset, Job, TrainingRun, WorkerHeartbeat
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.db.types import utcnow
 from zoopick.service.dispatch import Dispatcher
@@ -57,6 +57,7 @@ def env(database, redis_url, tmp_path):
         stall_seconds=STALL,
         recovery_attempts=2,
         sweep_interval_seconds=0,
+        recovery_grace_seconds=100 * STALL,  # the stall alone, unless a test shortens it
     )
     return settings, factory, tenant
 
@@ -267,3 +268,107 @@ def test_zoopick_sweep_command(env, monkeypatch):
     assert f"requeued  {jid}" in done.stdout and "no progress while queued" in done.stdout
     job = row(factory, jid)
     assert job.recoveries == 1 and job.status == "queued"
+
+
+GRACE = 30
+
+
+def beating(factory, queues: str) -> None:
+    """A live worker on ``queues`` (its heartbeat row as the worker writes it), the only one."""
+    with factory.begin() as session:
+        session.execute(delete(WorkerHeartbeat))
+        now = utcnow()
+        session.add(WorkerHeartbeat(name=f"w/{queues}", hostname="w", pid=1, queues=queues,
+                                    started_at=now, seen_at=now))  # fmt: skip
+
+
+def test_scoring_jobs_no_task_attends_are_resent_within_the_grace(env):
+    """A scoring job whose shared scoring lease lapsed and that made no progress for the grace
+    is lost, as a dead worker or a broker that lost its messages leave it, once a gpu worker
+    is up and idle; one whose models are all scored gets its selection again (the canvas:
+    settled models return at once). Not while any job's task holds a live lease: its tasks
+    may be queued behind that work."""
+    settings, factory, tenant = env
+    settings = settings.model_copy(update={"recovery_grace_seconds": GRACE})
+    now = utcnow()
+    lapsed = {"lease_owner": "score:x", "lease_expires_at": now - timedelta(seconds=5)}
+    lost = add_job(factory, tenant, age=GRACE + 10, status="scoring", **lapsed)
+    scored = add_job(factory, tenant, age=GRACE + 10, status="scoring", progress=1.0)
+    exhausted = add_job(factory, tenant, age=GRACE + 10, status="queued", recoveries=2)
+    recent = add_job(factory, tenant, age=GRACE - 10, status="scoring")
+    live = {"lease_owner": "score:y", "lease_expires_at": now + timedelta(seconds=GRACE)}
+    busy = add_job(factory, tenant, age=GRACE + 10, status="scoring", **live)
+    with factory.begin() as session:
+        session.execute(delete(WorkerHeartbeat))
+
+    dispatcher = Dispatcher(settings)
+    assert recovery.sweep(factory, dispatcher, settings) == []  # no worker could run them
+    beating(factory, "cpu")
+    assert recovery.sweep(factory, dispatcher, settings) == []  # none on the gpu queue
+    beating(factory, "cpu,gpu")
+    assert recovery.sweep(factory, dispatcher, settings) == []  # busy: they may be queued
+    with factory.begin() as session:  # the busy job's task ends
+        session.execute(update(Job).where(Job.id == busy).values(status="succeeded"))
+
+    actions = recovery.sweep(factory, dispatcher, settings)
+    assert {a.job_id: a.action for a in actions} == {
+        lost: "requeued",
+        scored: "requeued",
+        exhausted: "failed",
+    }
+    assert all("no task attended it" in a.reason for a in actions)
+    job = row(factory, lost)
+    assert job.recoveries == 1 and job.lease_owner is None and job.status == "scoring"
+    sent = queued_tasks(settings)
+    assert ("gpu", "zoopick.score_model", f"{lost}-r1-score-1") in sent
+    assert row(factory, scored).task_ids[-1] == f"{scored}-r1-select"
+    job = row(factory, exhausted)
+    assert job.status == "failed" and "no task attended it while queued" in job.error
+    assert "re-queued 2 time(s) already" in job.error
+    assert row(factory, recent).recoveries == 0
+    # the grace starts again for the re-sent jobs
+    assert recovery.sweep(factory, dispatcher, settings) == []
+    later = utcnow() + timedelta(seconds=GRACE + 5)
+    beating(factory, "cpu,gpu")
+    with factory.begin() as session:  # a worker still beating then
+        session.execute(update(WorkerHeartbeat).values(seen_at=later))
+    again = recovery.sweep(factory, dispatcher, settings, now=later)
+    assert {a.job_id for a in again} == {lost, scored, recent}
+
+
+def add_dataset(factory, tenant, status: str, age: float) -> uuid.UUID:
+    with factory.begin() as session:
+        ds = Dataset(tenant_id=tenant, name="d", format="npz", filename="d.npz",
+                     size_bytes=1, file_sha256="0" * 64, storage_path="tenants/x/d.npz",
+                     status=status)  # fmt: skip
+        session.add(ds)
+        session.flush()
+        stamp = utcnow() - timedelta(seconds=age)
+        session.execute(update(Dataset).where(Dataset.id == ds.id).values(updated_at=stamp))
+        return ds.id
+
+
+def test_validations_no_task_attends_are_resent_within_the_grace(env):
+    settings, factory, tenant = env
+    settings = settings.model_copy(update={"recovery_grace_seconds": GRACE})
+    with factory.begin() as session:
+        session.execute(delete(Dataset))
+    lost = add_dataset(factory, tenant, "validating", GRACE + 10)
+    waiting = add_dataset(factory, tenant, "uploaded", GRACE + 10)
+    add_dataset(factory, tenant, "validating", GRACE - 10)  # its validation runs
+    dispatcher = Dispatcher(settings)
+    beating(factory, "gpu")
+    assert recovery.sweep_datasets(factory, dispatcher, settings, utcnow()) == []
+    beating(factory, "cpu")
+    # one validation running: the others may be queued behind it
+    assert recovery.sweep_datasets(factory, dispatcher, settings, utcnow()) == []
+    with factory.begin() as session:  # the running one keeps its clock fresh, then dies
+        recovery.touch_validation(session, lost)
+    later = utcnow() + timedelta(seconds=GRACE + 5)
+    with factory.begin() as session:
+        session.execute(update(WorkerHeartbeat).values(seen_at=later))
+    actions = recovery.sweep_datasets(factory, dispatcher, settings, later)
+    assert len(actions) == 3 and {a.action for a in actions} == {"requeued"}
+    assert {a.job_id for a in actions} >= {lost, waiting}
+    sent = [name for _, name, _ in queued_tasks(settings)]
+    assert sent.count("zoopick.validate_dataset") == 3
