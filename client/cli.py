@@ -5,12 +5,14 @@ given empty is refused (exit 2, naming it); an empty variable counts as unset, a
 reads it (a CI template's unset variable), with a note on stderr saying what is used. With
 ``--json`` only the machine-readable result goes to stdout, also when a wait ends short of
 success (the dataset or job as last seen); progress bars and messages go to stderr either way.
+``--json id,status`` keeps only those fields, gh's way (``fields``).
 
 Exit codes (a pipeline can branch on them):
 
 - 0: done (a waited-for job succeeded)
 - 1: the job failed or was cancelled
-- 2: usage error or bad input (unknown dataset, metric or option; invalid file; 404/409/422)
+- 2: usage error or bad input (unknown dataset, metric or option; invalid file; 404/409/422;
+  an unknown ``--json`` field, with the valid ones listed)
 - 3: timed out waiting (``--timeout``); the job keeps running
 - 4: server unreachable (after retries), unauthorised, a persisting server error, or an answer
   that is not a zoopick server's
@@ -42,7 +44,9 @@ from rich.progress import (
     TimeElapsedColumn,
     TransferSpeedColumn,
 )
+from typer.core import TyperCommand
 
+from . import fields
 from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, JobFailed, ZoopickError
 from .http import DEFAULT_URL, Client, regular_file
 from .models import Dataset, Job, ZooModel
@@ -75,7 +79,45 @@ Key = Annotated[
     str | None,
     typer.Option("--api-key", envvar="ZOOPICK_API_KEY", help="API key.", show_default=False),
 ]
-AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout only.")]
+
+
+def _json_option(valid: tuple[str, ...]) -> Any:
+    """``--json [FIELDS]`` for a command whose JSON has ``valid`` fields (``fields``)."""
+
+    def check(value: str | None) -> fields.Selection:
+        if value is None:
+            return None
+        try:
+            return fields.parse(value, valid)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    return typer.Option(
+        "--json",
+        metavar="[FIELDS]",
+        callback=check,
+        show_default=False,
+        help="Machine-readable output on stdout only; with FIELDS (comma-separated: "
+        "id,status), only those fields.",
+    )
+
+
+DatasetJson = Annotated[str | None, _json_option(fields.DATASET)]
+JobJson = Annotated[str | None, _json_option(fields.JOB)]
+JobsJson = Annotated[str | None, _json_option(fields.JOB_SUMMARY)]
+ZooJson = Annotated[str | None, _json_option(fields.ZOO_MODEL)]
+
+
+class JsonCommand(TyperCommand):
+    """A command whose ``--json`` takes its fields or none (``fields.rewrite``)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if any(p.name == "as_json" for p in self.params):
+            arguments = any(p.param_type_name == "argument" for p in self.params)
+            args = fields.rewrite(args, arguments)
+        return super().parse_args(ctx, args)
+
+
 Timeout = Annotated[
     float | None, typer.Option("--timeout", min=0, help="Give up waiting after S seconds (exit 3).")
 ]
@@ -206,9 +248,47 @@ def _errors() -> Iterator[None]:
         raise typer.Exit(exc.exit_code) from None
 
 
-def _emit(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+def _emit(data: Any, selection: fields.Selection = fields.ALL) -> None:
+    """``data`` as JSON on stdout: the fields ``--json`` asked for, in its order."""
+    data = fields.select(data, selection)
+    keep_order = selection not in (None, fields.ALL)
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=not keep_order) + "\n")
     sys.stdout.flush()
+
+
+def _show_one(
+    url: str | None,
+    api_key: str | None,
+    as_json: fields.Selection,
+    fetch: Callable[[Client], Any],
+    printer: Callable[[Any], None],
+) -> None:
+    """A ``get`` command's body: one resource fetched, then shown as JSON (``--json``, its
+    selected fields) or by ``printer``."""
+    with _errors(), _client(url, api_key) as client:
+        item = fetch(client)
+    _emit(item.raw, as_json) if as_json else printer(item)
+
+
+def _show_list(
+    url: str | None,
+    api_key: str | None,
+    as_json: fields.Selection,
+    fetch: Callable[[Client], list[Any]],
+    columns: tuple[str, ...],
+    cells: Callable[[Any], tuple[str, ...]],
+) -> None:
+    """A ``list`` command's body: the items fetched, then shown as JSON (``--json``, their
+    selected fields) or as a table of ``columns``, a row of ``cells(item)`` each."""
+    with _errors(), _client(url, api_key) as client:
+        items = fetch(client)
+    if as_json:
+        _emit([item.raw for item in items], as_json)
+        return
+    rows = table(*columns)
+    for item in items:
+        rows.add_row(*cells(item))
+    show(out, rows)
 
 
 def _split(values: list[str] | None) -> list[str] | None:
@@ -241,7 +321,7 @@ def _print_dataset(ds) -> None:
         out.print("  classes: " + ", ".join(f"{k} ({v})" for k, v in ds.counts.items()))
 
 
-@datasets_app.command("upload")
+@datasets_app.command("upload", cls=JsonCommand)
 def datasets_upload(
     path: Annotated[Path, typer.Argument(help=".npz or an ImageFolder .zip/.tar/.tar.gz.")],
     name: Annotated[str | None, typer.Option(help="Dataset name (default: file name).")] = None,
@@ -249,7 +329,7 @@ def datasets_upload(
     timeout: Timeout = None,
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: DatasetJson = None,
 ) -> None:
     """Upload a dataset; prints its id (with --json, the dataset). Once it is uploaded, it is
     printed whatever follows: with --wait, also when it turns out invalid (exit 2), the wait
@@ -270,11 +350,13 @@ def datasets_upload(
     _show_uploaded(ds, as_json)
 
 
-def _show_uploaded(ds: Dataset, as_json: bool) -> None:
-    _emit(ds.raw) if as_json else out.print(ds.id)
+def _show_uploaded(ds: Dataset, as_json: fields.Selection) -> None:
+    _emit(ds.raw, as_json) if as_json else out.print(ds.id)
 
 
-def _wait_dataset(client: Client, ds: Dataset, timeout: float, as_json: bool) -> Dataset:
+def _wait_dataset(
+    client: Client, ds: Dataset, timeout: float, as_json: fields.Selection
+) -> Dataset:
     """Wait for ``ds`` to be validated. However the wait ends short of ``ready`` (invalid,
     timed out, the server gone, Ctrl-C), the dataset as last seen is printed before the
     error's exit: its id went to stderr only, and a pipeline reading stdout got nothing."""
@@ -291,45 +373,35 @@ def _wait_dataset(client: Client, ds: Dataset, timeout: float, as_json: bool) ->
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
-@datasets_app.command("list")
+@datasets_app.command("list", cls=JsonCommand)
 def datasets_list(
     status: Annotated[str | None, typer.Option(help="Only this status.")] = None,
     limit: Annotated[int | None, typer.Option(min=1)] = None,
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: DatasetJson = None,
 ) -> None:
     """Your datasets, newest first."""
     _refuse_empty(("--status", status))
-    with _errors(), _client(url, api_key) as client:
-        items = client.list_datasets(status=status, limit=limit)
-    if as_json:
-        _emit([d.raw for d in items])
-        return
-    rows = table("id", "name", "status", "classes", "images", "created")
-    for d in items:
-        rows.add_row(
-            d.id,
-            d.name,
-            d.status,
-            str(len(d.classes or [])),
-            str(d.num_samples or ""),
+    _show_list(
+        url, api_key, as_json, lambda client: client.list_datasets(status=status, limit=limit),
+        ("id", "name", "status", "classes", "images", "created"),
+        lambda d: (
+            d.id, d.name, d.status, str(len(d.classes or [])), str(d.num_samples or ""),
             d.created_at,
-        )
-    show(out, rows)
+        ),
+    )  # fmt: skip
 
 
-@datasets_app.command("get")
+@datasets_app.command("get", cls=JsonCommand)
 def datasets_get(
     dataset_id: Annotated[str, typer.Argument(metavar="ID")],
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: DatasetJson = None,
 ) -> None:
     """One dataset: status, classes and counts, or why it is invalid."""
-    with _errors(), _client(url, api_key) as client:
-        ds = client.get_dataset(dataset_id)
-    _emit(ds.raw) if as_json else _print_dataset(ds)
+    _show_one(url, api_key, as_json, lambda client: client.get_dataset(dataset_id), _print_dataset)
 
 
 @datasets_app.command("delete")
@@ -394,10 +466,10 @@ def _summary_line(job: Job) -> str:
     return line
 
 
-def _finish(job: Job, exc: JobFailed | None, as_json: bool) -> None:
+def _finish(job: Job, exc: JobFailed | None, as_json: fields.Selection) -> None:
     """Print the job (stdout), the one-line summary (stderr) and exit 1 if it failed."""
     if as_json:
-        _emit(job.raw)
+        _emit(job.raw, as_json)
     else:
         _print_results(job)
     err.print(_summary_line(job), markup=False, highlight=False)
@@ -405,7 +477,7 @@ def _finish(job: Job, exc: JobFailed | None, as_json: bool) -> None:
         raise typer.Exit(exc.exit_code)
 
 
-@jobs_app.command("submit")
+@jobs_app.command("submit", cls=JsonCommand)
 def jobs_submit(
     ctx: typer.Context,
     dataset: Annotated[str, typer.Option("--dataset", help="Dataset id.")],
@@ -511,7 +583,7 @@ def jobs_submit(
     timeout: Timeout = None,
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: JobJson = None,
 ) -> None:
     """Submit a job: score the models, pick one, and (with any fine-tune option) fine-tune it.
     With --shortlist/--budget the metric's best models first race short fine-tunes.
@@ -551,7 +623,7 @@ def jobs_submit(
         )
         err.print(f"submitted job {job.id} ({job.status})", highlight=False)
         if not wait:
-            _emit(job.raw) if as_json else out.print(job.id)
+            _emit(job.raw, as_json) if as_json else out.print(job.id)
             return
         job, failed = _wait_json(client, job, timeout, as_json, _program(ctx))
     _finish(job, failed, as_json)
@@ -589,7 +661,7 @@ def _program(ctx: typer.Context) -> str:
 
 
 def _wait_json(
-    client: Client, job: Job | str, timeout: float | None, as_json: bool, program: str
+    client: Client, job: Job | str, timeout: float | None, as_json: fields.Selection, program: str
 ) -> tuple[Job, JobFailed | None]:
     """``_wait``, the failure kept for the exit code. However else the wait ends (timed out,
     the server gone, Ctrl-C), ``--json`` still prints the job as last seen before the exit
@@ -604,7 +676,7 @@ def _wait_json(
         return exc.job, exc
     except (ZoopickError, _Interrupted) as exc:
         if as_json and last:
-            _emit(last[-1].raw)
+            _emit(last[-1].raw, as_json)
         if isinstance(exc, _Interrupted):
             jid = exc.args[0]
             err.print(
@@ -615,31 +687,31 @@ def _wait_json(
         raise
 
 
-@jobs_app.command("status")
+@jobs_app.command("status", cls=JsonCommand)
 def jobs_status(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: JobJson = None,
 ) -> None:
     """A job's status, progress and chosen model."""
     with _errors(), _client(url, api_key) as client:
         job = client.get_job(job_id)
     if as_json:
-        _emit(job.raw)
+        _emit(job.raw, as_json)
     else:
         out.print(f"{job.status} {job.progress:.0%}", highlight=False)
         err.print(_summary_line(job), markup=False, highlight=False)
 
 
-@jobs_app.command("wait")
+@jobs_app.command("wait", cls=JsonCommand)
 def jobs_wait(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     timeout: Timeout = None,
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: JobJson = None,
 ) -> None:
     """Wait for a job: exit 0 if it succeeded, 1 if it failed or was cancelled, 3 on timeout."""
     with _errors(), _client(url, api_key) as client:
@@ -647,41 +719,37 @@ def jobs_wait(
     _finish(job, failed, as_json)
 
 
-@jobs_app.command("list")
+@jobs_app.command("list", cls=JsonCommand)
 def jobs_list(
     status: Annotated[str | None, typer.Option(help="Only this status.")] = None,
     limit: Annotated[int | None, typer.Option(min=1)] = 20,
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: JobsJson = None,
 ) -> None:
     """Your jobs, newest first."""
     _refuse_empty(("--status", status))
-    with _errors(), _client(url, api_key) as client:
-        items = client.list_jobs(status=status, limit=limit)
-    if as_json:
-        _emit([j.raw for j in items])
-        return
-    rows = table("id", "status", "progress", "chosen", "select by", "created")
-    for j in items:
-        rows.add_row(
+    _show_list(
+        url, api_key, as_json, lambda client: client.list_jobs(status=status, limit=limit),
+        ("id", "status", "progress", "chosen", "select by", "created"),
+        lambda j: (
             j.id, j.status, f"{j.progress:.0%}", j.chosen_model or "", j.select_by, j.created_at
-        )
-    show(out, rows)
+        ),
+    )  # fmt: skip
 
 
-@jobs_app.command("cancel")
+@jobs_app.command("cancel", cls=JsonCommand)
 def jobs_cancel(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: JobJson = None,
 ) -> None:
     """Cancel a job (a running one stops at its next model or epoch)."""
     with _errors(), _client(url, api_key) as client:
         job = client.cancel_job(job_id)
     if as_json:
-        _emit(job.raw)
+        _emit(job.raw, as_json)
     err.print(
         f"job {job.id} {job.status}" + (" (cancel requested)" if not job.done else ""),
         highlight=False,
@@ -746,17 +814,22 @@ def _print_results(job: Job) -> None:
         )
 
 
-@jobs_app.command("results")
+@jobs_app.command("results", cls=JsonCommand)
 def jobs_results(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: JobJson = None,
 ) -> None:
     """The ranking (best first by the job's select-by metric; * marks the chosen model)."""
-    with _errors(), _client(url, api_key) as client:
-        job = client.results(job_id)
-    _emit(job.raw) if as_json else _print_results(job)
+    _show_one(url, api_key, as_json, lambda client: client.results(job_id), _print_results)
+
+
+jobs_app.command(
+    "get",
+    cls=JsonCommand,
+    help="One job: its ranking, as results (with --json, the job or its FIELDS).",
+)(jobs_results)
 
 
 @jobs_app.command("log")
@@ -914,18 +987,14 @@ def model_download(
     err.print(f"model written to {path}", highlight=False)
 
 
-@zoo_app.command("list")
-def zoo_list(url: Url = None, api_key: Key = None, as_json: AsJson = False) -> None:
+@zoo_app.command("list", cls=JsonCommand)
+def zoo_list(url: Url = None, api_key: Key = None, as_json: ZooJson = None) -> None:
     """The zoo's candidate models."""
-    with _errors(), _client(url, api_key) as client:
-        models = client.list_zoo()
-    if as_json:
-        _emit([m.raw for m in models])
-        return
-    rows = table("id", "architecture", "classes", "source", "tags")
-    for m in models:
-        rows.add_row(m.id, m.arch, str(m.num_classes), m.source or "", ", ".join(m.tags))
-    show(out, rows)
+    _show_list(
+        url, api_key, as_json, lambda client: client.list_zoo(),
+        ("id", "architecture", "classes", "source", "tags"),
+        lambda m: (m.id, m.arch, str(m.num_classes), m.source or "", ", ".join(m.tags)),
+    )  # fmt: skip
 
 
 def _numbers(option: str, given: str | None, kind: type) -> list | None:
@@ -961,20 +1030,18 @@ def _print_model(model: ZooModel) -> None:
         )
 
 
-@zoo_app.command("get")
+@zoo_app.command("get", cls=JsonCommand)
 def zoo_get(
     model_id: Annotated[str, typer.Argument(metavar="ID")],
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: ZooJson = None,
 ) -> None:
     """One model, with the data config timm resolves for it (what scoring feeds it)."""
-    with _errors(), _client(url, api_key) as client:
-        model = client.get_model(model_id)
-    _emit(model.raw) if as_json else _print_model(model)
+    _show_one(url, api_key, as_json, lambda client: client.get_model(model_id), _print_model)
 
 
-@zoo_app.command("add")
+@zoo_app.command("add", cls=JsonCommand)
 def zoo_add(
     arch: Annotated[
         str,
@@ -1012,7 +1079,7 @@ def zoo_add(
     tag: Annotated[list[str] | None, typer.Option("--tag", help="A tag (repeat).")] = None,
     url: Url = None,
     api_key: Key = None,
-    as_json: AsJson = False,
+    as_json: ZooJson = None,
 ) -> None:
     """Add a model to the zoo (an admin key). The server checks it (the architecture, the
     tag, a checkpoint's shapes) and resolves its data config with timm, downloading
@@ -1033,7 +1100,7 @@ def zoo_add(
     with _errors(), _client(url, api_key) as client:
         model = client.add_model(arch, weights=weights, **fields)
     err.print(f"added {model.id} to the zoo", highlight=False)
-    _emit(model.raw) if as_json else _print_model(model)
+    _emit(model.raw, as_json) if as_json else _print_model(model)
 
 
 @zoo_app.command("remove")
