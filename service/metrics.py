@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from zoopick.service.db.models import Job, JobStatus, Score, TrainingRun, WorkerHeartbeat
 from zoopick.service.db.types import utcnow
-from zoopick.service.queue import CPU, GPU
+from zoopick.service.queue import QUEUES
 from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,6 @@ SCORING_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 """Seconds to score one model for one job (its forward pass plus every metric)."""
 TRAINING_BUCKETS = (10, 30, 60, 120, 300, 600, 1800, 3600, 2 * 3600, 6 * 3600)
 """Seconds of one finished training run."""
-QUEUES = (CPU, GPU)
 
 
 def _histogram(

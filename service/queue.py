@@ -1,18 +1,22 @@
-"""The queue contract between the API and the workers: queues, task names, routes, broker
-options and :func:`make_celery`, the one way to build a Celery app from the settings.
+"""The queue contract between the API and the workers: queues, task names, routes, broker options
+and :func:`make_celery`, the one way to build a Celery app from the settings.
 
-Two queues: ``cpu`` (dataset validation, selecting the winner, bookkeeping) and ``gpu``
-(scoring, fine-tuning). Run one gpu worker process per GPU with concurrency 1 and
-``CUDA_VISIBLE_DEVICES`` set. Delivery is at-least-once (``acks_late`` + reject on worker lost,
-prefetch 1); the tasks are written to be re-run safely. The Redis visibility timeout is set
-above the longest hard time limit, otherwise Redis would hand a still-running GPU task to a
-second worker. Nothing here imports torch: forked pool children must not inherit CUDA state.
+Three queues: ``cpu`` (dataset validation, selecting the winner, bookkeeping), ``gpu``
+(scoring, fine-tuning) and ``webhooks`` (deliveries: a phase's webhook is not sent after the
+tasks ahead of it on ``cpu``; every worker on ``cpu`` also consumes it, see
+:func:`worker_queues`, and a worker of its own, ``zoopick worker --queues webhooks``, delivers
+without waiting for a pool slot that another task holds). Run one gpu worker process per GPU
+with concurrency 1 and ``CUDA_VISIBLE_DEVICES`` set. Delivery is at-least-once (``acks_late`` +
+reject on worker lost, prefetch 1); the tasks are written to be re-run safely. The Redis
+visibility timeout is set above the longest hard time limit, otherwise Redis would hand a
+still-running GPU task to a second worker. Nothing here imports torch: forked pool children
+must not inherit CUDA state.
 
 Both faces build their app here: the worker's (``zoopick.workers.celery_app``, from
-``ZOOPICK_*``) includes the task code; the API's (``zoopick.service.dispatch``, from its settings
-object) sends tasks by name and never imports task code. Building an app touches neither disk
-nor network: the folders of the embedded broker are made when a worker starts or the API first
-sends (``Settings.ensure_dirs``).
+``ZOOPICK_*``) includes the task code; the API's (``zoopick.service.dispatch``, from its
+settings object) sends tasks by name and never imports task code. Building an app touches
+neither disk nor network: the folders of the embedded broker are made when a worker starts or
+the API first sends (``Settings.ensure_dirs``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from zoopick.service.settings import Settings
 
 CPU = "cpu"
 GPU = "gpu"
+WEBHOOKS = "webhooks"
+QUEUES = (CPU, GPU, WEBHOOKS)
 
 WORKER_APP = "zoopick.workers.celery_app"
 """What ``celery -A`` loads in a worker process."""
@@ -49,7 +55,7 @@ ROUTES = {
     FINETUNE: {"queue": GPU},
     RACE_STEP: {"queue": GPU},
     WORKFLOW_FAILED: {"queue": CPU},
-    DELIVER_WEBHOOK: {"queue": CPU},
+    DELIVER_WEBHOOK: {"queue": WEBHOOKS},
     EXPORT_MODEL: {"queue": CPU},
     LOG_MLFLOW: {"queue": CPU},
     "celery.chord_unlock": {"queue": CPU},  # polling join of result backends without counters
@@ -90,7 +96,7 @@ def make_celery(settings: Settings, *, include_tasks: bool = False) -> Celery:
     if settings.redis_key_prefix and settings.result_backend.startswith(("redis", "rediss")):
         backend_opts["global_keyprefix"] = settings.redis_key_prefix
     app.conf.update(
-        task_queues=[Queue(CPU), Queue(GPU)],
+        task_queues=[Queue(name) for name in QUEUES],
         task_default_queue=CPU,
         task_routes=ROUTES,
         task_acks_late=True,
@@ -115,6 +121,16 @@ def make_celery(settings: Settings, *, include_tasks: bool = False) -> Celery:
     return app
 
 
+def worker_queues(queues: str) -> str:
+    """The queues a worker asked for ``queues`` consumes: a ``cpu`` worker also takes the
+    webhook deliveries (``cpu`` is where they ran before they had a queue of their own, so
+    every deployment that runs one keeps delivering)."""
+    names = queues.split(",")
+    if CPU in names and WEBHOOKS not in names:
+        names.append(WEBHOOKS)
+    return ",".join(names)
+
+
 def worker_argv(
     queues: str,
     concurrency: int,
@@ -136,7 +152,7 @@ def worker_argv(
         WORKER_APP,
         "worker",
         "--queues",
-        queues,
+        worker_queues(queues),
         "--concurrency",
         str(concurrency),
         "--pool",

@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 
 from zoopick.service.processes import LOCAL_WORKER_NICE
-from zoopick.service.queue import worker_argv
+from zoopick.service.queue import QUEUES, worker_argv
 from zoopick.service.settings import Settings, get_settings
 
 service_app = typer.Typer(
@@ -190,7 +190,9 @@ def _announce(settings: Settings, url: str, key: str | None) -> None:
 
 @service_app.command("worker")
 def worker_cmd(
-    queues: Annotated[str, typer.Option(help="Comma-separated: cpu, gpu or both.")] = "cpu,gpu",
+    queues: Annotated[
+        str, typer.Option(help="Comma-separated: cpu (with webhooks), gpu, webhooks.")
+    ] = "cpu,gpu",
     concurrency: Annotated[int, typer.Option(min=1, help="Processes (1 per GPU).")] = 1,
     pool: Annotated[str, typer.Option(help="Celery pool: prefork, solo, threads.")] = "prefork",
     loglevel: Annotated[str, typer.Option()] = "info",
@@ -202,9 +204,9 @@ def worker_cmd(
 
     On a GPU machine run one per GPU, concurrency 1, with CUDA_VISIBLE_DEVICES set.
     """
-    bad = set(queues.split(",")) - {"cpu", "gpu"}
+    bad = set(queues.split(",")) - set(QUEUES)
     if bad or not queues:
-        raise _fail(f"unknown queue(s) {sorted(bad)}; use cpu, gpu or cpu,gpu")
+        raise _fail(f"unknown queue(s) {sorted(bad)}; use cpu, gpu, webhooks or a list")
     get_settings().ensure_dirs()
     os.execv(sys.executable, worker_argv(queues, concurrency, pool, loglevel, hostname))
 

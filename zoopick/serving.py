@@ -36,7 +36,7 @@ RESTART_GRACE_SECONDS = 5.0
 
 
 class LocalWorker:
-    """``serve``'s local worker: a Celery worker on both queues in its own process group (one
+    """``serve``'s local worker: a Celery worker on every queue in its own process group (one
     signal reaches its pool and their trainers), at a lower CPU priority than the API
     (``processes.LOCAL_WORKER_NICE``), dying with ``serve`` even if that is killed outright (a
     parent-death signal, and the worker watches our pid itself: ``workers.supervision``),

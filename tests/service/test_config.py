@@ -9,7 +9,18 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from zoopick.service.queue import CPU, FINETUNE, GPU, SCORE, SELECT, VALIDATE, make_celery
+from zoopick.service.queue import (
+    CPU,
+    DELIVER_WEBHOOK,
+    FINETUNE,
+    GPU,
+    SCORE,
+    SELECT,
+    VALIDATE,
+    WEBHOOKS,
+    make_celery,
+    worker_argv,
+)
 from zoopick.service.settings import EMBEDDED_BROKER, Settings
 
 
@@ -110,6 +121,25 @@ def test_celery_delivery_settings(tmp_path):
     routes = conf.task_routes
     assert routes[SCORE]["queue"] == routes[FINETUNE]["queue"] == GPU
     assert routes[VALIDATE]["queue"] == routes[SELECT]["queue"] == CPU
+
+
+def test_webhook_deliveries_have_a_queue_every_cpu_worker_consumes(tmp_path):
+    """A phase's webhook waited behind the tasks ahead of it (job.scoring delivered 65 s late
+    on serve's worker): deliveries have a queue of their own, which is neither scoring's nor
+    the cpu tasks', declared, and consumed by every worker that runs cpu work (the local
+    worker, ``zoopick worker --queues cpu``) or by a worker of its own."""
+    conf = make_celery(Settings(data_dir=tmp_path)).conf
+    assert conf.task_routes[DELIVER_WEBHOOK]["queue"] == WEBHOOKS
+    assert WEBHOOKS not in {conf.task_routes[SCORE]["queue"], conf.task_routes[SELECT]["queue"]}
+    assert WEBHOOKS in {q.name for q in conf.task_queues}
+
+    def consumed(queues: str) -> list[str]:
+        argv = worker_argv(queues, 1)
+        return argv[argv.index("--queues") + 1].split(",")
+
+    assert consumed("cpu,gpu") == ["cpu", "gpu", WEBHOOKS]  # serve's local worker
+    assert consumed("cpu") == ["cpu", WEBHOOKS] and consumed("gpu") == ["gpu"]
+    assert consumed(WEBHOOKS) == [WEBHOOKS]
 
 
 def test_task_time_limits_come_from_settings(tmp_path, monkeypatch):

@@ -138,7 +138,7 @@ def test_scrape_reports_jobs_queues_workers_durations_and_latency(client, admin,
 
     assert samples(families["zoopick_broker_up"], "zoopick_broker_up")[()] == 1.0
     depth = samples(families["zoopick_queue_depth"], "zoopick_queue_depth")
-    assert set(depth) == {(("queue", "cpu"),), (("queue", "gpu"),)}
+    assert set(depth) == {(("queue", "cpu"),), (("queue", "gpu"),), (("queue", "webhooks"),)}
     assert all(v >= 0 for v in depth.values())
 
     latency = families["zoopick_http_request_duration_seconds"]

@@ -21,6 +21,7 @@ from tests.service.test_dashboard import sign_in
 from zoopick.service import netguard, pipeline, webhooks
 from zoopick.service.db.models import Job, JobStatus, WebhookDelivery
 from zoopick.service.db.session import session_scope
+from zoopick.service.queue import WEBHOOKS
 from zoopick.service.security import get_or_create_tenant
 
 
@@ -415,9 +416,9 @@ def test_the_sweep_resends_deliveries_left_pending(service_app, service_settings
     assert webhooks.resend_stale(factory, service_app.state.dispatcher, service_settings) == []
 
 
-def _cpu_queue_depth(dispatcher) -> int:
+def _webhooks_queue_depth(dispatcher) -> int:
     with dispatcher.celery.connection_for_read() as conn:
-        return conn.default_channel.queue_declare(queue="cpu", durable=True).message_count
+        return conn.default_channel.queue_declare(queue=WEBHOOKS, durable=True).message_count
 
 
 def test_every_commit_of_one_session_sends_its_events(service_app):
@@ -436,16 +437,16 @@ def test_every_commit_of_one_session_sends_its_events(service_app):
             webhook={"url": "http://93.184.216.34/hook", "phases": True},
         )
         session.add(job)
-    before = _cpu_queue_depth(dispatcher)
+    before = _webhooks_queue_depth(dispatcher)
     with factory() as session:
         assert pipeline.transition(session, job.id, JobStatus.scoring)
         session.rollback()
-        assert _cpu_queue_depth(dispatcher) == before
+        assert _webhooks_queue_depth(dispatcher) == before
         assert pipeline.transition(session, job.id, JobStatus.scoring)
         session.commit()
         assert pipeline.transition(session, job.id, JobStatus.succeeded)
         session.commit()
-    assert _cpu_queue_depth(dispatcher) == before + 2
+    assert _webhooks_queue_depth(dispatcher) == before + 2
     with factory() as session:
         events = [d.event for d in webhooks.deliveries(session, job.id)]
     assert events == ["job.scoring", "job.succeeded"]
