@@ -10,12 +10,12 @@ mid-task loses it for good. Two signs on the job row tell a lost job:
   (``zoopick.workers.tasks.finetune``); a lease past its expiry means the owner stopped;
 * **unattended**: a job being scored or selected (``queued``, ``scoring``) whose scoring lease
   (shared by its scoring tasks, renewed while one runs) lapsed and which made no progress for
-  ``recovery_grace_seconds`` (60 s), while a gpu worker is up and no job's task holds a live
-  lease: nothing it could be queued behind runs, so its tasks are gone (a dead worker's, lost
-  by the broker, or a selection that never ran). A dataset ``uploaded`` or ``validating`` is
-  lost the same way (a running validation keeps its ``updated_at`` fresh), while a cpu worker
-  is up and no other validation runs. With a job's tasks queued behind another's work, only
-  the stall below can tell;
+  ``recovery_grace_seconds`` (60 s), while a gpu worker is up and idle (no job's task holds a
+  live lease, no validation runs): nothing it could be queued behind runs, so its tasks are gone
+  (a dead worker's, lost by the broker, or a selection that never ran). A dataset ``uploaded``
+  or ``validating`` is lost the same way (a running validation keeps its ``updated_at`` fresh),
+  while a cpu worker is up and idle likewise (no other validation runs either). With a job's
+  tasks queued behind another's work, only the stall below can tell;
 * **stalled**: no progress (``updated_at``) for longer than ``settings.stall_timeout``, by
   default the longest hard time limit, which no task can outlive (a training job holding a
   live lease is never stalled: its task is alive, however long an epoch takes).
@@ -103,17 +103,29 @@ def _worker_up(now: datetime, settings: Settings, queue: str) -> Any:
     return exists().where(WorkerHeartbeat.seen_at >= fresh, WorkerHeartbeat.queues.contains(queue))
 
 
+def _idle(now: datetime, settings: Settings) -> Any:
+    """No work runs that queued tasks could be waiting behind: no job's task holds a live
+    lease and no validation keeps its dataset fresh (a worker may consume both queues)."""
+    grace = now - timedelta(seconds=settings.recovery_grace_seconds)
+    job, dataset = aliased(Job), aliased(Dataset)
+    return and_(
+        ~exists().where(job.status.in_(UNFINISHED), job.lease_expires_at >= now),
+        ~exists().where(
+            dataset.status == DatasetStatus.validating.value, dataset.updated_at >= grace
+        ),
+    )
+
+
 def _unattended(now: datetime, settings: Settings) -> Any:
     """A job being scored or selected that no task attends: its scoring lease lapsed and no
-    progress for the grace, while a gpu worker is up and no job's task holds a live lease (so
-    its tasks are not merely queued behind another job's work: they are gone)."""
+    progress for the grace, while a gpu worker is up and idle (so its tasks are not merely
+    queued behind other work: they are gone)."""
     grace = now - timedelta(seconds=settings.recovery_grace_seconds)
-    busy = aliased(Job)
     return and_(
         Job.status.in_(SCORING),
         Job.updated_at < grace,
         or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now),
-        ~exists().where(busy.status.in_(UNFINISHED), busy.lease_expires_at >= now),
+        _idle(now, settings),
         _worker_up(now, settings, GPU),
     )
 
@@ -353,21 +365,19 @@ def sweep_datasets(
 ) -> list[Action]:
     """Datasets ``uploaded`` or ``validating`` whose validation is gone: no progress for
     ``recovery_grace_seconds`` (a running validation keeps ``updated_at`` fresh) while a cpu
-    worker is up and no other validation runs, or for longer than a validation may take at all
-    (twice the light tasks' hard time limit: queueing and running). Their message was lost (the
-    broker lost it, or the embedded broker dropped what its dead worker had reserved) or their
-    worker died. Each is sent for validation again, at most ``max_deliveries`` times, then
-    marked invalid."""
+    worker is up and no other work runs (no validation, no job's leased task), or for longer
+    than a validation may take at all (twice the light tasks' hard time limit: queueing and
+    running). Their message was lost (the broker lost it, or the embedded broker dropped what
+    its dead worker had reserved) or their worker died. Each is sent for validation again, at
+    most ``max_deliveries`` times, then marked invalid."""
     from zoopick.service import datasets as store
     from zoopick.service.liveness import count_delivery
 
     cutoff = now - timedelta(seconds=2 * settings.light_hard_time_limit)
     grace = now - timedelta(seconds=settings.recovery_grace_seconds)
-    other = aliased(Dataset)
-    running = exists().where(
-        other.status == DatasetStatus.validating.value, other.updated_at >= grace
+    unattended = and_(
+        Dataset.updated_at < grace, _idle(now, settings), _worker_up(now, settings, CPU)
     )
-    unattended = and_(Dataset.updated_at < grace, ~running, _worker_up(now, settings, CPU))
     with factory() as session:
         stuck = list(
             session.execute(

@@ -309,6 +309,10 @@ def test_scoring_jobs_no_task_attends_are_resent_within_the_grace(env):
     assert recovery.sweep(factory, dispatcher, settings) == []  # busy: they may be queued
     with factory.begin() as session:  # the busy job's task ends
         session.execute(update(Job).where(Job.id == busy).values(status="succeeded"))
+    validating = add_dataset(factory, tenant, "validating", 0)  # a worker validates it
+    assert recovery.sweep(factory, dispatcher, settings) == []
+    with factory.begin() as session:
+        session.execute(update(Dataset).where(Dataset.id == validating).values(status="ready"))
 
     actions = recovery.sweep(factory, dispatcher, settings)
     assert {a.job_id: a.action for a in actions} == {
@@ -355,11 +359,16 @@ def test_validations_no_task_attends_are_resent_within_the_grace(env):
         session.execute(delete(Dataset))
     lost = add_dataset(factory, tenant, "validating", GRACE + 10)
     waiting = add_dataset(factory, tenant, "uploaded", GRACE + 10)
-    add_dataset(factory, tenant, "validating", GRACE - 10)  # its validation runs
     dispatcher = Dispatcher(settings)
     beating(factory, "gpu")
     assert recovery.sweep_datasets(factory, dispatcher, settings, utcnow()) == []
     beating(factory, "cpu")
+    live = {"lease_owner": "score:y", "lease_expires_at": utcnow() + timedelta(seconds=GRACE)}
+    scoring = add_job(factory, tenant, status="scoring", **live)  # on the same worker, maybe
+    assert recovery.sweep_datasets(factory, dispatcher, settings, utcnow()) == []
+    with factory.begin() as session:
+        session.execute(update(Job).where(Job.id == scoring).values(status="succeeded"))
+    add_dataset(factory, tenant, "validating", GRACE - 10)  # its validation runs
     # one validation running: the others may be queued behind it
     assert recovery.sweep_datasets(factory, dispatcher, settings, utcnow()) == []
     with factory.begin() as session:  # the running one keeps its clock fresh, then dies
