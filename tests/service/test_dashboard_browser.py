@@ -9,8 +9,8 @@ live (phase, epoch, time to go, a growing curve, a cached forward pass), sees a 
 before scoring list its models as never scored and deletes it (asked first), cancels the second
 job (through the page that asks first), names and tags a job and finds it by search, deletes an
 invalid dataset, is told to pick more than one job to compare, compares two jobs picked in the
-list, checks the phone-width layout and signs out; and reads the API's docs pages with every
-other host out of reach. A screenshot of each page
+list, checks the phone-width layout and signs out; adds and removes a zoo model with an admin's
+key; and reads the API's docs pages with every other host out of reach. A screenshot of each page
 goes to ``$ZOOPICK_SCREENSHOTS`` (default: ``.artifacts/screenshots``, git-ignored, for CI to
 keep as artefacts; the committed ones in docs/screenshots/ come from
 ``ZOOPICK_SCREENSHOTS=docs/screenshots``)."""
@@ -384,6 +384,50 @@ def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
     expect(page).to_have_url(re.compile(r"/login"))
     page.goto(stack.url + "/jobs")
     expect(page).to_have_url(re.compile(r"/login\?next=/jobs"))
+    assert violations == []
+    context.close()
+
+
+def test_an_admin_adds_and_removes_a_zoo_model_in_chromium(stack, browser, shots):
+    """The zoo page of an admin's key: a model added through its form (the API's refusal
+    said above the form first, what was typed kept), listed with its origin and the jobs
+    that used it, then removed through the page that asks first."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    violations: list[str] = []
+    page.on(
+        "console",
+        lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None,
+    )
+    page.goto(stack.url + "/login")
+    page.get_by_label("API key").fill(stack.admin)
+    page.get_by_label("API key").press("Enter")
+    expect(page).to_have_url(stack.url + "/jobs")
+    page.get_by_role("link", name="Zoo", exact=True).click()
+    page.get_by_label("Architecture (timm or hub name)").fill("test_resnet")
+    page.get_by_label("Weights: hub, none or a checkpoint path").fill("none")
+    page.get_by_label("Id (optional; default: timm's name)").fill("web-zoo-m")
+    page.get_by_role("button", name="Add model").click()  # no head size: refused
+    expect(page.locator("#zoo-error")).to_contain_text("num_classes")
+    expect(page.get_by_label("Id (optional; default: timm's name)")).to_have_value("web-zoo-m")
+    page.get_by_label("Head size (optional for hub weights)").fill("4")
+    page.locator("summary", has_text="Data config overrides").click()
+    page.get_by_label("Input size (3 numbers: channels height width)").fill("3 32 32")
+    page.get_by_role("button", name="Add model").click()
+    expect(page.locator("p.note")).to_have_text("Model web-zoo-m added.")
+    row = page.locator('tr[data-model="web-zoo-m"]')
+    expect(row.locator("td[data-jobs]")).to_have_text("0")
+    expect(row).to_contain_text("api")
+    page.screenshot(path=str(shots / "zoo-admin.png"), full_page=True)
+    page.get_by_role("link", name="Remove web-zoo-m").click()
+    page.get_by_role("button", name="Yes, remove it").click()
+    expect(page.locator("p.note")).to_have_text("Model web-zoo-m removed.")
+    expect(page.locator('tr[data-model="web-zoo-m"]')).to_have_count(0)
+    for mid in MODELS:  # the others stay
+        expect(page.locator(f'tr[data-model="{mid}"]')).to_be_visible()
     assert violations == []
     context.close()
 
