@@ -87,18 +87,24 @@ def fits_width(page) -> bool:
     return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
 
 
-def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
-    from playwright.sync_api import expect
-
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+def open_page(browser, **options):
+    """A new context's page (1280 x 900, 20 s timeouts) and the list its content security
+    policy violations go to: the pages run under their policy, nothing of theirs may break it."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
     page = context.new_page()
     page.set_default_timeout(20_000)
-    # the pages run under their content security policy: nothing of theirs may break it
     violations: list[str] = []
     page.on(
         "console",
         lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None,
     )
+    return context, page, violations
+
+
+def test_dashboard_in_chromium(stack, browser, shots, tmp_path):
+    from playwright.sync_api import expect
+
+    context, page, violations = open_page(browser, accept_downloads=True)
 
     # sign in with the keyboard only: Tab to the key field, type, Enter
     page.goto(stack.url + "/")
@@ -394,14 +400,7 @@ def test_an_admin_adds_and_removes_a_zoo_model_in_chromium(stack, browser, shots
     that used it, then removed through the page that asks first."""
     from playwright.sync_api import expect
 
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(20_000)
-    violations: list[str] = []
-    page.on(
-        "console",
-        lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None,
-    )
+    context, page, violations = open_page(browser)
     page.goto(stack.url + "/login")
     page.get_by_label("API key").fill(stack.admin)
     page.get_by_label("API key").press("Enter")
