@@ -113,8 +113,14 @@ class JsonCommand(TyperCommand):
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if any(p.name == "as_json" for p in self.params):
-            arguments = any(p.param_type_name == "argument" for p in self.params)
-            args = fields.rewrite(args, arguments)
+            arguments = sum(p.param_type_name == "argument" for p in self.params)
+            valued = frozenset(
+                name
+                for p in self.params
+                if p.param_type_name == "option" and not p.is_flag and p.name != "as_json"
+                for name in p.opts
+            )
+            args = fields.rewrite(args, arguments, valued)
         return super().parse_args(ctx, args)
 
 

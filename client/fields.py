@@ -7,16 +7,13 @@ these lists equal to them) and are checked before any request is sent: an unknow
 usage error (exit 2) whose message lists the valid ones.
 
 Click options take a value or none, not "maybe one", so ``JsonCommand.parse_args`` (in
-``cli``) rewrites the command line first with :func:`rewrite`: ``--json`` followed by a field
-list becomes ``--json=LIST``, and a bare ``--json`` becomes ``--json=*`` (everything). For a
-command that takes an argument (an ID, a file), the word after ``--json`` is a field list
-when it is lower-case names with a comma between (no id has one), or one known field, so
-``zoopick jobs wait --json ID`` still waits for ID; ``--json=FIELDS`` is always a field
-list."""
+``cli``) rewrites the command line first with :func:`rewrite`: ``--json`` followed by a word
+becomes ``--json=WORD``, unless the command still needs that word as its argument (``zoopick
+jobs wait --json ID`` waits for ID, as it always did), and a bare ``--json`` becomes
+``--json=*`` (everything). ``--json=FIELDS`` is always a field list."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 ALL = "*"
@@ -44,9 +41,6 @@ ZOO_MODEL = (
 )  # fmt: skip
 """A zoo model (the API's ``ZooModelOut``)."""
 
-KNOWN = frozenset((*JOB, *DATASET, *ZOO_MODEL))
-_LIST = re.compile(r"[a-z_]+(,[a-z_]+)*")
-
 
 def parse(text: str, valid: tuple[str, ...]) -> Selection:
     """``--json``'s value as a selection; ``ValueError`` naming an unknown or missing field
@@ -71,9 +65,11 @@ def select(data: Any, selection: Selection) -> Any:
     return {name: data.get(name) for name in selection}
 
 
-def rewrite(args: list[str], takes_arguments: bool) -> list[str]:
-    """``args`` with each ``--json`` given its value: the field list after it, else ``*``
-    (see the module's docstring). Nothing after ``--`` is touched."""
+def rewrite(args: list[str], arguments: int, value_options: frozenset[str]) -> list[str]:
+    """``args`` with each ``--json`` given its value: the word after it when the command's
+    ``arguments`` (how many it takes) are there without it, else ``*`` (the word is then
+    one of them). ``value_options`` are the options that take a value (``--status done``:
+    ``done`` is no argument). Nothing after ``--`` is touched."""
     out: list[str] = []
     i = 0
     while i < len(args):
@@ -86,7 +82,11 @@ def rewrite(args: list[str], takes_arguments: bool) -> list[str]:
             out.append(arg)
             continue
         after = args[i] if i < len(args) else None
-        if after is not None and _is_fields(after, takes_arguments):
+        if (
+            after is not None
+            and not after.startswith("-")
+            and _arguments_in(args, value_options, skip=i) >= arguments
+        ):
             out.append(f"--json={after}")
             i += 1
         else:
@@ -94,11 +94,14 @@ def rewrite(args: list[str], takes_arguments: bool) -> list[str]:
     return out
 
 
-def _is_fields(word: str, takes_arguments: bool) -> bool:
-    if word.startswith("-"):
-        return False
-    if not takes_arguments:
-        return True  # nothing else it could be: checked (and refused) as a field list
-    # a list (no id has a comma) or a known field; else an argument (an id, a file)
-    names = word.split(",")
-    return _LIST.fullmatch(word) is not None and (len(names) > 1 or names[0] in KNOWN)
+def _arguments_in(args: list[str], value_options: frozenset[str], skip: int) -> int:
+    """How many of ``args`` are the command's arguments, the word at ``skip`` left out."""
+    count, i = 0, 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return count + len(args) - i - 1
+        if i != skip and not arg.startswith("-"):
+            count += 1
+        i += 2 if arg in value_options else 1
+    return count

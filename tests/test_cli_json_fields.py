@@ -1,6 +1,7 @@
 """``--json [FIELDS]`` (gh's field selection): ``--json id,status`` prints only those fields,
 in that order; a bare ``--json`` prints everything, as before, wherever it stands (``jobs
-wait --json ID`` still waits for ID); an unknown field is exit 2 listing the valid ones,
+wait --json ID`` still waits for ID: the word after ``--json`` is the fields unless the
+command still needs it as its argument); an unknown field is exit 2 listing the valid ones,
 before any request. The field lists are the API's schemas'.
 
 The CLI runs in-process (typer's runner) against a small server thread that answers as the
@@ -78,6 +79,7 @@ def test_an_unknown_field_is_exit_2_listing_the_valid_ones_before_any_request():
         for argv in (
             ("jobs", "list", "--json", "id,bogus"),
             ("jobs", "get", JOB, "--json", "status,ranking,nope"),
+            ("jobs", "status", JOB, "--json", "statsu"),
             ("zoo", "get", "resnet", "--json=arch,bogus"),
             ("jobs", "list", "--json", "ranking"),  # a job's, not a list's
         ):
@@ -88,18 +90,26 @@ def test_an_unknown_field_is_exit_2_listing_the_valid_ones_before_any_request():
         assert seen.requests == []
 
 
+VALUED = frozenset({"--limit", "--name"})
+
+
 @pytest.mark.parametrize(
-    ("args", "takes_arguments", "rewritten"),
+    ("args", "arguments", "rewritten"),
     [
-        (["--json"], False, ["--json=*"]),
-        (["--json", "--limit", "2"], False, ["--json=*", "--limit", "2"]),
-        (["--json", "id,x"], False, ["--json=id,x"]),
-        (["--json", JOB], True, ["--json=*", JOB]),
-        (["--json", "resnet"], True, ["--json=*", "resnet"]),  # a zoo id, not a field
-        (["ID", "--json", "status"], True, ["ID", "--json=status"]),
-        (["ID", "--json", "id,bogus"], True, ["ID", "--json=id,bogus"]),
-        (["--", "--json", "id"], False, ["--", "--json", "id"]),
+        (["--json"], 0, ["--json=*"]),
+        (["--json", "--limit", "2"], 0, ["--json=*", "--limit", "2"]),
+        (["--json", "id,x"], 0, ["--json=id,x"]),
+        (["--json", JOB], 1, ["--json=*", JOB]),  # the ID is still needed: not fields
+        (["--json", "resnet"], 1, ["--json=*", "resnet"]),
+        (["ID", "--json", "status"], 1, ["ID", "--json=status"]),
+        (["ID", "--json", "statsu"], 1, ["ID", "--json=statsu"]),  # refused, fields listed
+        (["--json", "id", "ID"], 1, ["--json=id", "ID"]),
+        (["--name", "n", "--json", "f.npz"], 1, ["--name", "n", "--json=*", "f.npz"]),
+        (["f.npz", "--name", "n", "--json", "id"], 1, ["f.npz", "--name", "n", "--json=id"]),
+        (["--", "--json", "id"], 0, ["--", "--json", "id"]),
     ],
 )
-def test_rewrite_gives_each_json_its_value(args, takes_arguments, rewritten):
-    assert fields.rewrite(args, takes_arguments) == rewritten
+def test_rewrite_gives_json_the_word_after_it_unless_it_is_the_argument(
+    args, arguments, rewritten
+):
+    assert fields.rewrite(args, arguments, VALUED) == rewritten
