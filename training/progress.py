@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from zoopick.training.config import RunEvent
+from zoopick.training.config import RunEvent, finite_or_none
 
 POINTS_PER_EPOCH = 10
 """Sub-epoch points per epoch at most (the curve of a long epoch moves between its ends)."""
@@ -71,7 +71,9 @@ class Reporter:
                 epochs=epochs,
                 step=step,
                 steps=steps,
-                loss=sums[0] / max(seen, 1),
-                train_acc=sums[1] / max(seen, 1),
+                # a diverging run's running loss is NaN until its epoch ends in Diverged: a
+                # report due before then writes it as unknown, never a bare NaN in the file
+                loss=finite_or_none(sums[0] / max(seen, 1)),
+                train_acc=finite_or_none(sums[1] / max(seen, 1)),
             )
         )
