@@ -1060,8 +1060,9 @@ def zoo_add(
     weights: Annotated[
         str,
         typer.Option(
-            help="hub (the tag's pretrained weights), none (random init) or a checkpoint path "
-            "on the workers' file system."
+            help="hub (the tag's pretrained weights), none (random init), a checkpoint path "
+            "on the workers' file system or a checkpoint in the server's S3 store "
+            "(s3://bucket/key)."
         ),
     ] = "hub",
     model_id: Annotated[

@@ -630,7 +630,8 @@ class Client:
     def add_model(self, arch: str, *, weights: str = "hub", **fields: Any) -> ZooModel:
         """Register a model (an admin key): ``arch`` a timm name, with a pretrained tag if
         wanted (``resnet50.a1_in1k``) or a hub name timm knows (``hf-hub:timm/...``);
-        ``weights`` "hub", "none" or a checkpoint path on the workers' file system; other
+        ``weights`` "hub", "none", a checkpoint path on the workers' file system or an
+        ``s3://bucket/key`` the server's S3 credentials reach; other
         fields (``id``, ``num_classes``, ``input_size``, ``mean``, ``std``, ``interpolation``,
         ``crop_pct``, ``crop_mode``, ``source``, ``tags``) as ``POST /zoo`` takes them, None
         left out. Not retried once it may have reached the server (a retry would be a 409)."""

@@ -18,24 +18,33 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from zoopick.service import zoo_catalog
+from zoopick.service import zoo_catalog, zoo_weights
 from zoopick.service.db.models import Job, ZooModel
 from zoopick.service.jobs import Rejected
+from zoopick.service.settings import Settings, get_settings
+from zoopick.service.storage import ObjectMissing
 
 EXISTS = "zoo-model-exists"
 INVALID = "invalid-zoo-model"
 
 
 def check_weights(weights: str) -> None:
-    """``weights`` is ``hub``, ``none`` or an absolute checkpoint path of a known suffix."""
+    """``weights`` is ``hub``, ``none``, an absolute checkpoint path of a known suffix or an
+    ``s3://bucket/key`` checkpoint (``zoo_weights.parse``'s rules)."""
     if weights in ("hub", "none"):
+        return
+    if zoo_weights.is_stored(weights):
+        try:
+            zoo_weights.parse(weights)
+        except ValueError as exc:
+            raise Rejected(INVALID, f"weights: {exc}") from None
         return
     path = Path(weights)
     if not path.is_absolute():
         raise Rejected(
             INVALID,
-            f"weights {weights!r}: give 'hub', 'none' or an absolute checkpoint path on the "
-            "workers' file system",
+            f"weights {weights!r}: give 'hub', 'none', an absolute checkpoint path on the "
+            "workers' file system or s3://bucket/key",
         )
     if path.suffix not in (".safetensors", ".pth", ".bin", ".pt"):
         raise Rejected(
@@ -77,13 +86,15 @@ def _already(model_id: str, row: ZooModel) -> Rejected:
     return Rejected(EXISTS, f"zoo model {model_id!r} already exists")
 
 
-def register(session: Session, values: dict[str, Any]) -> ZooModel:
+def register(
+    session: Session, values: dict[str, Any], settings: Settings | None = None
+) -> ZooModel:
     """Add a model to the zoo from a registration's validated fields (the API's
     ``ZooModelIn``, unset ones left out) and commit. The row stores the entry as checked: its
     checkpoint path resolved (no "..", no symbolic link), so the file jobs load is the one
-    whose shapes were checked."""
-    from zoopick.selection.zoo import ZooError
-
+    whose shapes were checked; an ``s3://`` checkpoint is read once here, into ``settings``'
+    (default: the process's) scratch folder, checked the same way, and its size and SHA-256
+    recorded (``zoo_weights``). ``storage.StoreUnavailable`` passes (the face answers 503)."""
     given = values.get("id")
     if given is not None and (row := session.get(ZooModel, given)) is not None:
         raise _already(given, row)
@@ -91,11 +102,12 @@ def register(session: Session, values: dict[str, Any]) -> ZooModel:
     fields = resolved_fields(values)
     if given is None and (row := session.get(ZooModel, fields["id"])) is not None:
         raise _already(fields["id"], row)
-    try:
-        entry = zoo_catalog.check_fields(fields)
-    except ZooError as exc:
-        raise Rejected(INVALID, str(exc)) from None
-    row = ZooModel(id=entry.id, origin="api", **zoo_catalog.row_values(entry))
+    if zoo_weights.is_stored(fields["weights"]):
+        entry, columns = _checked_object(fields, settings or get_settings())
+    else:
+        entry = _checked(fields)
+        columns = zoo_catalog.row_values(entry)
+    row = ZooModel(id=entry.id, origin="api", **columns)
     session.add(row)
     try:
         session.commit()
@@ -103,6 +115,44 @@ def register(session: Session, values: dict[str, Any]) -> ZooModel:
         session.rollback()
         raise Rejected(EXISTS, f"zoo model {entry.id!r} already exists") from None
     return row
+
+
+def _checked(fields: dict[str, Any], shown_as: str | None = None) -> Any:
+    """The checked ``ZooEntry`` of ``fields`` (``zoo_catalog.check_fields``), or ``Rejected``;
+    ``shown_as``: what the refusal calls the checkpoint (a stored one's URL, not the path of
+    the copy that was checked)."""
+    from zoopick.selection.zoo import ZooError
+
+    try:
+        return zoo_catalog.check_fields(fields)
+    except ZooError as exc:
+        detail = str(exc)
+        if shown_as is not None:
+            detail = detail.replace(str(fields["weights"]), shown_as)
+        raise Rejected(INVALID, detail) from None
+
+
+def _checked_object(fields: dict[str, Any], settings: Settings) -> tuple[Any, dict[str, Any]]:
+    """The row's columns for a checkpoint in a store: the object copied to a scratch folder
+    of ``settings.data_dir`` (removed after), checked as a local checkpoint is, then named by
+    its URL with the size and SHA-256 of the bytes checked."""
+    import shutil
+    import tempfile
+
+    url = fields["weights"]
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="zoo-register-", dir=settings.data_dir))
+    try:
+        try:
+            path, stored = zoo_weights.download(zoo_weights.parse(url), scratch)
+        except ObjectMissing:
+            raise Rejected(INVALID, f"weights {url!r}: no such object in the store") from None
+        entry = _checked({**fields, "weights": str(path)}, shown_as=url)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    columns = zoo_catalog.row_values(entry)
+    return entry, {**columns, "weights": url, "weights_sha256": stored.sha256,
+                   "weights_size": stored.size}  # fmt: skip
 
 
 def remove(session: Session, row: ZooModel) -> None:

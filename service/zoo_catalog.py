@@ -6,6 +6,11 @@ store the resolved paths, so workers need no manifest, only the same file system
 registered through the API is stored the same way (``check_fields`` returns the entry it
 checked): the real path of the file whose shapes were checked, never a ``..`` path or a
 symbolic link that could later be re-pointed at another file.
+
+Where the deployment's store is S3, a manifest's checkpoints are put there and the rows name
+the objects (``s3://bucket/key`` with their size and SHA-256), as an admin's registered
+``s3://`` checkpoint is: the workers then share no folder, and :func:`to_entry` gives the
+library a file of this machine's object cache (``service.zoo_weights``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from zoopick.service import zoo_weights
 from zoopick.service.db.models import ZooModel
+from zoopick.service.settings import Settings, get_settings
+from zoopick.service.storage import S3Store, open_store, retrying
 
 MANIFEST_ORIGIN = "manifest"
 REMOVED_ORIGIN = "removed"
@@ -29,10 +37,14 @@ then name a model they never used."""
 
 
 def row_values(entry: Any) -> dict[str, Any]:
-    """A ``ZooModel`` row's columns (all but id and origin) for a checked ``ZooEntry``."""
+    """A ``ZooModel`` row's columns (all but id and origin) for a checked ``ZooEntry`` whose
+    weights are where the row finds them (a caller that checked a copy of a stored
+    checkpoint sets its URL, size and SHA-256 over these)."""
     return {
         "arch": entry.arch,
         "weights": str(entry.weights),
+        "weights_sha256": None,
+        "weights_size": None,
         "num_classes": int(entry.num_classes),
         "overrides": dict(entry.overrides or {}),
         "source": entry.source,
@@ -40,15 +52,24 @@ def row_values(entry: Any) -> dict[str, Any]:
     }
 
 
-def sync_manifest(session: Session, manifest: Path) -> list[str]:
+def sync_manifest(session: Session, manifest: Path, settings: Settings | None = None) -> list[str]:
     """Insert or update every model of ``manifest``; returns their ids. Models registered
     through the API are left alone, and so are manifest models no longer listed (jobs may
-    still name them) and those an admin removed (``REMOVED_ORIGIN``: not returned)."""
+    still name them) and those an admin removed (``REMOVED_ORIGIN``: not returned).
+
+    Where ``settings``' store (default: the process's) is S3, each local checkpoint is put
+    there first (``zoo_weights.put_checkpoint``: once, keyed by its digest) and the row names
+    the object, so no worker needs this machine's files (the demo zoo is built in its
+    private ``data_dir``)."""
     from zoopick.selection.zoo import load_zoo
 
+    store = open_store((settings or get_settings()).storage_url)
     ids = []
     for entry in load_zoo(manifest):
         values = row_values(entry)
+        if isinstance(store, S3Store) and entry.is_checkpoint:
+            url, stored = zoo_weights.put_checkpoint(store, Path(entry.weights))
+            values.update(weights=url, weights_sha256=stored.sha256, weights_size=stored.size)
         row = session.get(ZooModel, entry.id)
         if row is not None and row.origin == REMOVED_ORIGIN:
             continue  # an admin removed it: the manifest does not bring it back
@@ -62,14 +83,29 @@ def sync_manifest(session: Session, manifest: Path) -> list[str]:
     return ids
 
 
-def to_entry(row: ZooModel) -> Any:
-    """The ``zoopick.selection.zoo.ZooEntry`` of a row (what extraction and ranking consume)."""
+def to_entry(row: ZooModel, settings: Settings | None = None) -> Any:
+    """The ``zoopick.selection.zoo.ZooEntry`` of a row (what extraction, ranking and the
+    trainer consume), its weights a file of this machine: a checkpoint in a store is fetched
+    into ``settings``' (default: the process's) object cache first, checked against the size
+    and SHA-256 recorded at registration, a store that is unavailable tried again
+    (``storage.retrying``). The store's errors then pass (``StoreUnavailable``,
+    ``ObjectMissing``, ``object_cache.DamagedObject``), naming the object."""
+    weights = row.weights
+    if zoo_weights.is_stored(weights):
+        cfg = settings or get_settings()
+        sha256, size = row.weights_sha256, row.weights_size
+        path = retrying(lambda: zoo_weights.local_copy(cfg, weights, sha256=sha256, size=size))
+        weights = str(path)
+    return _entry(row, weights)
+
+
+def _entry(row: ZooModel, weights: str) -> Any:
     from zoopick.selection.zoo import ZooEntry
 
     return ZooEntry(
         id=row.id,
         arch=row.arch,
-        weights=row.weights,
+        weights=weights,
         num_classes=row.num_classes,
         overrides=dict(row.overrides or {}),
         source=row.source,
@@ -122,5 +158,5 @@ def data_config(row: ZooModel) -> dict[str, Any]:
     """timm's eval data config of the model (its pretrained config, its tag's for a tagged
     name), with the entry's overrides applied, as JSON: what scoring resizes, crops and
     normalises each image with. Read from timm's registry, nothing downloaded."""
-    cfg = to_entry(row).data_config()
+    cfg = _entry(row, row.weights).data_config()  # reads no weights: nothing fetched
     return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}

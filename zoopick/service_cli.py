@@ -72,7 +72,7 @@ def bootstrap(settings: Settings, *, demo: bool, local_key: bool = True) -> str 
     try:
         with session_scope(factory) as session:
             if settings.zoo_manifest is not None:
-                ids = zoo_catalog.sync_manifest(session, settings.zoo_manifest)
+                ids = zoo_catalog.sync_manifest(session, settings.zoo_manifest, settings)
                 typer.echo(f"zoo: {len(ids)} models from {settings.zoo_manifest}", err=True)
             elif demo and not session.scalar(select(func.count()).select_from(ZooModel)):
                 from zoopick.selection.demo import build_demo
@@ -80,7 +80,7 @@ def bootstrap(settings: Settings, *, demo: bool, local_key: bool = True) -> str 
                 folder = settings.data_dir / "demo"
                 typer.echo(f"zoo is empty: building the demo zoo in {folder} ...", err=True)
                 manifest, target = build_demo(folder)
-                ids = zoo_catalog.sync_manifest(session, Path(manifest))
+                ids = zoo_catalog.sync_manifest(session, Path(manifest), settings)
                 typer.echo(f"zoo: {len(ids)} demo models; a demo dataset: {target}", err=True)
             if local_key and not session.scalar(select(func.count()).select_from(ApiKey)):
                 _, token = create_api_key(session, tenant=LOCAL_TENANT, name="local", admin=True)

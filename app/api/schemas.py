@@ -76,8 +76,10 @@ class DatasetOut(BaseModel):
 
 
 class ZooModelIn(NoNulModel):
-    """A model to register. ``weights``: a checkpoint path on the workers' file system,
-    ``"hub"`` (timm's pretrained weights) or ``"none"`` (random init).
+    """A model to register. ``weights``: a checkpoint path on the workers' file system, a
+    checkpoint in an S3-compatible store (``s3://bucket/key``, read with the server's
+    ``AWS_*`` variables; checked once, then each worker fetches it), ``"hub"`` (timm's
+    pretrained weights) or ``"none"`` (random init).
 
     Strict: the engine's manifest rules (``zoopick.selection.zoo``) refuse ``true`` or ``"8"``
     for a number, so the API must not coerce them first (``num_classes: true`` was stored as
@@ -122,7 +124,8 @@ class ZooModelOut(BaseModel):
     id: str
     arch: str
     weights: str = Field(
-        description='"hub", "none", or the checkpoint path (admins; others see "checkpoint").'
+        description='"hub", "none", or the checkpoint path or s3:// URL (admins; others see '
+        '"checkpoint").'
     )
     num_classes: int
     overrides: dict[str, Any]

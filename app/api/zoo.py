@@ -18,13 +18,13 @@ from zoopick.app.api.deps import (
 )
 from zoopick.app.api.schemas import Page, ZooModelIn, ZooModelOut
 from zoopick.app.problems import Problem, responses
-from zoopick.service import zoo_admin, zoo_catalog
+from zoopick.service import storage, zoo_admin, zoo_catalog
 from zoopick.service.db.models import ZooModel
 from zoopick.service.jobs import Rejected
 
 router = APIRouter(prefix="/zoo", tags=["zoo"])
 
-ERRORS = responses(400, 403, 404, 409, 422)
+ERRORS = responses(400, 403, 404, 409, 422, 503)
 
 STATUS_OF_KIND = {zoo_admin.EXISTS: 409, zoo_admin.INVALID: 422}
 """HTTP status of each ``jobs.Rejected`` kind ``zoo_admin`` raises."""
@@ -76,14 +76,25 @@ def with_data_config(row: ZooModel, caller: Caller) -> ZooModelOut:
     summary="Register a model (admin)",
 )
 def register_model(
-    body: ZooModelIn, request: Request, response: Response, admin: AdminDep, session: SessionDep
+    body: ZooModelIn,
+    request: Request,
+    response: Response,
+    admin: AdminDep,
+    session: SessionDep,
+    settings: SettingsDep,
 ) -> ZooModelOut:
     """Add a model to the zoo (``service.zoo_admin.register``, the dashboard's zoo form's
-    use case too). The answer carries timm's data config for it."""
+    use case too). The answer carries timm's data config for it. A checkpoint in a store
+    (``s3://bucket/key``) is read here to check it: 503 ``store-unavailable``, naming the
+    store's error, where it cannot be read."""
     try:
-        row = zoo_admin.register(session, body.model_dump(exclude_none=True))
+        row = zoo_admin.register(session, body.model_dump(exclude_none=True), settings)
     except Rejected as exc:
         raise Problem(STATUS_OF_KIND[exc.kind], exc.detail, kind=exc.kind) from None
+    except storage.StoreUnavailable as exc:  # an admin reads the store's own words (a
+        # bucket misspelt, credentials refused), where a tenant's 503 names nothing
+        retry = {"Retry-After": str(settings.retry_after_seconds)}
+        raise Problem(503, str(exc), kind="store-unavailable", headers=retry) from None
     response.headers["Location"] = f"{request.url.path}/{row.id}"
     return with_data_config(row, admin)
 

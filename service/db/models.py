@@ -138,14 +138,18 @@ class Dataset(Base):
 
 
 class ZooModel(Base):
-    """A candidate model. ``weights`` is a checkpoint path on the workers' file system,
-    ``"hub"`` or ``"none"``; ``overrides`` holds data-config keys (input_size, mean, ...)."""
+    """A candidate model. ``weights`` is a checkpoint path on the workers' file system, an
+    ``s3://bucket/key`` object (its ``weights_size`` and ``weights_sha256`` as registered:
+    ``service.zoo_weights``), ``"hub"`` or ``"none"``; ``overrides`` holds data-config keys
+    (input_size, mean, ...)."""
 
     __tablename__ = "zoo_models"
 
     id: Mapped[str] = mapped_column(String(200), primary_key=True)
     arch: Mapped[str] = mapped_column(String(200))
     weights: Mapped[str] = mapped_column(Text)
+    weights_sha256: Mapped[str | None] = mapped_column(String(64))
+    weights_size: Mapped[int | None] = mapped_column(BigInteger)
     num_classes: Mapped[int]
     overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
     source: Mapped[str | None] = mapped_column(String(200))

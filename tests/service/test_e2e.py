@@ -28,6 +28,9 @@ from zoopick.service.security import create_api_key
 
 API = "/api/v1"
 ZOO = [("tiny-resnet", "test_resnet"), ("tiny-vit", "test_vit"), ("tiny-resnet-b", "test_resnet")]
+STORED = "tiny-resnet-b"
+"""Registered with its checkpoint in the S3 store (``"weights": "s3://..."``): the API checks
+it, the gpu worker fetches it into its own object cache to score it."""
 METRICS = ["sms", "isms", "logme"]
 
 
@@ -65,13 +68,14 @@ def stack(new_pg_database, redis_url, tmp_path_factory, s3_server):
         client = httpx.Client(
             base_url=base + API, headers={"Authorization": f"Bearer {user}"}, timeout=30
         )
+        stored = _stored_checkpoint(s3_server, data)
         for mid, arch in ZOO:
             resp = client.post(
                 "/zoo",
                 json={
                     "id": mid,
                     "arch": arch,
-                    "weights": "none",
+                    "weights": stored if mid == STORED else "none",
                     "num_classes": 10,
                     "input_size": [3, 32, 32],
                 },
@@ -93,6 +97,20 @@ def stack(new_pg_database, redis_url, tmp_path_factory, s3_server):
         for p in procs:
             p.stop()
         engine.dispose()
+
+
+def _stored_checkpoint(s3_server, data: Path) -> str:
+    """The s3:// URL of a test_resnet checkpoint put in the test bucket."""
+    from unittest import mock
+
+    from tests.service.checkpoints import write_checkpoint
+    from zoopick.service.storage import S3Store
+
+    with mock.patch.dict(os.environ, s3_server.env):
+        bucket = S3Store(f"s3://{s3_server.bucket}")
+    key = f"e2e-zoo/{uuid.uuid4().hex[:8]}/tiny-resnet-b.safetensors"
+    bucket.put_file(key, write_checkpoint(data / "tiny-resnet-b.safetensors", 10))
+    return f"s3://{s3_server.bucket}/{key}"
 
 
 def gpu_worker(stack):
@@ -186,6 +204,9 @@ def test_queued_job_cancelled_then_scoring_job_succeeds(stack):
     assert isms == sorted(isms, reverse=True)
     assert job["chosen_model"] == ranking[0]["model"]
     assert all(set(r["scores"]) == set(METRICS) and "forward" in r["seconds"] for r in ranking)
+    # the stored checkpoint was scored from the worker's object cache, fetched once
+    (copy,) = (stack["dir"] / "objects" / "s3").rglob(f"{STORED}.safetensors")
+    assert copy.stat().st_size > 1000
 
     # PostgreSQL holds exactly one score per (model, metric)
     with factory() as session:
