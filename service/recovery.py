@@ -436,6 +436,10 @@ def sweep_once(settings: Settings) -> list[Action]:
         engine.dispose()
 
 
+SWEEPER_THREAD = "zoopick-sweeper"
+"""The in-process sweeper's thread name (what it runs is told apart by it in logs and tests)."""
+
+
 class Sweeper:
     """The API process' sweeper thread: a pass at start, then one every ``interval`` s."""
 
@@ -446,7 +450,7 @@ class Sweeper:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="zoopick-sweeper", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=SWEEPER_THREAD, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10) -> None:
