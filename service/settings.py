@@ -214,9 +214,8 @@ class Settings(BaseSettings):
         False,
         description="Fine-tunes on CUDA select with the fused Triton kernels "
         "(training.comm.triton_kernels) instead of torch.topk; off until they are measured "
-        "faster (benchmarks/comm/README.md). The trainer's processes inherit it from the "
-        "worker's environment (Settings.env writes it for the processes serve starts) and "
-        "read it there (training.comm.select.cuda_triton), as zoopick train's do.",
+        "faster (benchmarks/comm/README.md). The worker writes it into each run's config "
+        "(FinetuneConfig.comm_triton), so a run on another machine (Ray) gets it too.",
     )
 
     # workers: time limits (seconds) and the job lease

@@ -656,25 +656,38 @@ def test_kernels_compile_for_an_h100(tmp_path):
     assert int(done.stdout.split()[-1]) == sum(len(v) for _, v in triton_kernels.VARIANTS.values())
 
 
-def test_the_fused_path_is_an_environment_option(tmp_path):
-    """``select.cuda_triton()`` is off unless ``ZOOPICK_COMM_TRITON`` is true in the process's
-    environment (what a training worker inherits from the service or ``zoopick train``): read
-    on first use, not at import, and spelled as the service's settings write it too."""
-    from zoopick.service.settings import Settings
+def test_the_fused_path_is_a_run_option_not_an_environment_variable(tmp_path):
+    """The library reads no ``ZOOPICK_COMM_TRITON``: a process with it set still selects with
+    ``torch.topk`` until a run's config says otherwise (``FinetuneConfig.comm_triton``, which
+    ``tests/test_finetune.py`` checks the trainer applies). ``zoopick train`` takes the
+    variable (or ``--comm-triton``) at its boundary and writes it into the run's config, and
+    the service's settings hand it to every run a job starts (``Settings.comm_triton``)."""
+    import json
+    from pathlib import Path
 
-    code = (
-        "from zoopick.training.comm import select; "
-        "print(select.CUDA_TRITON, select.cuda_triton(), select.CUDA_TRITON)"
-    )
-    clean = {k: v for k, v in os.environ.items() if k != "ZOOPICK_COMM_TRITON"}
-    served = Settings(data_dir=tmp_path, comm_triton=True).env()
-    seen = {}
-    for value in ("1", "true", "0", None, "served"):
-        env = dict(clean) if value != "served" else served
-        if value not in (None, "served"):
-            env["ZOOPICK_COMM_TRITON"] = value
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
-        seen[value] = out.stdout.strip()
-    on, off = "None True True", "None False False"
-    assert seen == {"1": on, "true": on, "0": off, None: off, "served": on}
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from tests.conftest import tiny_arrays
+    from zoopick.cli import app
+
+    code = "from zoopick.training.comm import select; print(select.cuda_triton())"
+    env = os.environ | {"ZOOPICK_COMM_TRITON": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+    x, y, _ = tiny_arrays()
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    zoo = tmp_path / "zoo.yaml"
+    zoo.write_text("models:\n- {id: tiny, arch: resnet10t, weights: none, num_classes: 3}\n")
+    base = ["train", "--zoo", str(zoo), "--model", "tiny", "--data", str(tmp_path / "d.npz")]
+    written = {}
+    for value in ("1", "0", None, "flag"):
+        args = [*base, "--out", str(tmp_path / f"run-{value}"), "--write-config"]
+        if value == "flag":
+            args.append("--comm-triton")
+        extra = {} if value in (None, "flag") else {"ZOOPICK_COMM_TRITON": value}
+        done = CliRunner().invoke(app, args, env=extra)
+        assert done.exit_code == 0, done.output
+        written[value] = json.loads(Path(done.output.strip()).read_text())["comm_triton"]
+    assert written == {"1": True, "0": False, None: False, "flag": True}

@@ -13,8 +13,11 @@ from zoopick.training.finetune import FINAL_CONFIG, FINAL_WEIGHTS, METRICS, Fine
 
 
 def _run_many(rank: int, world: int, configs: list[dict]) -> list[dict]:
-    """Several runs inside one launch (process start-up costs seconds)."""
-    return [run(FinetuneConfig(**c)) for c in configs]
+    """Several runs inside one launch (process start-up costs seconds); each record with the
+    Triton switch its run left set in the process (``select.CUDA_TRITON``)."""
+    from zoopick.training.comm import select
+
+    return [run(FinetuneConfig(**c)) | {"triton": select.CUDA_TRITON} for c in configs]
 
 
 def _cfg(tiny_zoo, tiny_npz, out, **kw) -> dict:
@@ -36,8 +39,14 @@ def _cfg(tiny_zoo, tiny_npz, out, **kw) -> dict:
 def test_every_hook_lowers_the_loss(tiny_zoo, tiny_npz, tmp_path):
     hooks = available()
     assert {"dense", "topk", "gaussiank", "spardl", "exdyna", "dfs"} <= set(hooks)
-    configs = [_cfg(tiny_zoo, tiny_npz, tmp_path / h, compressor=h) for h in hooks]
-    launch(_run_many, 2, configs)
+    # spardl's run asks for the fused selection (a CUDA path: on the CPU the same selection)
+    configs = [
+        _cfg(tiny_zoo, tiny_npz, tmp_path / h, compressor=h, comm_triton=h == "spardl")
+        for h in hooks
+    ]
+    records = launch(_run_many, 2, configs)
+    # each run's process switch follows its config, whatever ran before it in the process
+    assert [r["triton"] for r in records[0]] == [h == "spardl" for h in hooks]
     for hook in hooks:
         curve = _epoch_lines(tmp_path / hook)
         assert [r["epoch"] for r in curve] == [1, 2, 3, 4], hook

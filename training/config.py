@@ -315,6 +315,14 @@ class FinetuneConfig(FinetuneOptions):
         "the dataset); None: the library's defaults.",
     )
 
+    comm_triton: bool = Field(
+        False,
+        description="On CUDA, the comm hooks select with the fused Triton kernels "
+        "(zoopick.training.comm.triton_kernels) instead of torch.topk: the deployment's "
+        "ZOOPICK_COMM_TRITON, or zoopick train's --comm-triton. The run's process sets "
+        "training.comm.select.CUDA_TRITON from it before its hook is built.",
+    )
+
     decoded: str | None = Field(
         None,
         min_length=1,
@@ -325,7 +333,16 @@ class FinetuneConfig(FinetuneOptions):
 
     # fields that may change between a run and its resumption
     _RESUMABLE = frozenset(
-        {"epochs", "resume", "out", "max_steps", "decay_from", "dataset_limits", "decoded"}
+        {
+            "epochs",
+            "resume",
+            "out",
+            "max_steps",
+            "decay_from",
+            "dataset_limits",
+            "decoded",
+            "comm_triton",  # the same selection, ties aside: a resumed run may switch
+        }
     )
 
     @model_validator(mode="after")

@@ -383,7 +383,7 @@ def _setup(
     """(zoo entry, training split, the rank's :class:`_Run`): the data, the model in DDP with
     the run's comm hook, and the recipe's plan for it."""
     from zoopick.selection.zoo import load_zoo
-    from zoopick.training.comm import build
+    from zoopick.training.comm import build, select
 
     entry = load_zoo(cfg.zoo)[cfg.model]
     train, test, val = _load_data(cfg, world)
@@ -411,6 +411,7 @@ def _setup(
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=cfg.bucket_cap_mb,
     )
+    select.CUDA_TRITON = cfg.comm_triton  # process-wide: read by the hooks' selection
     state, hook = build(cfg.compressor, cfg.comm_hook())  # validated when launch read cfg
     ddp.register_comm_hook(state, hook)
     r = _Run(cfg, model, ddp, state, device, amp, data_config, data, rank, world)

@@ -110,17 +110,9 @@ def failure_reason(exc: BaseException) -> str:
 
 def _worker_env(start_timeout: float) -> dict[str, str]:
     """The environment Ray gives the run's processes on every machine: the controller's
-    start timeout, and the switches the trainer reads from its environment, which a local
-    run's processes inherit from the worker but Ray's (on other machines) only get here
-    (``ZOOPICK_COMM_TRITON``: ``training.comm.select.cuda_triton``)."""
-    import os
-
-    from zoopick.training.comm.select import TRITON_VARIABLE
-
-    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(start_timeout)}
-    if TRITON_VARIABLE in os.environ:
-        env[TRITON_VARIABLE] = os.environ[TRITON_VARIABLE]
-    return env
+    start timeout. The trainer's switches travel in its config (``FinetuneConfig``), not in
+    the environment, so Ray's processes on other machines get them as a local run's do."""
+    return {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(start_timeout)}
 
 
 def _clear_stale_checkpoint(out: Path) -> None:

@@ -561,6 +561,7 @@ def finetune(self, job_id: str) -> str:
             # the race winner's training is where this run starts: no step is thrown away
             init_from=str(winner) if winner is not None and winner.is_file() else None,
             dataset_limits=dataclasses.asdict(cfg.dataset_limits()),  # what validated it
+            comm_triton=cfg.comm_triton,  # the deployment's switch, wherever the run is
             **store.run_data(ds.storage_path, cfg),  # its file and images decoded once, here
         )
         run = pipeline.open_run(
@@ -697,6 +698,7 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
                     decay_from=races.rung_start(job, level),
                     validation_fraction=selection.validation_fraction,
                     dataset_limits=dataclasses.asdict(cfg.dataset_limits()),
+                    comm_triton=cfg.comm_triton,
                     **store.run_data(ds.storage_path, cfg),
                 )
                 entry_id = entry.id

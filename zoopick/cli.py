@@ -306,6 +306,15 @@ def train(
     ray_start_timeout: Annotated[
         int, typer.Option(min=1, help="Seconds a (re)start of the Ray workers waits for machines.")
     ] = Backend.start_timeout,
+    comm_triton: Annotated[
+        bool,
+        typer.Option(
+            "--comm-triton",
+            envvar="ZOOPICK_COMM_TRITON",
+            help="On CUDA, select with the fused Triton kernels instead of torch.topk "
+            "(the same selection, ties aside; off until measured faster).",
+        ),
+    ] = False,
     config_only: Annotated[
         bool,
         typer.Option(
@@ -353,6 +362,7 @@ def train(
             hook_options=hook_options,
             seed=seed,
             resume=resume,
+            comm_triton=comm_triton,
         ).with_absolute_paths()  # run.json works from any directory; a resume knows its files
     except ValidationError as exc:
         raise fail(describe(exc)) from None

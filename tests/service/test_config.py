@@ -160,12 +160,18 @@ def test_importing_the_workers_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_ray_workers_get_the_triton_switch_the_driver_was_given(monkeypatch):
-    """A local run's trainer inherits ZOOPICK_COMM_TRITON from its worker; Ray's processes on
-    other machines get only what the driver hands Ray's runtime environment."""
+def test_the_triton_switch_travels_in_the_runs_config_not_its_environment(monkeypatch):
+    """The deployment's ZOOPICK_COMM_TRITON reaches a run as ``FinetuneConfig.comm_triton``
+    (set by the worker from its settings), so Ray's processes on other machines get it in the
+    config they read, and the driver hands Ray's runtime environment only its own timeout."""
+    from zoopick.training.config import FinetuneConfig, FinetuneOptions
     from zoopick.training.ray_driver import _worker_env
 
-    monkeypatch.delenv("ZOOPICK_COMM_TRITON", raising=False)
-    assert _worker_env(45) == {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "45"}
     monkeypatch.setenv("ZOOPICK_COMM_TRITON", "true")
-    assert _worker_env(45)["ZOOPICK_COMM_TRITON"] == "true"
+    assert _worker_env(45) == {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "45"}
+    placed = FinetuneConfig.for_run(
+        FinetuneOptions(), zoo="z.json", model="m", data="d.npz", out="o", comm_triton=True
+    )
+    assert FinetuneConfig.from_json(placed.to_json()).comm_triton is True
+    off = placed.model_copy(update={"comm_triton": False})
+    assert FinetuneConfig.from_json(off.to_json()).comm_triton is False

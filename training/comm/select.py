@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,30 +64,19 @@ CPU_KERNEL = True
 """Run the CPU's sampled selection on the compiled single pass (``cpu_kernels``) where numba
 can be imported; same result as the grouped and the plain scan."""
 
-CUDA_TRITON: bool | None = None
+CUDA_TRITON = False
 """Select on CUDA with the fused Triton kernels (``triton_kernels``: spardl's top-k and
 GaussianK, error feedback and wire rounding fused, no sort) instead of ``torch.topk`` and
-``capped_indices``. Off until measured on a GPU (issue 19). None: as the process's
-environment says, read once by :func:`cuda_triton` (the only reader) on a hook's first
-selection: ``ZOOPICK_COMM_TRITON=1`` (or ``true``, as the service's settings write it for
-the processes they start) turns it on for ``zoopick train`` and, inherited from the worker,
-for every training process a job starts; tests and benchmarks set True or False. The same
-result, ties aside (``triton_kernels``'s docstring). Under Triton's interpreter
-(``TRITON_INTERPRET=1``) they run on CPU tensors with ``CPU_SHORTCUTS`` off: how the tests
-check them without a GPU."""
-
-TRITON_VARIABLE = "ZOOPICK_COMM_TRITON"
-_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})  # pydantic's true spellings
+``capped_indices``. Off until measured on a GPU (issue 19). Process-wide: a fine-tune sets it
+from its config (``FinetuneConfig.comm_triton``: the deployment's ``ZOOPICK_COMM_TRITON``,
+``zoopick train --comm-triton``) before its hook is built; tests and benchmarks set it
+directly. The library reads no environment variable for it. The same result, ties aside
+(``triton_kernels``'s docstring). Under Triton's interpreter (``TRITON_INTERPRET=1``) they run
+on CPU tensors with ``CPU_SHORTCUTS`` off: how the tests check them without a GPU."""
 
 
 def cuda_triton() -> bool:
-    """:data:`CUDA_TRITON`, read from the environment (``ZOOPICK_COMM_TRITON``) on its first
-    use when it is not set: any of pydantic's true spellings turns it on (the service's
-    ``Settings.comm_triton``, which validates it, hands it on as ``true``), anything else
-    leaves it off."""
-    global CUDA_TRITON
-    if CUDA_TRITON is None:
-        CUDA_TRITON = os.environ.get(TRITON_VARIABLE, "").strip().lower() in _TRUE
+    """:data:`CUDA_TRITON`, the one place the hooks read it."""
     return CUDA_TRITON
 
 
