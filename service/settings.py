@@ -79,9 +79,6 @@ class Settings(BaseSettings):
         description="Largest JSON or form body (jobs, zoo entries, dashboard forms); uploads "
         "stream under upload_max_bytes instead.",
     )
-    upload_chunk_bytes: int = Field(
-        1024 * 1024, gt=0, description="Size of the pieces an upload is written to storage in."
-    )
     validate_inline: bool = Field(
         False,
         description="Validate uploads in the request instead of on the cpu queue (tests, or a "
