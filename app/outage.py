@@ -12,6 +12,7 @@ reports the same dependency in its ``checks``.
 from __future__ import annotations
 
 import logging
+import time
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, Response
@@ -73,6 +74,23 @@ def dependency_down(exc: BaseException) -> str | None:
     return None
 
 
+LOG_EVERY_SECONDS = 10.0
+"""During an outage every request answers 503; the log says so once per dependency in this
+many seconds, with the count of requests answered since, not once per request."""
+_logged: dict[str, tuple[float, int]] = {}  # dependency -> (last logged, answered since)
+
+
+def _log_outage(dependency: str, where: str, error: str) -> None:
+    now = time.monotonic()
+    last, since = _logged.get(dependency, (float("-inf"), 0))
+    if now - last < LOG_EVERY_SECONDS:
+        _logged[dependency] = (last, since + 1)
+        return
+    _logged[dependency] = (now, 0)
+    more = f" ({since} more requests answered 503 since the last line)" if since else ""
+    log.warning("%s unavailable on %s: %s%s", dependency, where, error, more)
+
+
 def detail(dependency: str) -> str:
     what = "the database" if dependency == "database" else "the task broker"
     return f"{what} is unavailable; retry in a few seconds (GET /readyz says what is down)"
@@ -82,13 +100,7 @@ def answer(request: Request, dependency: str, exc: BaseException) -> Response:
     """The 503 for ``request`` during an outage of ``dependency``."""
     from zoopick.app.problems import problem_response
 
-    log.warning(
-        "%s unavailable on %s %s: %s",
-        dependency,
-        request.method,
-        request.url.path,
-        type(exc).__name__,
-    )
+    _log_outage(dependency, f"{request.method} {request.url.path}", type(exc).__name__)
     # ZOOPICK_RETRY_AFTER_SECONDS, as for a busy database: a client's policy retries that
     headers = {"Retry-After": str(request.app.state.settings.retry_after_seconds)}
     if request.url.path.startswith(JSON_PREFIXES):

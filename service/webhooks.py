@@ -95,8 +95,11 @@ def secret_of(tenant: Tenant) -> str:
 
 
 def _target(job: Job, tenant: Tenant) -> WebhookOptions | None:
+    """Where ``job``'s events go: its own webhook, else its tenant's. The job's was validated
+    when it was submitted and is read as stored (a delivery checks the address itself, with
+    ``check_url``, whatever rules held then)."""
     if job.webhook:
-        return WebhookOptions.model_validate(job.webhook)
+        return WebhookOptions.model_construct(**job.webhook)
     if tenant.webhook_url:
         return WebhookOptions(url=tenant.webhook_url, phases=tenant.webhook_phases)
     return None

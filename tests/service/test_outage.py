@@ -73,7 +73,8 @@ def _assert_outage(resp, dependency: str) -> None:
     assert body["dependency"] == dependency
 
 
-def test_a_database_outage_answers_503_everywhere_and_recovers(outage_app):
+def test_a_database_outage_answers_503_everywhere_and_recovers(outage_app, caplog):
+    from zoopick.app import outage
     from zoopick.service.db.session import session_scope
     from zoopick.service.security import create_api_key
 
@@ -89,6 +90,8 @@ def test_a_database_outage_answers_503_everywhere_and_recovers(outage_app):
     assert signed.status_code == 303, signed.text
     assert c.get("/api/v1/jobs", headers=auth).status_code == 200  # a pooled connection
 
+    outage._logged.clear()
+    caplog.set_level("WARNING", logger=outage.__name__)
     db_link.cut()
     ops = _operations(app)
     assert len(ops) > 15, ops
@@ -98,6 +101,8 @@ def test_a_database_outage_answers_503_everywhere_and_recovers(outage_app):
             continue
         _assert_outage(resp, "database")
     assert sum(r.status_code == 503 for r in answers.values()) > 15, answers
+    said = [r.getMessage() for r in caplog.records if r.name == outage.__name__]
+    assert len(said) == 1 and said[0].startswith("database unavailable on "), said  # not 15
     files = {"file": ("a.npz", b"not an npz", "application/octet-stream")}
     _assert_outage(c.post("/api/v1/datasets", files=files, headers=auth), "database")
     _assert_outage(c.get("/metrics", headers=auth), "database")
@@ -113,6 +118,26 @@ def test_a_database_outage_answers_503_everywhere_and_recovers(outage_app):
     db_link.restore()  # the pool's dead connections are replaced (pre-ping): nothing to do
     assert c.get("/api/v1/jobs", headers=auth).status_code == 200
     assert browser.get("/jobs").status_code == 200
+
+
+def test_an_outage_is_logged_once_a_period_with_the_count_answered_since(monkeypatch, caplog):
+    import time
+
+    from zoopick.app import outage
+
+    monkeypatch.setattr(outage, "LOG_EVERY_SECONDS", 0.2)
+    monkeypatch.setattr(outage, "_logged", {})
+    caplog.set_level("WARNING", logger=outage.__name__)
+    for _ in range(3):
+        outage._log_outage("broker", "GET /api/v1/jobs", "OperationalError")
+    time.sleep(0.25)
+    outage._log_outage("broker", "GET /api/v1/zoo", "OperationalError")
+    said = [r.getMessage() for r in caplog.records if r.name == outage.__name__]
+    assert said == [
+        "broker unavailable on GET /api/v1/jobs: OperationalError",
+        "broker unavailable on GET /api/v1/zoo: OperationalError (2 more requests answered "
+        "503 since the last line)",
+    ]
 
 
 def test_a_broker_outage_answers_503_naming_the_broker(outage_app):
