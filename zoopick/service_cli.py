@@ -1,5 +1,5 @@
 """Service commands, mounted into the ``zoopick`` CLI: ``serve``, ``worker``, ``migrate``,
-``sweep``, ``keys create|list|revoke``.
+``sweep``, ``keys create|list|revoke``, ``storage init|copy`` (``zoopick.storage_cli``).
 
 ``zoopick serve`` on defaults needs nothing installed beyond Python: SQLite and a file-system
 broker in ``.zoopick/data``, the API and one local worker process. With
@@ -21,6 +21,7 @@ import typer
 from zoopick.service.processes import LOCAL_WORKER_NICE
 from zoopick.service.queue import QUEUES, worker_argv
 from zoopick.service.settings import Settings, get_settings
+from zoopick.storage_cli import storage_app
 
 service_app = typer.Typer(
     help="Run the web service and its workers.",
@@ -30,6 +31,7 @@ service_app = typer.Typer(
 )
 keys_app = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 service_app.add_typer(keys_app, name="keys")
+service_app.add_typer(storage_app, name="storage")
 
 LOCAL_TENANT = "local"
 KEY_FILE = "api-key"
