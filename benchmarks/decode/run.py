@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args(argv)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    load_before = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="zoopick-decode-") as tmp:
         root = Path(tmp)
         cfg = Settings(storage_dir=root / "storage")
@@ -188,7 +189,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratio_job": ratio("before", "after"),
         "ratio_load": ratio("before", "after", "load_seconds"),
         "ratio_warm_job": ratio("before_warm", "after_warm"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "scored_per_class": cfg.score_max_per_class,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_before": load_before,
+            "load_average_after": round(os.getloadavg()[0], 2),
+        },
         "torch_threads": __import__("torch").get_num_threads(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -205,6 +212,8 @@ def report(r: dict[str, Any]) -> str:
         f"| {v['cached_models']} |"
         for name, v in p.items()
     )
+    cap = r.get("scored_per_class")
+    scored = "every image" if cap is None else f"at most {cap} images a class"
     return f"""# Decoding a job's dataset once (issue 42)
 
 `python benchmarks/decode/run.py --images {r["images"]} --models {r["models"]} \
@@ -213,8 +222,11 @@ def report(r: dict[str, Any]) -> str:
 
 {r["images"]:,} JPEGs of {r["image_side"]} px in an ImageFolder tar ({r["archive_bytes"]:,}
 bytes), {r["models"]} timm `test_*` models with seeded random weights at {r["input_side"]} px,
-metrics {", ".join(r["metrics"])}; {r["machine"]["cpus"]} CPUs (shared, loaded), torch threads
-{r["torch_threads"]}. Validation: the loader {r["validation_load_s"]:.1f} s, then the decoded
+metrics {", ".join(r["metrics"])}; each task scores {scored} (`ZOOPICK_SCORE_MAX_PER_CLASS`'s
+default), in both phases; {r["machine"]["cpus"]} CPUs, 1-minute
+load average {r["machine"]["load_average_before"]} before and {r["machine"]["load_average_after"]}
+after the run, torch threads {r["torch_threads"]}.
+Validation: the loader {r["validation_load_s"]:.1f} s, then the decoded
 copy {r["validation_copy_s"]:.1f} s ({r["decoded_copy_bytes"]:,} bytes), once per dataset.
 
 | phase | scoring, s | loading, s | loading a task, s | models cached |
