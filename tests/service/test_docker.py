@@ -40,12 +40,65 @@ def test_compose_services_and_dependencies(compose):
     for name in ("api", "worker-cpu", "worker-gpu"):
         needs = services[name]["depends_on"]
         assert needs["migrate"]["condition"] == "service_completed_successfully"
-        assert "data:/data" in services[name]["volumes"]  # uploads shared with the workers
     gpu = services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["capabilities"] == ["gpu"]
     env = services["api"]["environment"]
     assert env["ZOOPICK_DATABASE_URL"].startswith("postgresql+psycopg://")
     assert env["ZOOPICK_BROKER_URL"].startswith("redis://")
+
+
+def volumes_of(service: dict) -> dict[str, str]:
+    """``{mount point: volume}`` of a service's named volumes."""
+    return {v.split(":")[1]: v.split(":")[0] for v in service.get("volumes", [])}
+
+
+def test_compose_keeps_files_in_its_s3_store_and_shares_no_folder(compose):
+    """Issue 40: the API and the workers reach one S3 store (the bundled SeaweedFS, its bucket
+    made by a one-shot ``zoopick storage init`` before any of them starts) with the same
+    settings, and none of them shares a volume with another but the gpu worker's with the Ray
+    nodes (their run folders and dataset copies: step 3 under way)."""
+    services = compose["services"]
+    store, init = services["store"], services["storage-init"]
+    assert store["command"][:2] == ["server", "-s3"]
+    port = next(a.split("=")[1] for a in store["command"] if a.startswith("-s3.port="))
+    config = next(a.split("=")[1] for a in store["command"] if a.startswith("-s3.config="))
+    assert "restart" not in init  # one-shot: must not loop
+    assert init["command"][:3] == ["zoopick", "storage", "init"]
+    assert init["depends_on"]["store"]["condition"] == "service_healthy"
+    assert port in " ".join(store["healthcheck"]["test"])
+
+    identities = compose["configs"][store["configs"][0]["source"]]["content"]
+    assert store["configs"][0]["target"] == config
+    users = json.loads(
+        identities.replace("${S3_ACCESS_KEY:-zoopick}", "KEY").replace(
+            "${S3_SECRET_KEY:-zoopick-store-secret}", "SECRET"
+        )
+    )["identities"]
+    assert users[0]["credentials"] == [{"accessKey": "KEY", "secretKey": "SECRET"}]
+    assert "Admin" in users[0]["actions"]  # storage-init makes the bucket
+
+    clients = ("storage-init", "api", "worker-cpu", "worker-gpu")
+    for name in clients:
+        env = services[name]["environment"]
+        assert env["ZOOPICK_STORAGE_URL"].endswith("s3://zoopick/store}"), name
+        assert env["AWS_ENDPOINT_URL"] == f"${{S3_ENDPOINT-http://store:{port}}}", name
+        # the clients' credentials are the store's identity's
+        assert env["AWS_ACCESS_KEY_ID"] == "${S3_ACCESS_KEY:-zoopick}", name
+        assert env["AWS_SECRET_ACCESS_KEY"] == "${S3_SECRET_KEY:-zoopick-store-secret}", name
+        assert env["AWS_REGION"], name
+    for name in clients[1:]:
+        needs = services[name]["depends_on"]["storage-init"]
+        assert needs["condition"] == "service_completed_successfully", name
+
+    owners: dict[str, set[str]] = {}
+    for name, svc in services.items():
+        for volume in volumes_of(svc).values():
+            owners.setdefault(volume, set()).add(name)
+    shared = {volume: names for volume, names in owners.items() if len(names) > 1}
+    assert shared == {"gpu-data": {"worker-gpu", "ray-head", "ray-worker"}}, shared
+    assert all(volumes_of(services[name]) for name in clients[1:])  # scratch and caches kept
+    for volume in owners:
+        assert volume in compose["volumes"], volume
 
 
 def test_compose_commands_parse(compose):
@@ -99,6 +152,8 @@ def test_the_ray_profile_is_a_head_and_gpu_workers_the_service_points_at(compose
     assert joins == f"ray-head:{port}"
     assert "ray-head:" + port in services["api"]["environment"]["ZOOPICK_RAY_ADDRESS"]
     assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    assert "data:/data" in worker["volumes"]  # checkpoints on the shared folder
+    # run folders on the gpu worker's volume, which the Ray nodes mount (until issue 40's
+    # step 3 puts them in the store)
+    assert volumes_of(worker)["/data"] == volumes_of(services["worker-gpu"])["/data"]
     gpu_image = (DOCKER / "Dockerfile.gpu").read_text()
     assert '".[ray]"' in gpu_image  # the image the pool runs has Ray
