@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +161,48 @@ def _hooks(records) -> list[str]:
     return [h for h in ORDER if h in present]
 
 
+def _hook_table(
+    title: str, hooks: list[str], Ps: list[int], cell: Callable[[str, int], str]
+) -> list[str]:
+    """A markdown table under ``title``: a row per hook, a column per world size P."""
+    lines = [
+        title,
+        "",
+        "| hook | " + " | ".join(f"P={P}" for P in Ps) + " |",
+        "|---|" + "---|" * len(Ps),
+    ]
+    lines += [f"| {h} | " + " | ".join(cell(h, P) for P in Ps) + " |" for h in hooks]
+    return lines
+
+
+def _iteration_cell(recs, link: str, d: float, h: str, P: int) -> str:
+    """Time per iteration (ms), with the speed-up over dense in brackets."""
+    r = _find(recs, link, P, h, d)
+    base = _find(recs, link, P, "dense", None)
+    if r is None:
+        return "—"
+    if base is None or h == "dense":
+        return _ms(r["time_s"])
+    return f"{_ms(r['time_s'])} ({base['time_s'] / r['time_s']:.1f}x)"
+
+
+def _split_cell(recs, link: str, d: float, h: str, P: int) -> str:
+    """select / comm / other (ms), a worker's CPU seconds in brackets."""
+    r = _find(recs, link, P, h, d)
+    if r is None:
+        return "—"
+    if r["select_s"] is None:
+        return f"total {_ms(r['time_s'])} ({r['cpu_s']:.2f})"
+    other = max(r["time_s"] - r["select_s"] - r["comm_s"], 0.0)
+    return f"{_ms(r['select_s'])} / {_ms(r['comm_s'])} / {_ms(other)} ({r['cpu_s']:.2f})"
+
+
+def _sent_cell(recs, link: str, d: float, h: str, P: int) -> str:
+    """Bytes sent per worker per iteration (MB)."""
+    r = _find(recs, link, P, h, d)
+    return "—" if r is None else _mb(r["bytes_sent"])
+
+
 def markdown(result: dict[str, Any]) -> str:
     records = result["records"]
     lines = ["# Communication benchmark", ""]
@@ -219,62 +263,29 @@ def markdown(result: dict[str, Any]) -> str:
                 "",
             ]
         for d in densities:
-            lines += [
+            lines += _hook_table(
                 f"### Time per iteration, density {d:g} (ms; in brackets: speed-up over dense)",
-                "",
-                "| hook | " + " | ".join(f"P={P}" for P in Ps) + " |",
-                "|---|" + "---|" * len(Ps),
-            ]
-            for h in hooks:
-                cells = []
-                for P in Ps:
-                    r = _find(recs, link, P, h, d)
-                    base = _find(recs, link, P, "dense", None)
-                    if r is None:
-                        cells.append("—")
-                    elif base is None or h == "dense":
-                        cells.append(_ms(r["time_s"]))
-                    else:
-                        cells.append(f"{_ms(r['time_s'])} ({base['time_s'] / r['time_s']:.1f}x)")
-                lines.append(f"| {h} | " + " | ".join(cells) + " |")
+                hooks,
+                Ps,
+                partial(_iteration_cell, recs, link, d),
+            )
             lines.append("")
         d = GOAL_DENSITY if GOAL_DENSITY in densities else (densities[0] if densities else None)
-        lines += [
+        lines += _hook_table(
             f"### Where the time goes, density {d:g}: select / comm / other (ms), "
             "CPU seconds of a worker in brackets",
-            "",
-            "| hook | " + " | ".join(f"P={P}" for P in Ps) + " |",
-            "|---|" + "---|" * len(Ps),
-        ]
-        for h in hooks:
-            cells = []
-            for P in Ps:
-                r = _find(recs, link, P, h, d)
-                if r is None:
-                    cells.append("—")
-                    continue
-                if r["select_s"] is None:
-                    cells.append(f"total {_ms(r['time_s'])} ({r['cpu_s']:.2f})")
-                    continue
-                other = max(r["time_s"] - r["select_s"] - r["comm_s"], 0.0)
-                cells.append(
-                    f"{_ms(r['select_s'])} / {_ms(r['comm_s'])} / {_ms(other)} ({r['cpu_s']:.2f})"
-                )
-            lines.append(f"| {h} | " + " | ".join(cells) + " |")
+            hooks,
+            Ps,
+            partial(_split_cell, recs, link, d),
+        )
         lines.append("")
         for d in densities:
-            lines += [
+            lines += _hook_table(
                 f"### Bytes sent per worker per iteration, density {d:g} (MB)",
-                "",
-                "| hook | " + " | ".join(f"P={P}" for P in Ps) + " |",
-                "|---|" + "---|" * len(Ps),
-            ]
-            for h in hooks:
-                cells = []
-                for P in Ps:
-                    r = _find(recs, link, P, h, d)
-                    cells.append("—" if r is None else _mb(r["bytes_sent"]))
-                lines.append(f"| {h} | " + " | ".join(cells) + " |")
+                hooks,
+                Ps,
+                partial(_sent_cell, recs, link, d),
+            )
             ideal = []
             for P in Ps:
                 r = _find(recs, link, P, "spardl", d)
