@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +29,7 @@ from fastapi.responses import (
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 from starlette.datastructures import FormData
 
 from zoopick.app.api import datasets as datasets_api
@@ -550,23 +552,40 @@ def job_delete_confirm(request: Request, job_id: str, session: SessionDep) -> Re
     )  # fmt: skip
 
 
-@router.post("/jobs/{job_id}/delete")
-async def job_delete(request: Request, job_id: str, form: FormDep, session: SessionDep) -> Response:
+async def _delete_owned(
+    request: Request,
+    form: FormData,
+    session: Session,
+    model: type[Job] | type[Dataset],
+    row_id: str,
+    remove: Callable[[Session, Any, Any], None],
+) -> str | None | Response:
+    """A delete form's common part: the CSRF check, the caller's own row, the service's use
+    case (``remove``). Returns None when it is gone, the use case's refusal as text, or the
+    error page of a row the caller cannot reach."""
     auth.check_csrf(request, form.get(auth.CSRF_FIELD))
     settings = request.app.state.settings
+    what = "job" if model is Job else "dataset"
 
     def delete() -> str | None:
-        row = get_owned(session, _session_caller(request, session), Job, job_id, "job")
+        row = get_owned(session, _session_caller(request, session), model, row_id, what)
         try:
-            job_records.delete(session, row, settings)
+            remove(session, row, settings)
         except jobs.Rejected as exc:
             return exc.detail
         return None
 
     try:
-        refused = await run_in_threadpool(delete)
+        return await run_in_threadpool(delete)
     except Problem as p:
         return error_page(request, p)
+
+
+@router.post("/jobs/{job_id}/delete")
+async def job_delete(request: Request, job_id: str, form: FormDep, session: SessionDep) -> Response:
+    refused = await _delete_owned(request, form, session, Job, job_id, job_records.delete)
+    if isinstance(refused, Response):
+        return refused
     if refused:
         note = auth.note_query(request, "message", refused)
         return RedirectResponse(f"/jobs/{job_id}?" + urlencode(note), 303)
@@ -922,22 +941,9 @@ async def dataset_delete(
     request: Request, dataset_id: str, form: FormDep, session: SessionDep
 ) -> Response:
     """The dataset page's delete: the API's own use case (``admission.delete``)."""
-    auth.check_csrf(request, form.get(auth.CSRF_FIELD))
-    settings = request.app.state.settings
-
-    def delete() -> str | None:
-        caller = _session_caller(request, session)
-        row = get_owned(session, caller, Dataset, dataset_id, "dataset")
-        try:
-            admission.delete(session, row, settings)
-        except jobs.Rejected as exc:
-            return exc.detail
-        return None
-
-    try:
-        refused = await run_in_threadpool(delete)
-    except Problem as p:
-        return error_page(request, p)
+    refused = await _delete_owned(request, form, session, Dataset, dataset_id, admission.delete)
+    if isinstance(refused, Response):
+        return refused
     if refused:
         note = auth.note_query(request, "error", f"Not deleted: {refused}.")
         return RedirectResponse(f"/datasets/{dataset_id}?" + urlencode(note), 303)
