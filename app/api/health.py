@@ -58,6 +58,8 @@ async def readyz(request: Request) -> JSONResponse:
             503,
             "; ".join(p for p in (db, broker, stalled) if p),
             kind="not-ready",
+            # as every route answers during an outage: when to look again
+            headers={"Retry-After": str(settings.retry_after_seconds)},
             checks=checks,
         )
     return JSONResponse({"status": "ok", "checks": checks})

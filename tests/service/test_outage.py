@@ -107,7 +107,7 @@ def test_a_database_outage_answers_503_everywhere_and_recovers(outage_app, caplo
     _assert_outage(c.post("/api/v1/datasets", files=files, headers=auth), "database")
     _assert_outage(c.get("/metrics", headers=auth), "database")
     ready = c.get("/readyz")
-    assert ready.status_code == 503
+    assert ready.status_code == 503 and ready.headers["retry-after"] == "3"
     assert ready.json()["checks"]["database"].startswith("database unreachable")
     assert ready.json()["checks"]["broker"] == "ok"
     for url in ("/jobs", "/datasets", "/zoo"):
