@@ -113,6 +113,47 @@ def test_the_log_is_bounded_and_read_back_oldest_first(tmp_path):
     assert run_log.tail(tmp_path / "none") == []
 
 
+def test_the_log_in_the_store_is_read_where_the_run_folder_is_not(tmp_path, monkeypatch):
+    """A worker puts the run's log (both files, oldest first) in the store; an API on another
+    machine (no run folder there) reads the store's copy, whole and as a tail; the machine
+    that has the folder reads the folder. A store that fails costs the copy, not the run."""
+    import uuid
+
+    from zoopick.service.storage import LocalStore
+
+    run = tmp_path / "run"
+    writer = run_log.LogWriter(run, max_bytes=1000)
+    for i in range(200):
+        writer.write("stderr", f"line {i:03d}")
+    writer.close()
+    store = LocalStore(tmp_path / "store")
+    tenant, job = uuid.uuid4(), uuid.uuid4()
+    key = run_log.stored_key(tenant, job)
+    assert key == f"tenants/{tenant}/jobs/{job}/train/train.log"
+    pusher = run_log.Pusher(store, key, run, every=3600)
+    pusher.maybe()  # not due yet
+    assert store.size(key) is None
+    pusher.final()
+    whole = b"".join(run_log.chunks(run))
+    assert b"".join(store.get(key)) == whole
+
+    elsewhere = run_log.for_run(tmp_path / "not-on-this-machine", store, tenant, job)
+    assert elsewhere.exists and not elsewhere.local
+    assert b"".join(elsewhere.chunks()) == whole
+    assert elsewhere.tail(3) == [f"[stderr] line {i}" for i in (197, 198, 199)]
+    here = run_log.for_run(run, store, tenant, job)
+    assert here.local and here.tail(2) == run_log.tail(run, 2)
+    assert not run_log.for_run(tmp_path / "none", store, tenant, uuid.uuid4()).exists
+
+    (tmp_path / "blocked").write_text("a file where the store's folder should be")
+    assert run_log.push(LocalStore(tmp_path / "blocked"), key, run) is False  # logged only
+    later = tmp_path / "store2"
+    due = run_log.Pusher(LocalStore(later), key, run, every=3600)
+    monkeypatch.setattr(run_log.time, "monotonic", lambda: 1e12)  # long after
+    due.maybe()
+    assert LocalStore(later).size(key) == len(whole)
+
+
 @pytest.mark.parametrize(
     ("lo", "hi"), [(0, 1), (0, 2.31), (1, 5), (-1, 2.5), (0.1, 0.3), (0, 1.49e6), (3, 3), (0, 7e-5)]
 )

@@ -36,6 +36,7 @@ from zoopick.service import (
     liveness,
     pipeline,
     recovery,
+    run_log,
     storage,
     tracking,
     webhooks,
@@ -574,6 +575,14 @@ def finetune(self, job_id: str) -> str:
             backend=cfg.train_backend,
         )
         run_id, epochs = run.id, options.epochs
+        # the log in the store too: an API on another machine reads it there
+        logs = run_log.Pusher(
+            storage.open_store(cfg.storage_url), run_log.stored_key(job.tenant_id, jid), out
+        )
+
+    def renew(session: Session) -> bool:
+        logs.maybe()
+        return pipeline.renew_lease(session, jid, owner, cfg.lease_seconds)
 
     def on_record(record: EpochRecord) -> None:
         with session_scope(factory()) as session:
@@ -597,7 +606,7 @@ def finetune(self, job_id: str) -> str:
         lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
         factory(),
         jid,
-        renew=lambda session: pipeline.renew_lease(session, jid, owner, cfg.lease_seconds),
+        renew=renew,
         on_time_limit=timed_out,
         on_record=on_record,
         on_event=on_event,
@@ -607,6 +616,7 @@ def finetune(self, job_id: str) -> str:
     if result.lease_lost:
         # the job, its running run and its folder are the new task's now: settle nothing
         return "lease lost"
+    logs.final()
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if result.stopped:

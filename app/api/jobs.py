@@ -477,18 +477,22 @@ router.add_api_route(
 )  # HEAD: the GET's headers without its body (FileResponse sends none for a HEAD)
 
 
-def _run_folder(session: Session, job: Job) -> str:
+def _run_log(session: Session, job: Job, settings: Settings) -> run_log.RunLog:
+    """The job's latest training run's log: its folder where this machine has it, else the
+    copy the worker put in the store."""
     run = pipeline.latest_run(session, job.id) if job.finetune else None
     if run is None:
         raise Problem(404, "this job has no training run (yet)", kind="no-training-log")
-    return run.output_dir
+    files = storage.open_store(settings.storage_url)
+    return run_log.for_run(run.output_dir, files, job.tenant_id, job.id)
 
 
-def log_tail(session: Session, job: Job, lines: int = 40) -> list[str]:
-    """The last lines of the job's training log (the dashboard's tail); empty without one."""
+def log_tail(session: Session, job: Job, settings: Settings, lines: int = 40) -> list[str]:
+    """The last lines of the job's training log (the dashboard's tail); empty without one,
+    or while the store that holds it is unavailable."""
     try:
-        return run_log.tail(_run_folder(session, job), lines)
-    except Problem:
+        return _run_log(session, job, settings).tail(lines)
+    except (Problem, storage.StoreError):
         return []
 
 
@@ -501,16 +505,20 @@ def log_tail(session: Session, job: Job, lines: int = 40) -> list[str]:
 def download_log(
     job: JobDep,
     session: SessionDep,
+    settings: SettingsDep,
     request: Request = None,  # type: ignore[assignment] - FastAPI always passes it
 ) -> StreamingResponse:
     """What the trainer printed (bounded: ``service.run_log.MAX_BYTES`` twice at most).
     ``HEAD``: the same headers, and the log is not read."""
-    folder = _run_folder(session, job)
-    if not run_log.log_files(folder):
-        raise Problem(404, "the training run has written no log yet", kind="no-training-log")
+    found = _run_log(session, job, settings)
+    try:
+        if not found.exists:
+            raise Problem(404, "the training run has written no log yet", kind="no-training-log")
+    except storage.StoreUnavailable as exc:
+        raise store_down(exc, settings) from None
     head = request is not None and request.method == "HEAD"
     return StreamingResponse(
-        iter(()) if head else run_log.chunks(folder),
+        iter(()) if head else found.chunks(),
         media_type="text/plain; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="train-{job.id}.log"'},
     )

@@ -298,7 +298,9 @@ def _job_context(request: Request, session, job_id: str) -> dict[str, Any]:
         "has_model": bool(job.finetune) and job.status == "succeeded",
         "formats": FORMATS,
         "why": why_chosen(job, tied),
-        "log_tail": jobs_api.log_tail(session, row) if job.training else [],
+        "log_tail": (
+            jobs_api.log_tail(session, row, request.app.state.settings) if job.training else []
+        ),
         "metric_notes": metric_notes.coincidences(job.metrics, _heads(session, job)),
     }
 
@@ -494,7 +496,7 @@ def job_log(request: Request, job_id: str, session: SessionDep) -> Response:
     try:
         caller = _session_caller(request, session)
         row = get_owned(session, caller, Job, job_id, "job")
-        return jobs_api.download_log(row, session)
+        return jobs_api.download_log(row, session, request.app.state.settings)
     except Problem as p:
         return error_page(request, p)
 

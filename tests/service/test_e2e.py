@@ -424,6 +424,22 @@ def _the_cli_downloads_the_log(stack, jid: str, tmp_path: Path) -> None:
     assert saved.returncode == 0 and saved.stdout == "", saved.stderr
     assert (tmp_path / f"train-{jid}.log").read_text(encoding="utf-8") == served.text
 
+    # the worker put the log in the store too: where the run folder is not on the API's
+    # machine (moved away here), the API serves the store's copy, the same bytes
+    from sqlalchemy import select
+
+    from zoopick.service.db.models import TrainingRun
+
+    with stack["factory"]() as session:
+        folder = Path(session.scalars(select(TrainingRun.output_dir).where(
+            TrainingRun.job_id == uuid.UUID(jid))).one())  # fmt: skip
+    moved = folder.with_name("train-elsewhere")
+    folder.rename(moved)
+    try:
+        assert client.get(f"/jobs/{jid}/log").text == served.text
+    finally:
+        moved.rename(folder)
+
 
 def trainer_processes(run_dir) -> list[str]:
     """Command lines of live processes working on ``run_dir`` (torchrun and its ranks)."""
