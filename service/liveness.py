@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from zoopick.service.db.models import TaskDelivery, WorkerHeartbeat
 from zoopick.service.db.session import session_scope
 from zoopick.service.db.types import utcnow
+from zoopick.service.queue import CPU, GPU
 from zoopick.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -249,6 +250,19 @@ NO_WORKER_SEEN = (
 )
 
 
+def consumes(queues: str, queue: str) -> bool:
+    """Whether a heartbeat row's ``queues`` (``cpu,gpu,webhooks``) include ``queue``."""
+    return queue in queues.split(",")
+
+
+def runs_jobs(queues: str) -> bool:
+    """Whether a worker consuming ``queues`` runs datasets' and jobs' tasks: a consumer of
+    webhook deliveries alone (``serve``'s, ``zoopick worker --queues webhooks``) does not,
+    so it does not make a service without any other worker ready. A row whose queues are
+    unknown (empty) counts, as it did before rows named them."""
+    return not queues or consumes(queues, CPU) or consumes(queues, GPU)
+
+
 @dataclass(frozen=True)
 class WorkerStatus:
     live: list[str]
@@ -278,17 +292,20 @@ class WorkerStatus:
 def worker_status(
     session: Session, settings: Settings, now: datetime | None = None
 ) -> WorkerStatus:
-    """Worker processes seen within the heartbeat timeout, and those not (rows older than a day
-    are ignored: a worker retired long ago is not a stalled one)."""
+    """Worker processes that run jobs' and datasets' tasks (:func:`runs_jobs`) seen within
+    the heartbeat timeout, and those not (rows older than a day are ignored: a worker retired
+    long ago is not a stalled one)."""
     now = now or utcnow()
     fresh = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
-    rows = list(
-        session.execute(
-            select(WorkerHeartbeat.name, WorkerHeartbeat.seen_at).where(
+    rows = [
+        (name, seen)
+        for name, queues, seen in session.execute(
+            select(WorkerHeartbeat.name, WorkerHeartbeat.queues, WorkerHeartbeat.seen_at).where(
                 WorkerHeartbeat.seen_at >= now - timedelta(days=1)
             )
         )
-    )
+        if runs_jobs(queues)
+    ]
     live = [name for name, seen in rows if seen >= fresh]
     stale = [name for name, seen in rows if seen < fresh]
     last = max((seen for _, seen in rows), default=None)
@@ -296,26 +313,31 @@ def worker_status(
 
 
 class LocalWorkerWatch:
-    """``zoopick serve``'s watch over its own local worker: when no worker on this host has
-    beaten for ``heartbeat_timeout_seconds`` (after a start-up grace of twice that), the
-    worker is stalled (it reserves tasks it does not run, or it hangs): ``restart`` is
-    called, as it is at once when the worker ``exited()`` (a stalled worker gives its reserved
-    tasks back and exits). Work lost with a worker killed outright is recovered by the
-    sweepers (lost jobs and lost dataset validations)."""
+    """``zoopick serve``'s watch over its own local workers, each named by a queue it consumes
+    (``watched``: ``cpu`` for the worker of jobs and datasets, ``webhooks`` for the consumer of
+    deliveries): when no worker on this host whose queues include that queue has beaten for
+    ``heartbeat_timeout_seconds`` (after a start-up grace of twice that), that worker is
+    stalled (it reserves tasks it does not run, or it hangs): ``restart(queue)`` is called, as
+    it is at once when ``exited(queue)`` (a stalled worker gives its reserved tasks back and
+    exits). Only the heartbeats of workers on that queue count: the webhook consumer beating
+    does not hide a dead scoring worker. Work lost with a worker killed outright is recovered
+    by the sweepers (lost jobs and lost dataset validations)."""
 
     def __init__(
         self,
         settings: Settings,
-        restart: Callable[[], None],
-        exited: Callable[[], bool] = lambda: False,
+        restart: Callable[[str], None],
+        exited: Callable[[str], bool] = lambda _: False,
+        watched: tuple[str, ...] = (CPU,),
     ) -> None:
         from zoopick.service.db.session import make_engine, make_sessionmaker
 
         self.settings = settings
-        self.restart, self.exited = restart, exited
+        self.restart, self.exited, self.watched = restart, exited, watched
         self.engine = make_engine(settings.database_url)
         self.factory = make_sessionmaker(self.engine)
-        self.started = utcnow()
+        self.started = dict.fromkeys(watched, utcnow())
+        """When each watched worker was (re)started: its start-up grace runs from there."""
         self.restarts = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="zoopick-worker-watch", daemon=True)
@@ -329,37 +351,44 @@ class LocalWorkerWatch:
         self._thread.join(5)
         self.engine.dispose()
 
-    def stalled(self, now: datetime | None = None) -> bool:
+    def stalled(self, queue: str = CPU, now: datetime | None = None) -> bool:
+        """Whether the local worker on ``queue`` is past its start-up grace and no worker of
+        this host on ``queue`` has beaten within the heartbeat timeout."""
         import socket
 
         now = now or utcnow()
         timeout = timedelta(seconds=self.settings.heartbeat_timeout_seconds)
-        if now - self.started < 2 * timeout:
+        if now - self.started[queue] < 2 * timeout:
             return False
         with self.factory() as session:
-            seen = session.scalar(
-                select(WorkerHeartbeat.seen_at)
-                .where(WorkerHeartbeat.hostname == socket.gethostname())
-                .order_by(WorkerHeartbeat.seen_at.desc())
-                .limit(1)
+            rows = session.execute(
+                select(WorkerHeartbeat.queues, WorkerHeartbeat.seen_at).where(
+                    WorkerHeartbeat.hostname == socket.gethostname(),
+                    WorkerHeartbeat.seen_at >= now - timeout,
+                )
             )
-        return seen is None or seen < now - timeout
+            return not any(consumes(queues, queue) for queues, _ in rows)
 
     def _loop(self) -> None:
         interval = max(1.0, self.settings.heartbeat_timeout_seconds / 3)
         while not self._stop.wait(interval):
-            try:
-                if self.exited():
-                    log.warning("the local worker exited: restarting it")
-                elif self.stalled():
-                    log.warning(
-                        "the local worker has not beaten for %s s: restarting it",
-                        self.settings.heartbeat_timeout_seconds,
-                    )
-                else:
-                    continue
-                self.restart()
-                self.restarts += 1
-                self.started = utcnow()
-            except Exception:  # noqa: BLE001 - the watch must outlive a database hiccup
-                log.warning("watching the local worker failed", exc_info=True)
+            for queue in self.watched:
+                try:
+                    self._check(queue)
+                except Exception:  # noqa: BLE001 - the watch must outlive a database hiccup
+                    log.warning("watching the local %s worker failed", queue, exc_info=True)
+
+    def _check(self, queue: str) -> None:
+        if self.exited(queue):
+            log.warning("the local %s worker exited: restarting it", queue)
+        elif self.stalled(queue):
+            log.warning(
+                "the local %s worker has not beaten for %s s: restarting it",
+                queue,
+                self.settings.heartbeat_timeout_seconds,
+            )
+        else:
+            return
+        self.restart(queue)
+        self.restarts += 1
+        self.started[queue] = utcnow()

@@ -5,12 +5,13 @@ Three queues: ``cpu`` (dataset validation, selecting the winner, bookkeeping), `
 (scoring, fine-tuning) and ``webhooks`` (deliveries: a phase's webhook is not sent after the
 tasks ahead of it on ``cpu``; every worker on ``cpu`` also consumes it, see
 :func:`worker_queues`, and a worker of its own, ``zoopick worker --queues webhooks``, delivers
-without waiting for a pool slot that another task holds). Run one gpu worker process per GPU
-with concurrency 1 and ``CUDA_VISIBLE_DEVICES`` set. Delivery is at-least-once (``acks_late`` +
-reject on worker lost, prefetch 1); the tasks are written to be re-run safely. The Redis
-visibility timeout is set above the longest hard time limit, otherwise Redis would hand a
-still-running GPU task to a second worker. Nothing here imports torch: forked pool children
-must not inherit CUDA state.
+without waiting for a pool slot that another task holds; ``zoopick serve`` runs such a consumer
+beside its local worker, which then consumes ``cpu`` and ``gpu`` only). Run one gpu worker
+process per GPU with concurrency 1 and ``CUDA_VISIBLE_DEVICES`` set. Delivery is
+at-least-once (``acks_late`` + reject on worker lost, prefetch 1); the tasks are written to be
+re-run safely. The Redis visibility timeout is set above the longest hard time limit,
+otherwise Redis would hand a still-running GPU task to a second worker. Nothing here imports
+torch: forked pool children must not inherit CUDA state.
 
 Both faces build their app here: the worker's (``zoopick.workers.celery_app``, from
 ``ZOOPICK_*``) includes the task code; the API's (``zoopick.service.dispatch``, from its
@@ -121,12 +122,14 @@ def make_celery(settings: Settings, *, include_tasks: bool = False) -> Celery:
     return app
 
 
-def worker_queues(queues: str) -> str:
+def worker_queues(queues: str, exact: bool = False) -> str:
     """The queues a worker asked for ``queues`` consumes: a ``cpu`` worker also takes the
     webhook deliveries (``cpu`` is where they ran before they had a queue of their own, so
-    every deployment that runs one keeps delivering)."""
+    every deployment that runs one keeps delivering), unless ``exact`` (``serve``'s local
+    worker, whose deliveries have a consumer of their own: one it took would wait for a pool
+    process behind scoring)."""
     names = queues.split(",")
-    if CPU in names and WEBHOOKS not in names:
+    if not exact and CPU in names and WEBHOOKS not in names:
         names.append(WEBHOOKS)
     return ",".join(names)
 
@@ -137,10 +140,11 @@ def worker_argv(
     pool: str = "prefork",
     loglevel: str = "info",
     hostname: str | None = None,
+    exact: bool = False,
 ) -> list[str]:
     """The command line of a worker process on ``queues`` (``zoopick worker`` and the local
-    worker of ``zoopick serve``); its settings come from the environment
-    (:meth:`Settings.env`)."""
+    worker of ``zoopick serve``; ``exact``: see :func:`worker_queues`); its settings come from
+    the environment (:meth:`Settings.env`)."""
     import sys
 
     name = hostname or f"zoopick-{queues.replace(',', '-')}@%h"
@@ -152,7 +156,7 @@ def worker_argv(
         WORKER_APP,
         "worker",
         "--queues",
-        worker_queues(queues),
+        worker_queues(queues, exact),
         "--concurrency",
         str(concurrency),
         "--pool",

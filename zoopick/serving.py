@@ -1,10 +1,11 @@
 """What ``zoopick serve`` runs: the API under uvicorn (one process, or several under uvicorn's
-supervisor) and its local Celery worker, stopped together.
+supervisor) and its local Celery workers (jobs' and datasets' tasks; webhook deliveries),
+stopped together.
 
-A stop signal reaches both at once: uvicorn's own handler starts the API's drain (no new
+A stop signal reaches them all at once: uvicorn's own handler starts the API's drain (no new
 connections, in-flight requests get ``ZOOPICK_SHUTDOWN_GRACE_SECONDS``), and the hook here
-starts the worker's warm shutdown at the same moment, so ``serve`` exits within the grace
-rather than draining the API first and only then giving the worker its own.
+starts the workers' warm shutdown at the same moment, so ``serve`` exits within the grace
+rather than draining the API first and only then giving the workers their own.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from zoopick.service.processes import (
     lowered_priority,
     stop_group,
 )
-from zoopick.service.queue import worker_argv
+from zoopick.service.queue import CPU, GPU, WEBHOOKS, worker_argv
 from zoopick.service.settings import Settings
 
 CLEANUP_SECONDS = 2.0
@@ -33,76 +34,107 @@ CLEANUP_SECONDS = 2.0
 partial object removed from the store) before the API's event loop ends."""
 RESTART_GRACE_SECONDS = 5.0
 """How long a worker being replaced (it exited or stopped beating) gets to stop."""
+WEBHOOK_CONSUMER = {"concurrency": 1, "pool": "threads"}
+"""The webhook consumer's pool: one process (no pool process forked beside it) delivering one
+webhook at a time; a try is bounded by ``ZOOPICK_WEBHOOK_TIMEOUT_SECONDS``, so the threads
+pool needs no time limit of Celery's."""
 
 
 class LocalWorker:
-    """``serve``'s local worker: a Celery worker on every queue in its own process group (one
-    signal reaches its pool and their trainers), at a lower CPU priority than the API
-    (``processes.LOCAL_WORKER_NICE``), dying with ``serve`` even if that is killed outright (a
-    parent-death signal, and the worker watches our pid itself: ``workers.supervision``),
-    restarted when it exits or stops beating (``liveness.LocalWorkerWatch``).
+    """``serve``'s local workers, each a Celery worker in its own process group (one signal
+    reaches its pool and their trainers), dying with ``serve`` even if that is killed outright
+    (a parent-death signal, and the worker watches our pid itself: ``workers.supervision``),
+    restarted when it exits or stops beating (``liveness.LocalWorkerWatch``):
 
-    Stopping is two calls: :meth:`begin_stop` at the stop signal (SIGTERM to its group: its
-    warm shutdown runs while the API drains), :meth:`stop` once the API is down (what is
+    - the worker of jobs and datasets, on ``cpu`` and ``gpu`` with ``concurrency`` pool
+      processes;
+    - the consumer of webhook deliveries, on ``webhooks`` alone (:data:`WEBHOOK_CONSUMER`):
+      a phase's webhook is sent while every pool process of the first is busy scoring, not
+      after (it waited 65 s behind scoring when one worker took both).
+
+    Both run at a lower CPU priority than the API (``nice``: ``processes.LOCAL_WORKER_NICE``).
+
+    Stopping is two calls: :meth:`begin_stop` at the stop signal (SIGTERM to their groups:
+    their warm shutdowns run while the API drains), :meth:`stop` once the API is down (what is
     left of its ``grace`` from the signal, then SIGKILL)."""
 
     def __init__(self, settings: Settings, concurrency: int, nice: int, grace: float) -> None:
         self.settings, self.concurrency, self.nice, self.grace = settings, concurrency, nice, grace
-        self.proc: subprocess.Popen | None = None
+        self.procs: dict[str, subprocess.Popen] = {}
+        """The running workers, by the queue that names them (``cpu``, ``webhooks``)."""
         self.deadline: float | None = None
         """When the stop signal's grace ends (``time.monotonic``); None before a signal."""
         self._watch = None
 
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        """The worker of jobs and datasets."""
+        return self.procs.get(CPU)
+
     def start(self) -> None:
         from zoopick.service.liveness import LocalWorkerWatch
 
-        self.proc = self._spawn()
-        self._watch = LocalWorkerWatch(self.settings, self.restart, self.exited).start()
+        for queue in (CPU, WEBHOOKS):
+            self.procs[queue] = self._spawn(queue)
+        self._watch = LocalWorkerWatch(
+            self.settings, self.restart, self.exited, watched=tuple(self.procs)
+        ).start()
 
-    def _spawn(self) -> subprocess.Popen:
+    def _spawn(self, queue: str) -> subprocess.Popen:
+        env = {**self.settings.env(), SUPERVISOR_ENV: str(os.getpid())}
+        if queue == CPU:
+            argv = worker_argv(f"{CPU},{GPU}", self.concurrency, loglevel="warning", exact=True)
+        else:
+            argv = worker_argv(WEBHOOKS, **WEBHOOK_CONSUMER, loglevel="warning")
+            env["ZOOPICK_PRELOAD_SCORING"] = "false"  # it never scores: no torch in it
+        # both as nice as each other: in sessions of their own, a scoring pool does not starve
+        # the consumer (the scheduler shares the cores between sessions first)
         return subprocess.Popen(
-            worker_argv("cpu,gpu", self.concurrency, loglevel="warning"),
-            env={**self.settings.env(), SUPERVISOR_ENV: str(os.getpid())},
+            argv,
+            env=env,
             start_new_session=True,
             preexec_fn=lowered_priority(self.nice, die_with_parent()),
         )
 
-    def exited(self) -> bool:
-        return self.proc is not None and self.proc.poll() is not None
+    def exited(self, queue: str = CPU) -> bool:
+        proc = self.procs.get(queue)
+        return proc is not None and proc.poll() is not None
 
-    def restart(self) -> None:
-        """The watch's: a new worker in place of one that exited or stopped beating; none
-        once ``serve`` is stopping (:meth:`stop` stops one started just before)."""
+    def restart(self, queue: str = CPU) -> None:
+        """The watch's: a new worker on ``queue`` in place of one that exited or stopped
+        beating; none once ``serve`` is stopping (:meth:`stop` stops one started just
+        before)."""
         if self.deadline is not None:
             return
-        if self.proc is not None:
-            stop_group(self.proc, grace=RESTART_GRACE_SECONDS)
-        self.proc = self._spawn()
+        old = self.procs.get(queue)
+        if old is not None:
+            stop_group(old, grace=RESTART_GRACE_SECONDS)
+        self.procs[queue] = self._spawn(queue)
 
     def begin_stop(self) -> None:
         """At the stop signal (called from the signal's handler: nothing here waits): SIGTERM
-        the worker's group, whose warm shutdown then has ``grace`` seconds from now."""
+        the workers' groups, whose warm shutdowns then have ``grace`` seconds from now."""
         if self.deadline is not None:  # a second signal: the first one's deadline stands
             return
         self.deadline = time.monotonic() + self.grace
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+        for proc in list(self.procs.values()):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
 
     def stop(self) -> None:
-        """Stop watching and stop the worker: what is left of the signal's grace (all of
-        ``grace`` when the API ended without one), then whatever of its group is left is
-        killed. Nothing of it keeps running."""
+        """Stop watching and stop the workers: what is left of the signal's grace (all of
+        ``grace`` when the API ended without one), then whatever of their groups is left is
+        killed. Nothing of them keeps running."""
         if self._watch is not None:
             self._watch.stop()
-        if self.proc is None:
-            return
         if self.deadline is None:
-            stop_group(self.proc, grace=self.grace)
-            return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
-        stop_group(self.proc, grace=0)  # past the deadline: SIGKILL
+            self.begin_stop()
+        for proc in list(self.procs.values()):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        for proc in list(self.procs.values()):
+            stop_group(proc, grace=0)  # past the deadline: SIGKILL
 
 
 def run_api(

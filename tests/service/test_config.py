@@ -133,13 +133,15 @@ def test_webhook_deliveries_have_a_queue_every_cpu_worker_consumes(tmp_path):
     assert WEBHOOKS not in {conf.task_routes[SCORE]["queue"], conf.task_routes[SELECT]["queue"]}
     assert WEBHOOKS in {q.name for q in conf.task_queues}
 
-    def consumed(queues: str) -> list[str]:
-        argv = worker_argv(queues, 1)
+    def consumed(queues: str, exact: bool = False) -> list[str]:
+        argv = worker_argv(queues, 1, exact=exact)
         return argv[argv.index("--queues") + 1].split(",")
 
-    assert consumed("cpu,gpu") == ["cpu", "gpu", WEBHOOKS]  # serve's local worker
+    assert consumed("cpu,gpu") == ["cpu", "gpu", WEBHOOKS]  # zoopick worker's default
     assert consumed("cpu") == ["cpu", WEBHOOKS] and consumed("gpu") == ["gpu"]
     assert consumed(WEBHOOKS) == [WEBHOOKS]
+    # serve's local worker leaves them to its webhook consumer (test_serve_webhooks)
+    assert consumed("cpu,gpu", exact=True) == ["cpu", "gpu"]
 
 
 def test_task_time_limits_come_from_settings(tmp_path, monkeypatch):

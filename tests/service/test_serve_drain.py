@@ -15,7 +15,7 @@ import socket
 import time
 
 from tests.service.procs import poll, start_serve, wait_http
-from tests.service.test_serve_signals import alive, descendants
+from tests.service.test_serve_signals import alive, descendants, local_worker
 
 GRACE = 4.0
 BOUND = 3.5
@@ -38,8 +38,8 @@ def test_sigterm_cuts_a_trickling_upload_at_the_grace_deadline(tmp_path):
         wait_http(serve, f"http://127.0.0.1:{port}/healthz", timeout=90)
         # the local worker (started before the API) never gets to run: a warm shutdown that
         # cannot end, which only the deadline's SIGKILL ends
-        worker = descendants(serve.proc.pid)
-        leaders = [p for p in worker if os.getpgid(p) == p]  # its own process group
+        worker = descendants(serve.proc.pid)  # the webhook consumer too
+        leaders = [p for p in local_worker(serve.proc.pid) if os.getpgid(p) == p]  # own group
         assert leaders, "serve started no local worker"
         os.killpg(leaders[0], signal.SIGSTOP)
         key = (data / "api-key").read_text().strip()

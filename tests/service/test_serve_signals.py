@@ -53,6 +53,22 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def webhook_consumer(pid: int) -> bool:
+    """Whether ``pid`` is serve's consumer of webhook deliveries (its command line consumes
+    ``webhooks`` alone; the local worker's pool processes share their worker's)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return b"--queues" in argv[:-1] and argv[argv.index(b"--queues") + 1] == b"webhooks"
+
+
+def local_worker(pid: int) -> set[int]:
+    """serve's (``pid``) local worker and its pool: its descendants less the webhook
+    consumer that runs beside it."""
+    return {p for p in descendants(pid) if not webhook_consumer(p)}
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_stopping_serve_stops_its_worker_and_the_pool(tmp_path, signum):
@@ -65,13 +81,15 @@ def test_stopping_serve_stops_its_worker_and_the_pool(tmp_path, signum):
         # ready once the local worker beats: it runs niced (below), so on a loaded machine
         # its start (torch and timm imports) takes a while; a readiness wait, not a timing
         wait_http(serve, f"http://127.0.0.1:{port}/readyz", timeout=240)
-        # the worker's main process and its two pool processes
-        started = poll(
-            lambda: descendants(serve.proc.pid),
+        # the worker's main process and its two pool processes, and the webhook consumer
+        poll(
+            lambda: local_worker(serve.proc.pid),
             lambda pids: len(pids) >= 3,
             timeout=90,
             what="the local worker and its pool",
         )
+        started = descendants(serve.proc.pid)
+        assert len(started) >= 4 and any(map(webhook_consumer, started)), started
         # issue 21, item 14: the worker (its pool too) yields the cores to the API, also
         # where the kernel shares them between sessions first (the worker has its own)
         nice = min(19, niceness(serve.proc.pid)[0] + LOCAL_WORKER_NICE)
@@ -113,11 +131,11 @@ def test_a_restarted_worker_busy_in_its_pool_dies_with_a_killed_serve(tmp_path):
     seen: set[int] = set()
     try:
         wait_http(serve, f"http://127.0.0.1:{port}/healthz", timeout=90)
-        first = poll(lambda: descendants(serve.proc.pid), lambda p: len(p) >= 2, 90,
+        first = poll(lambda: local_worker(serve.proc.pid), lambda p: len(p) >= 2, 90,
                      what="the local worker and its pool")  # fmt: skip
         seen |= first
         os.kill(min(first), signal.SIGKILL)  # the worker's main process: serve restarts it
-        restarted = poll(lambda: descendants(serve.proc.pid) - first, lambda p: len(p) >= 2,
+        restarted = poll(lambda: local_worker(serve.proc.pid) - first, lambda p: len(p) >= 2,
                          60, what="the restarted worker and its pool")  # fmt: skip
         seen |= restarted
         leader = min(restarted)

@@ -58,7 +58,7 @@ def test_serve_restarts_a_stalled_embedded_worker_and_recovers_its_work(tmp_path
     (SIGSTOP on its process group, as a hung pool looks from outside); /readyz reports it,
     serve restarts it, and a dataset uploaded meanwhile (its message taken by the stalled
     worker, or still queued) ends ready."""
-    from tests.service.test_serve_signals import descendants
+    from tests.service.test_serve_signals import descendants, local_worker
 
     # re-sending a lost validation every 12 s, up to 5 times, covers the stall and restart
     extra = {
@@ -74,7 +74,7 @@ def test_serve_restarts_a_stalled_embedded_worker_and_recovers_its_work(tmp_path
             60,
             what="the local worker's heartbeat",
         )
-        started = descendants(serve.proc.pid)
+        started = local_worker(serve.proc.pid)
         seen |= started
         leader = min(started)  # the worker's main process leads its own group
         os.killpg(os.getpgid(leader), signal.SIGSTOP)
@@ -103,7 +103,7 @@ def test_a_worker_whose_pool_children_were_killed_gives_its_tasks_back_and_is_re
     while its pool is free: it stops beating (/readyz 503), gives the tasks back and exits;
     serve starts a new worker, which runs them. The validation time limits keep their
     defaults, so the sweeper (which re-sends a dataset only after twice that) plays no part."""
-    from tests.service.test_serve_signals import descendants
+    from tests.service.test_serve_signals import descendants, local_worker
 
     extra = {
         "ZOOPICK_HEARTBEAT_SECONDS": "0.5",
@@ -123,7 +123,7 @@ def test_a_worker_whose_pool_children_were_killed_gives_its_tasks_back_and_is_re
 
         first = dataset("first.npz", 0)  # the pool has run a task before it is killed
         procs.poll(lambda: statuses([first]), lambda s: s == ["ready"], 60, what="first")
-        started = descendants(serve.proc.pid)
+        started = local_worker(serve.proc.pid)
         seen |= started
         leader = min(started)
         pool = started - {leader}
@@ -131,7 +131,7 @@ def test_a_worker_whose_pool_children_were_killed_gives_its_tasks_back_and_is_re
         for pid in pool:
             os.kill(pid, signal.SIGKILL)
         procs.poll(  # Celery replaces them
-            lambda: descendants(serve.proc.pid) - started, lambda new: len(new) >= 2, 30,
+            lambda: local_worker(serve.proc.pid) - started, lambda new: len(new) >= 2, 30,
             what="new pool processes",
         )  # fmt: skip
         late = [dataset(f"late{i}.npz", i) for i in range(1, 4)]
