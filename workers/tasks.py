@@ -634,14 +634,20 @@ def finetune(self, job_id: str) -> str:
             pipeline.finish_run(session, jid, "failed", "no model file written")
             pipeline.fail(session, jid, f"training finished without writing {weights.name}")
             return "failed"
-        files = storage.open_store(cfg.storage_url)
-        try:  # the model is kept in the store: what the API serves, wherever it runs
-            kept = storage.retrying(lambda: exports.keep(files, job, "safetensors", weights))
-        except storage.StoreUnavailable as exc:
-            log.error("job %s: %s", jid, exc)
+        if job is None:  # deleted while it trained (its rows went with it)
+            return "job deleted"
+    # the model is kept in the store (what the API serves, wherever it runs), outside any
+    # transaction: its retries may take a while, and hold no database connection meanwhile
+    files = storage.open_store(cfg.storage_url)
+    try:
+        kept = storage.retrying(lambda: exports.keep(files, job, "safetensors", weights))
+    except storage.StoreUnavailable as exc:
+        log.error("job %s: %s", jid, exc)
+        with session_scope(factory()) as session:
             pipeline.finish_run(session, jid, "failed", str(exc))
             pipeline.fail(session, jid, f"the fine-tuned model could not be stored: {exc}")
-            return "failed"
+        return "failed"
+    with session_scope(factory()) as session:
         pipeline.add_artefact(session, jid, "model", kept.key, kept.sha256, kept.size)
         pipeline.record_recipe(session, run_id, out / FINAL_CONFIG)
         pipeline.finish_run(session, jid, "succeeded", None)
