@@ -104,6 +104,9 @@ def test_stopping_serve_stops_its_worker_and_the_pool(tmp_path, signum):
             what="the worker's processes to exit",
         )
         assert left == set()
+        # issue 41: a stop is expected; the pool processes' SIGTERM is no error in the log
+        log = serve.log.read_text(errors="replace")
+        assert "exited with 'signal 15" not in log, log[-3000:]
     finally:  # whatever the outcome, leave nothing running
         started |= descendants(serve.proc.pid)
         serve.stop()
@@ -154,3 +157,28 @@ def test_a_restarted_worker_busy_in_its_pool_dies_with_a_killed_serve(tmp_path):
         for pid in seen:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_only_a_stopping_workers_pool_processes_end_by_sigterm_without_an_error(monkeypatch):
+    """The filter behind the log check above: a pool process' SIGTERM is an info line once the
+    worker is shutting down (Celery's flag is the exit code, 0); before that, or by another
+    signal, it stays an error."""
+    import logging
+
+    from celery.worker import state
+
+    from zoopick.workers.lognoise import POOL_LOGGER, StoppedPoolProcess
+
+    def level(how: str) -> int:
+        args = ("ForkPoolWorker-1", 7, how)
+        record = logging.LogRecord(
+            POOL_LOGGER, logging.ERROR, __file__, 1, "Process %r pid:%r exited with %r", args, None
+        )
+        assert StoppedPoolProcess().filter(record)
+        return record.levelno
+
+    monkeypatch.setattr(state, "should_stop", None)
+    assert level("signal 15 (SIGTERM)") == logging.ERROR
+    monkeypatch.setattr(state, "should_stop", 0)
+    assert level("signal 15 (SIGTERM)") == logging.INFO
+    assert level("signal 9 (SIGKILL)") == logging.ERROR
