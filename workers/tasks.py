@@ -550,21 +550,35 @@ def finetune(self, job_id: str) -> str:
             pipeline.fail(session, jid, "the chosen model or the dataset was deleted")
             return "failed"
         out = run_dir(cfg, jid)
-        manifest = zoo_catalog.write_manifest([row], out.parent / "zoo.json")
         options = FinetuneOptions.stored(job.finetune or {})
         winner = race_dir(cfg, jid, job.chosen_model) / CHECKPOINT if job.race else None
-        run_cfg = FinetuneConfig.for_run(
-            options,
-            zoo=str(manifest),
-            model=row.id,
-            out=str(out),
-            resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
-            # the race winner's training is where this run starts: no step is thrown away
-            init_from=str(winner) if winner is not None and winner.is_file() else None,
-            dataset_limits=dataclasses.asdict(cfg.dataset_limits()),  # what validated it
-            comm_triton=cfg.comm_triton,  # the deployment's switch, wherever the run is
-            **store.run_data(ds.storage_path, cfg),  # its file and images decoded once, here
-        )
+        storage_path = ds.storage_path
+    # the zoo's checkpoint and the dataset are fetched from the store (once per machine) with
+    # no transaction open: the claimed lease is committed, so no other delivery starts too
+    try:
+        manifest = zoo_catalog.write_manifest([row], out.parent / "zoo.json")
+        data = store.run_data(storage_path, cfg)  # its file and images decoded once, here
+    except Exception:
+        with session_scope(factory()) as session:  # another delivery may try at once
+            pipeline.release_lease(session, jid, owner)
+        raise
+    run_cfg = FinetuneConfig.for_run(
+        options,
+        zoo=str(manifest),
+        model=row.id,
+        out=str(out),
+        resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
+        # the race winner's training is where this run starts: no step is thrown away
+        init_from=str(winner) if winner is not None and winner.is_file() else None,
+        dataset_limits=dataclasses.asdict(cfg.dataset_limits()),  # what validated it
+        comm_triton=cfg.comm_triton,  # the deployment's switch, wherever the run is
+        **data,
+    )
+    with session_scope(factory()) as session:
+        job = session.get(Job, jid)
+        if job is None or job.status != JobStatus.training.value:  # deleted, cancelled
+            pipeline.release_lease(session, jid, owner)
+            return "skipped"
         run = pipeline.open_run(
             session,
             job,
