@@ -28,7 +28,7 @@ BENCHMARK_SUFFIXES = (".md", ".png", ".svg")
 INTRO = """# Settings reference
 
 Every setting is an environment variable, read by the API, the workers and the command line
-alike (`zoopick.service.settings.Settings`); `zoopick serve` hands its own to the worker it
+alike (`zoopick.service.settings.Settings`); `zoopick serve` hands its own to the workers it
 starts. Set the same values on every machine of a deployment. Sizes are in bytes, durations in
 seconds; a list or a mapping is given as JSON (`ZOOPICK_WEBHOOK_ALLOW_NETWORKS='["10.0.0.0/8"]'`),
 a boolean as `true` or `false`. An empty value counts as unset where the default is "none".

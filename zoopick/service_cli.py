@@ -104,7 +104,13 @@ def wants_demo(settings: Settings, asked: bool | None) -> bool:
     return settings.database_url.startswith("sqlite") and settings.embedded_broker
 
 
-@service_app.command()
+SETTINGS_EPILOG = (
+    "Everything else is set by ZOOPICK_* environment variables, the same for the API and its "
+    "workers: the settings reference (docs/operations/settings.md) lists each with its default."
+)
+
+
+@service_app.command(epilog=SETTINGS_EPILOG)
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
@@ -190,7 +196,7 @@ def _announce(settings: Settings, url: str, key: str | None) -> None:
         typer.echo(f"API key:  {key}  (kept in {settings.data_dir / KEY_FILE})", err=True)
 
 
-@service_app.command("worker")
+@service_app.command("worker", epilog=SETTINGS_EPILOG)
 def worker_cmd(
     queues: Annotated[
         str, typer.Option(help="Comma-separated: cpu (with webhooks), gpu, webhooks.")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from zoopick.service.db import migrate
@@ -85,3 +87,14 @@ def test_sweep_on_a_database_never_migrated_says_to_migrate(tmp_path, monkeypatc
     result = _sweep(monkeypatch, tmp_path / "behind", behind)
     assert result.exit_code == 0, (result.output, result.exception)
     assert "0 lost job(s) handled" in result.output
+
+
+def test_serve_and_worker_help_say_where_the_settings_are():
+    """Issue 41: ``serve --help`` listed no setting, and nothing said where the 49
+    ``ZOOPICK_*`` variables are described: both commands' help names the settings reference,
+    a page that exists."""
+    page = "docs/operations/settings.md"
+    assert (Path(__file__).resolve().parents[2] / page).is_file()
+    for command in ("serve", "worker"):
+        out = CliRunner().invoke(service_app, [command, "--help"], terminal_width=200).output
+        assert "ZOOPICK_*" in out and page in out, out
