@@ -43,7 +43,7 @@ from zoopick.app.problems import Problem, problem_response
 from zoopick.app.uploads import UNCAPPED_BODY
 from zoopick.service import exports, job_records, jobs, metric_notes, storage, zoo_admin
 from zoopick.service.datasets import admission, store
-from zoopick.service.db.models import TERMINAL, Dataset, Job, ZooModel
+from zoopick.service.db.models import TERMINAL, Dataset, Job, Score, ZooModel
 from zoopick.service.liveness import worker_status
 from zoopick.service.security import authenticate
 
@@ -212,6 +212,25 @@ def _dataset_names(session, caller: Caller, ids: set) -> dict[str, str]:
     return names
 
 
+def _chosen_scores(session, items: list[dict[str, Any]]) -> dict[str, float]:
+    """The chosen model's score under the metric it was chosen by, per job id of the page
+    (one query): the list's metric column, as MLflow's run list shows a metric's value."""
+    chosen = {
+        (str(j["id"]), j["chosen_model"], j["select_by"]) for j in items if j.get("chosen_model")
+    }
+    if not chosen:
+        return {}
+    rows = session.execute(
+        select(Score.job_id, Score.model_id, Score.metric, Score.value).where(
+            Score.job_id.in_({uuid.UUID(jid) for jid, _, _ in chosen}),
+            Score.model_id.in_({model for _, model, _ in chosen}),
+            Score.metric.in_({metric for _, _, metric in chosen}),
+        )
+    )
+    found = {(str(jid), model, metric): value for jid, model, metric, value in rows}
+    return {key[0]: found[key] for key in chosen if key in found}
+
+
 def _jobs_page(request: Request, session) -> dict[str, Any]:
     caller = _session_caller(request, session)
     status = request.query_params.get("status") or None  # an unknown one: the API's 400
@@ -243,6 +262,7 @@ def _jobs_page(request: Request, session) -> dict[str, Any]:
     return {
         "jobs": page["items"],
         "names": _dataset_names(session, caller, ids),
+        "scores": _chosen_scores(session, page["items"]),
         "status": status,
         "statuses": jobs.STATUSES,
         "next_url": next_url,

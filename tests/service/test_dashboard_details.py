@@ -129,3 +129,38 @@ def test_the_run_page_says_what_the_recipe_chose_with_the_search_curve(service_a
     assert [r[1] for r in rows] == ["0.0003000", "0.001000", "0.003000", "0.009487"], rows
     assert [bool(r[0]) for r in rows] == [False, False, True, False]
     assert "recipe auto, length from the data" in page.text
+
+
+def test_the_job_list_shows_the_chosen_models_score(service_app, make_key):
+    """Issue 41: the job list had names but no metric column (MLflow's run list shows a
+    metric's value): each chosen job's row shows its chosen model's score under the metric
+    it was chosen by, not another model's or another metric's; a job with no choice shows
+    none."""
+    from zoopick.service.db.models import Job, JobStatus, Score
+    from zoopick.service.db.session import session_scope
+    from zoopick.service.security import get_or_create_tenant
+
+    name = f"scorecol-{uuid.uuid4().hex[:6]}"
+    b = sign_in(service_app, make_key(name).token)
+    with session_scope(service_app.state.sessionmaker) as session:
+        tenant = get_or_create_tenant(session, name)
+        done = JobStatus.succeeded.value
+        chosen = Job(tenant_id=tenant.id, request={}, models=["a", "b"], metrics=["logme", "sms"],
+                     select_by="logme", status=done, chosen_model="b")  # fmt: skip
+        queued = Job(tenant_id=tenant.id, request={}, models=["a"], metrics=["logme"],
+                     select_by="logme")  # fmt: skip
+        session.add_all([chosen, queued])
+        session.flush()
+        for model, metric, value in [("a", "logme", 9.5), ("b", "logme", 1.23456),
+                                     ("b", "sms", 7.0)]:  # fmt: skip
+            session.add(Score(job_id=chosen.id, model_id=model, metric=metric, value=value,
+                              seconds=1.0))  # fmt: skip
+        ids = str(chosen.id), str(queued.id)
+    page = b.get("/jobs")
+    assert page.status_code == 200 and ">Score</abbr>" in page.text, page.text
+
+    def score(jid: str) -> str:
+        row = page.text[page.text.index(f'<tr data-job="{jid}"') :]
+        return re.search(r'class="num job-score"[^>]*>([^<]*)<', row).group(1)
+
+    assert score(ids[0]) == "1.235" and score(ids[1]) == ""
