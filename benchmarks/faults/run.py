@@ -19,7 +19,8 @@ recovery settings unless ``--set NAME=VALUE`` overrides one. Scenarios (``--scen
     the worker's process group is killed while a dataset is ``validating``; a new worker
     starts at once; the dataset must end ``ready`` (or ``failed`` saying why).
 ``database-stopped-scoring``
-    the deployment's PostgreSQL (a server of the benchmark's own, ``private_pg``: the
+    the deployment's PostgreSQL (a server of the benchmark's own,
+    ``tests/service/private_pg.py``: the
     machine's shared one is never stopped) is stopped (a fast shutdown) mid-scoring for
     ``--outage`` seconds (10), then started again. During the outage the API is asked
     every operation of ``OUTAGE_PROBES`` (the issue's list, a signed-in dashboard page
@@ -36,7 +37,10 @@ A run that has not ended after ``--timeout`` seconds is reported ``stuck`` (the 
 is an end within 180 s of the fault's end). After each job ends, the scores are counted
 against models x metrics (a re-sent task must not write a row twice).
 
-Writes ``<out>.json`` and ``<out>.md``. Example (about 3-10 minutes a repeat on 2 cores)::
+The deployment, its faults and what is read from it are ``tests/service/faults.py``'s, shared
+with the fault tests (``tests/service/test_faults.py``, which run these faults at short
+recovery settings). Writes ``<out>.json`` and ``<out>.md``. Example (about 3-10 minutes a
+repeat on 2 cores)::
 
     python benchmarks/faults/run.py --repeats 2 --out benchmarks/results/faults
 """
@@ -54,10 +58,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,16 +68,23 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.faults.private_pg import PrivateCluster  # noqa: E402
-from tests.service.datafiles import npz_bytes  # noqa: E402
-from tests.service.procs import (  # noqa: E402
-    Proc,
-    start_api,
-    start_serve,
-    start_worker,
-    wait_http,
-    wait_worker_ready,
+from tests.service.faults import (  # noqa: E402
+    ENDED,
+    Deployment,
+    mid_scoring,
+    new_database,
+    probe_outage,
+    ready_dataset,
+    score_rows,
+    signed_in,
+    submit_all,
+    upload,
+    view,
+    wait,
 )
+from tests.service.faults import deployment as start_deployment  # noqa: E402
+from tests.service.private_pg import PrivateCluster  # noqa: E402
+from tests.service.procs import Proc, start_serve, wait_http  # noqa: E402
 
 SCENARIOS = (
     "worker-killed-scoring",
@@ -89,178 +98,29 @@ GOAL_SECONDS = 180.0
 METRICS = ["logme", "leep"]
 ZOO = [(f"fault-{arch}-{i}", arch) for i in range(3) for arch in ("test_resnet", "test_vit")]
 """Six tiny random-weight models: scoring takes some seconds a model, so a fault lands mid-way."""
-OUTAGE_PROBES = [
-    ("GET", "/api/v1/jobs"),
-    ("GET", "/api/v1/datasets"),
-    ("GET", "/api/v1/zoo"),
-    ("GET", "/api/v1/webhook"),
-    ("POST", "/api/v1/datasets"),
-    ("GET", "/metrics"),
-    ("GET", "/readyz"),
-    ("GET", "/jobs"),  # a dashboard page, signed in
-]
-"""What the issue's probe found answering 500 or resetting during a database outage."""
-
-
-@dataclass
-class Deployment:
-    settings: Any
-    api: Proc
-    worker: Proc
-    base: str
-    key: str
-    dir: Path
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.base + "/api/v1",
-            headers={"Authorization": f"Bearer {self.key}"},
-            timeout=60,
-        )
-
-    def kill_worker(self) -> None:
-        """SIGKILL to the worker's whole process group (its pool children too)."""
-        with suppress(ProcessLookupError):
-            os.killpg(self.worker.proc.pid, signal.SIGKILL)
-        self.worker.proc.wait()
-
-    def restart_worker(self) -> None:
-        self.worker = start_worker(self.settings, "cpu,gpu", self.dir)
-        wait_worker_ready(self.worker, timeout=180)
-
-
-def _database(pg_admin: str) -> str:
-    """A new, migrated PostgreSQL database; its SQLAlchemy URL."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    from zoopick.service.db import migrate
-
-    name = f"zoopick_faults_{secrets.token_hex(4)}"
-    with psycopg.connect(pg_admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    admin = make_url(pg_admin.replace("postgresql://", "postgresql+psycopg://", 1))
-    url = admin.set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
-    return url
+WORKERS = ("cpu,gpu",)
+"""One worker on both queues: a fault to it stops validation and scoring alike."""
 
 
 @contextmanager
 def deployment(
     args: argparse.Namespace, overrides: dict[str, str], pg_admin: str | None = None
 ) -> Iterator[Deployment]:
-    from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
-    from zoopick.service.security import create_api_key
     from zoopick.service.settings import Settings
 
-    folder = Path(tempfile.mkdtemp(prefix="zoopick-faults-"))
     settings = Settings(
-        data_dir=folder,
-        database_url=_database(pg_admin or args.pg),
+        data_dir=Path(tempfile.mkdtemp(prefix="zoopick-faults-")),
+        database_url=new_database(pg_admin or args.pg),
         broker_url=args.redis,
         redis_key_prefix=f"zoopick-faults-{secrets.token_hex(4)}:",
         **overrides,
     )
-    engine = make_engine(settings.database_url)
-    with session_scope(make_sessionmaker(engine)) as session:
-        _, key = create_api_key(session, tenant="faults", name="faults")
-        _, admin = create_api_key(session, tenant="ops", name="ops", admin=True)
-    engine.dispose()
-    api, base = start_api(settings, folder)
-    worker = start_worker(settings, "cpu,gpu", folder)
-    dep = Deployment(settings, api, worker, base, key, folder)
-    try:
-        with httpx.Client(
-            base_url=base + "/api/v1", headers={"Authorization": f"Bearer {admin}"}, timeout=180
-        ) as client:
-            for mid, arch in ZOO:
-                body = {"id": mid, "arch": arch, "weights": "none", "num_classes": 10,
-                        "input_size": [3, 32, 32]}  # fmt: skip
-                resp = client.post("/zoo", json=body)
-                assert resp.status_code == 201, resp.text
-        wait_worker_ready(worker, timeout=180)
+    with start_deployment(settings, ZOO, WORKERS) as dep:
         yield dep
-    finally:
-        dep.api.stop()
-        dep.worker.stop()
-        _forget_keys(args.redis, settings.redis_key_prefix)
-
-
-def _forget_keys(redis_url: str, prefix: str) -> int:
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    return len(keys)
-
-
-def _wait(fn: Callable[[], Any], done: Callable[[Any], bool], timeout: float,
-          interval: float = 0.25) -> tuple[Any, bool]:  # fmt: skip
-    """(last value, whether ``done`` held before ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if done(value):
-            return value, True
-        if time.monotonic() > deadline:
-            return value, False
-        time.sleep(interval)
-
-
-def _upload(http: httpx.Client, images_per_class: int) -> str:
-    data = npz_bytes(n_per_class=images_per_class, classes=3, size=32)
-    resp = http.post("/datasets", files={"file": ("d.npz", data, "application/octet-stream")})
-    assert resp.status_code in (201, 202), resp.text
-    return resp.json()["id"]
-
-
-def _ready_dataset(http: httpx.Client, images_per_class: int) -> str:
-    ds = _upload(http, images_per_class)
-    _, ok = _wait(lambda: http.get(f"/datasets/{ds}").json()["status"], lambda s: s == "ready",
-                  300)  # fmt: skip
-    assert ok, "the dataset never became ready"
-    return ds
-
-
-def _score_rows(database_url: str, job_id: str) -> int:
-    from sqlalchemy import func, select
-
-    from zoopick.service.db.models import Score
-    from zoopick.service.db.session import make_engine, make_sessionmaker
-
-    engine = make_engine(database_url)
-    try:
-        with make_sessionmaker(engine)() as session:
-            return session.scalar(
-                select(func.count()).select_from(Score).where(Score.job_id == uuid.UUID(job_id))
-            )
-    finally:
-        engine.dispose()
 
 
 def _submit_all(http: httpx.Client, images_per_class: int) -> str:
-    ds = _ready_dataset(http, images_per_class)
-    body = {"dataset_id": ds, "models": "all", "metrics": METRICS, "select_by": "logme"}
-    resp = http.post("/jobs", json=body)
-    assert resp.status_code == 202, resp.text
-    return resp.json()["id"]
-
-
-def _view(http: httpx.Client, job_id: str) -> dict:
-    """The job as polled; an answer that is not the job (a 503 while a dependency comes back)
-    counts as not ended."""
-    try:
-        resp = http.get(f"/jobs/{job_id}")
-    except httpx.TransportError:
-        return {"status": "unreachable"}
-    return resp.json() if resp.status_code == 200 else {"status": f"http {resp.status_code}"}
-
-
-def _mid_scoring(j: dict) -> bool:
-    s = j.get("scoring") or {}
-    return j["status"] in ("succeeded", "failed") or 0 < s.get("done", 0) < s.get("total", 0)
+    return submit_all(http, ready_dataset(http, images_per_class), METRICS)
 
 
 def scoring_fault(
@@ -270,17 +130,16 @@ def scoring_fault(
     returns what it saw); then the seconds from its return to the job's end."""
     with dep.http() as http:
         job_id = _submit_all(http, args.images_per_class)
-        before, _ = _wait(lambda: _view(http, job_id), _mid_scoring, 300, interval=0.1)
-        if before["status"] in ("succeeded", "failed"):
+        before, _ = wait(lambda: view(http, job_id), mid_scoring, 300, interval=0.1)
+        if before["status"] in ENDED:
             return {"outcome": "fault missed (the job ended first)"}
         done_at_fault = before["scoring"]["done"]
         seen = inject()
         fault_end = time.monotonic()
-        final, ended = _wait(lambda: _view(http, job_id),
-                             lambda j: j["status"] in ("succeeded", "failed"),
-                             args.timeout, interval=0.5)  # fmt: skip
+        final, ended = wait(lambda: view(http, job_id), lambda j: j["status"] in ENDED,
+                            args.timeout, interval=0.5)  # fmt: skip
         seconds = time.monotonic() - fault_end
-        rows = _score_rows(dep.settings.database_url, job_id)
+        rows = len(score_rows(dep.settings.database_url, job_id))
     return {
         "outcome": final["status"] if ended else "stuck",
         "recovery_s": round(seconds, 1) if ended else None,
@@ -294,62 +153,24 @@ def scoring_fault(
 
 
 def _kill_and_restart(dep: Deployment) -> dict[str, Any]:
-    dep.kill_worker()
-    dep.restart_worker()
+    (queues,) = WORKERS
+    dep.kill_worker(queues)
+    dep.start_worker(queues)
     return {}
 
 
-def _lose_keys(dep: Deployment, args: argparse.Namespace) -> dict[str, Any]:
-    return {"keys_deleted": _forget_keys(args.redis, dep.settings.redis_key_prefix)}
-
-
-def _signed_in(base: str, key: str) -> httpx.Client:
-    """A dashboard session (the login form's cookie), as a browser holds it."""
-    import re
-
-    browser = httpx.Client(base_url=base, timeout=10, follow_redirects=False)
-    page = browser.get("/login")
-    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
-    signed = browser.post("/login", data={"api_key": key, "csrf": csrf, "next": "/jobs"})
-    assert signed.status_code == 303, signed.text
-    return browser
-
-
-def _probe(base: str, key: str, browser: httpx.Client) -> dict[str, str]:
-    """Each of ``OUTAGE_PROBES`` once: ``"503"`` when it answered as an outage must (503,
-    Retry-After, the database named), else what it did."""
-    seen: dict[str, str] = {}
-    auth = {"Authorization": f"Bearer {key}"}
-    with httpx.Client(base_url=base, timeout=15) as api:
-        for method, path in OUTAGE_PROBES:
-            try:
-                if path == "/jobs":
-                    resp = browser.get(path)
-                elif method == "POST":
-                    files = {"file": ("d.npz", b"not an npz", "application/octet-stream")}
-                    resp = api.post(path, files=files, headers=auth)
-                else:
-                    resp = api.request(method, path, headers=auth)
-            except httpx.TransportError as exc:
-                seen[f"{method} {path}"] = f"reset: {type(exc).__name__}"
-                continue
-            good = (
-                resp.status_code == 503
-                and "retry-after" in resp.headers
-                and "database" in resp.text
-            )
-            seen[f"{method} {path}"] = "503" if good else f"{resp.status_code}: {resp.text[:80]}"
-    return seen
+def _lose_keys(dep: Deployment) -> dict[str, Any]:
+    return {"keys_deleted": dep.forget_keys()}
 
 
 def _stop_database(
     dep: Deployment, cluster: PrivateCluster, outage: float
 ) -> dict[str, Any]:
-    browser = _signed_in(dep.base, dep.key)
+    browser = signed_in(dep.base, dep.key)
     start = time.monotonic()
     cluster.stop()
     time.sleep(1.0)  # the API's pooled connections find the server gone
-    answers = _probe(dep.base, dep.key, browser)
+    answers = probe_outage(dep.base, dep.key, browser)
     browser.close()
     time.sleep(max(0.0, outage - (time.monotonic() - start)))
     cluster.start()
@@ -362,18 +183,17 @@ def _stop_database(
 
 def validation_fault(dep: Deployment, args: argparse.Namespace) -> dict[str, Any]:
     with dep.http() as http:
-        ds = _upload(http, args.validation_images_per_class)
+        ds = upload(http, args.validation_images_per_class)
 
         def status() -> str:
             return http.get(f"/datasets/{ds}").json()["status"]
 
-        seen, _ = _wait(status, lambda s: s != "uploaded", 120, interval=0.05)
+        seen, _ = wait(status, lambda s: s != "uploaded", 120, interval=0.05)
         if seen != "validating":
             return {"outcome": f"fault missed (the dataset was {seen})"}
-        dep.kill_worker()
-        dep.restart_worker()
+        _kill_and_restart(dep)
         fault_end = time.monotonic()
-        final, ended = _wait(status, lambda s: s in ("ready", "failed"), args.timeout, 0.5)
+        final, ended = wait(status, lambda s: s in ("ready", "failed"), args.timeout, 0.5)
         seconds = time.monotonic() - fault_end
     return {
         "outcome": final if ended else "stuck",
@@ -410,9 +230,9 @@ def serve_fault(args: argparse.Namespace) -> dict[str, Any]:
                     "input_size": [3, 32, 32]}  # fmt: skip
             assert http.post("/zoo", json=body).status_code == 201
         job_id = _submit_all(http, args.images_per_class)
-        before, _ = _wait(lambda: _view(http, job_id), _mid_scoring, 300, interval=0.1)
+        before, _ = wait(lambda: view(http, job_id), mid_scoring, 300, interval=0.1)
         http.close()
-        if before["status"] in ("succeeded", "failed"):
+        if before["status"] in ENDED:
             return {"outcome": "fault missed (the job ended first)"}
         with suppress(ProcessLookupError):
             os.killpg(serve.proc.pid, signal.SIGKILL)
@@ -421,11 +241,10 @@ def serve_fault(args: argparse.Namespace) -> dict[str, Any]:
         fault_end = time.monotonic()
         with httpx.Client(base_url=base + "/api/v1", timeout=60,
                           headers={"Authorization": f"Bearer {key}"}) as http:  # fmt: skip
-            final, ended = _wait(lambda: _view(http, job_id),
-                                 lambda j: j["status"] in ("succeeded", "failed"),
-                                 args.timeout, interval=0.5)  # fmt: skip
+            final, ended = wait(lambda: view(http, job_id), lambda j: j["status"] in ENDED,
+                                args.timeout, interval=0.5)  # fmt: skip
         seconds = time.monotonic() - fault_end
-        rows = _score_rows(Settings(data_dir=data).database_url, job_id)
+        rows = len(score_rows(Settings(data_dir=data).database_url, job_id))
     finally:
         serve.stop()
     return {
@@ -455,7 +274,7 @@ def run_scenario(name: str, args: argparse.Namespace, overrides: dict[str, str])
             return validation_fault(dep, args)
         if name == "worker-killed-scoring":
             return scoring_fault(dep, args, lambda: _kill_and_restart(dep))
-        return scoring_fault(dep, args, lambda: _lose_keys(dep, args))
+        return scoring_fault(dep, args, lambda: _lose_keys(dep))
 
 
 def summarise(rows: list[dict]) -> list[dict]:

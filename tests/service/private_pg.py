@@ -1,7 +1,8 @@
-"""A PostgreSQL server of the benchmark's own, which it may stop and start again.
+"""A PostgreSQL server of a test's (or a benchmark's) own, which it may stop and start again.
 
-The machine's PostgreSQL serves everything else (other benchmarks, the test suite), so the
-``database-stopped-scoring`` scenario never stops it: it runs ``initdb`` into a temporary
+The machine's PostgreSQL serves everything else (other benchmarks, the rest of the suite), so
+a database outage (``tests/service/test_faults.py``, the fault benchmark's
+``database-stopped-scoring``) is never made by stopping it: this runs ``initdb`` into a temporary
 folder and ``pg_ctl`` on a free port of 127.0.0.1 with trust authentication. The server's
 binaries are Debian's (``/usr/lib/postgresql/<version>/bin``); PostgreSQL refuses to run as
 root, so as root they run as the ``postgres`` user (``runuser``).
@@ -18,6 +19,20 @@ import tempfile
 from pathlib import Path
 
 from tests.service.procs import free_port
+
+
+def available() -> str | None:
+    """None when a private server can be made here, else why not (a test skips with it)."""
+    try:
+        _bin()
+    except RuntimeError as exc:
+        return str(exc)
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "running as root, and no postgres user to run the server as"
+    return None
 
 
 def _bin() -> Path:
