@@ -59,9 +59,10 @@ from tests.service.faults import (
     wait,
 )
 
-ZOO = [("f-resnet-a", "test_resnet", 96), ("f-vit", "test_vit"), ("f-resnet-b", "test_resnet", 96)]
-"""Tiny random-weight models; the resnets made slow on purpose (96 px inputs: a second or two
-a model at batch size 1), so a fault lands while one is being scored."""
+ZOO = [("f1-resnet", "test_resnet", 96), ("f2-resnet", "test_resnet", 96), ("f3-vit", "test_vit")]
+"""Tiny random-weight models, scored in this order (a job's "all" is the zoo by id); the
+resnets made slow on purpose (96 px inputs: a second or two a model at batch size 1), so a
+fault lands while the second is being scored."""
 MODELS = [m for m, *_ in ZOO]
 METRICS = ["logme", "leep"]
 GRACE = 3
@@ -144,10 +145,12 @@ def _deliveries(factory, key: str) -> int:
 
 
 def _in_flight(factory, http, job_id: str) -> dict:
-    """The job, once at least one model is scored and another is being scored (its task
-    started: counted in its deliveries, no score yet)."""
+    """The job, with ``in_flight`` once exactly one model is scored and another is being
+    scored (its task started: counted in its deliveries, no score yet). The third is still to
+    come then, so the job cannot end without the lost work: a fault at that moment always
+    needs the sweeper (the chord's count cannot complete either)."""
     job = view(http, job_id)
-    if job["status"] != "scoring" or not job["scoring"]["done"]:
+    if job["status"] != "scoring" or job["scoring"]["done"] != 1:
         return job
     scored = {r["model"] for r in job["ranking"]}
     running = [m for m in MODELS
@@ -191,14 +194,16 @@ def _ends_well(dep: Deployment, job_id: str, fault_end: float, limit: float) -> 
 def test_a_gpu_worker_killed_mid_scoring_is_replaced_and_the_job_succeeds(dep, factory):
     job_id, job = _scoring_job(dep, factory, seed=1)
     dep.kill_worker("gpu")
+    (lost,) = job["in_flight"]
+    interrupted = all(m != lost for m, _ in score_rows(dep.settings.database_url, job_id))
     dep.start_worker("gpu")
     fault_end = time.monotonic()
     done = _ends_well(dep, job_id, fault_end, bound())
     # the killed task's message stays unacknowledged in Redis (for the visibility timeout):
     # only the sweeper could have sent its model again
     assert done["recoveries"] >= 1
-    lost = job["in_flight"][0]
-    assert _deliveries(factory, f"score:{job_id}:{lost}") >= 2
+    if interrupted:  # (its scores had not landed in the moment before the kill) run again
+        assert _deliveries(factory, f"score:{job_id}:{lost}") >= 2
 
 
 def test_the_brokers_keys_lost_mid_scoring_the_job_succeeds(dep, factory):
@@ -218,16 +223,20 @@ def _dataset_status(factory, dataset_id: str) -> str:
 
 
 def _caught_validating(dep: Deployment, factory) -> str:
-    """A dataset uploaded and its cpu worker killed while it is ``validating`` (a fast
-    validation may end first: then another dataset, up to ``CATCH_TRIES``); its id."""
+    """A dataset uploaded and its cpu worker killed while it is ``validating``, still so
+    after the kill (a fast validation may end first: then another dataset, up to
+    ``CATCH_TRIES``); its id."""
     with dep.http() as http:
         for seed in range(100, 100 + CATCH_TRIES):
             ds = upload(http, VALIDATED_PER_CLASS, seed=seed)
             seen, _ = wait(partial(_dataset_status, factory, ds), lambda s: s != "uploaded",
                            60, 0.002)  # fmt: skip
-            if seen == "validating":
-                dep.kill_worker("cpu")
+            if seen != "validating":
+                continue
+            dep.kill_worker("cpu")
+            if _dataset_status(factory, ds) == "validating":
                 return ds
+            dep.start_worker("cpu")  # it ended in the moment before the kill
     pytest.fail(f"no validation caught running in {CATCH_TRIES} tries")
 
 
