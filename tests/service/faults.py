@@ -18,6 +18,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,10 +153,9 @@ def deployment(
             wait_worker_ready(worker, timeout=180)
         yield dep
     finally:
-        if dep.api is not None:
-            dep.api.stop()
-        for worker in dep.workers.values():
-            worker.stop()
+        procs = [p for p in (dep.api, *dep.workers.values()) if p is not None]
+        with ThreadPoolExecutor(len(procs)) as pool:  # each waits for its own shutdown
+            list(pool.map(Proc.stop, procs))
         forget_keys(settings.broker_url, settings.redis_key_prefix)
 
 
