@@ -36,7 +36,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +44,8 @@ import httpx
 import pytest
 
 from tests.service import procs
-from tests.service.datafiles import npz_bytes
-from tests.service.test_serve_signals import descendants
+from tests.service.faults import ENDED, ready_dataset, submit_all, view, wait
+from tests.service.test_serve_signals import alive, descendants
 
 ZOO = [("s-resnet-a", "test_resnet"), ("s-vit", "test_vit"), ("s-resnet-b", "test_resnet")]
 METRICS = ["logme", "leep"]
@@ -58,29 +58,6 @@ recovery at the default periods (60 + 60 + the work)."""
 IMAGES_PER_CLASS = 100
 """Of a 3-class 32 px dataset: at batch size 1, a second or more a model."""
 BOUND = GRACE + SWEEP + WORK
-ENDED = ("succeeded", "failed", "cancelled")
-
-
-def _wait(fn: Callable[[], Any], done: Callable[[Any], bool], timeout: float,
-          interval: float = 0.25) -> tuple[Any, bool]:  # fmt: skip
-    """(last value, whether ``done`` held before ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if done(value):
-            return value, True
-        if time.monotonic() > deadline:
-            return value, False
-        time.sleep(interval)
-
-
-def _view(http: httpx.Client, job_id: str) -> dict:
-    """The job as polled; anything else (a reset, a 503 while serve starts) is not an end."""
-    try:
-        resp = http.get(f"/jobs/{job_id}")
-    except httpx.TransportError:
-        return {"status": "unreachable"}
-    return resp.json() if resp.status_code == 200 else {"status": f"http {resp.status_code}"}
 
 
 class Serve:
@@ -146,9 +123,7 @@ class Serve:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.proc.wait()
-        from tests.service.test_serve_signals import alive
-
-        _, gone = _wait(lambda: [p for p in below if alive(p)], lambda left: not left, 10, 0.05)
+        _, gone = wait(lambda: [p for p in below if alive(p)], lambda left: not left, 10, 0.05)
         assert gone, "serve's processes outlived a SIGKILL"
 
     def http(self) -> httpx.Client:
@@ -204,6 +179,22 @@ def _starts(serve: Serve, job_id: str) -> dict[str, int]:
         return {m: r.count for m, r in rows.items() if r is not None}
 
 
+def _in_flight(serve: Serve, job_id: str) -> tuple[set[str], list[str]]:
+    """(models scored, models started and not scored), read in one quick transaction: the
+    kill follows at once, before a model caught in flight can finish."""
+    from sqlalchemy import select
+
+    from zoopick.service.db.models import Score, TaskDelivery
+
+    keys = {f"score:{job_id}:{m}": m for m, _ in ZOO}
+    with serve.session() as session:
+        scored = set(
+            session.scalars(select(Score.model_id).where(Score.job_id == uuid.UUID(job_id)))
+        )
+        started = session.scalars(select(TaskDelivery.key).where(TaskDelivery.key.in_(keys)))
+        return scored, [keys[k] for k in started if keys[k] not in scored]
+
+
 def _scoring_job(serve: Serve, http: httpx.Client) -> tuple[str, dict]:
     """A job of every zoo model on a fresh dataset, caught with a model scored and another
     being scored (its task started, no score yet)."""
@@ -212,27 +203,17 @@ def _scoring_job(serve: Serve, http: httpx.Client) -> tuple[str, dict]:
                 "input_size": [3, 32, 32]}  # fmt: skip
         resp = http.post("/zoo", json=body)
         assert resp.status_code == 201, resp.text
-    data = npz_bytes(n_per_class=IMAGES_PER_CLASS, classes=3, size=32, seed=5)
-    resp = http.post("/datasets", files={"file": ("d.npz", data, "application/octet-stream")})
-    assert resp.status_code in (201, 202), resp.text
-    ds = resp.json()["id"]
-    status, ok = _wait(lambda: http.get(f"/datasets/{ds}").json()["status"],
-                       lambda s: s in ("ready", "invalid"), 120)  # fmt: skip
-    assert ok and status == "ready", status
-    body = {"dataset_id": ds, "models": "all", "metrics": METRICS, "select_by": METRICS[0]}
-    resp = http.post("/jobs", json=body)
-    assert resp.status_code == 202, resp.text
-    job_id = resp.json()["id"]
+    job_id = submit_all(http, ready_dataset(http, IMAGES_PER_CLASS, seed=5), METRICS)
 
     def in_flight() -> dict:
-        """The job, with the models started and not scored once one is scored."""
-        job = _view(http, job_id)
-        if job["status"] != "scoring" or not (job.get("scoring") or {}).get("done"):
+        """The job, with the models in flight once one is scored."""
+        job = view(http, job_id)
+        if job["status"] != "scoring":
             return job
-        scored = {r["model"] for r in job["ranking"]}
-        return job | {"in_flight": [m for m in _starts(serve, job_id) if m not in scored]}
+        scored, running = _in_flight(serve, job_id)
+        return job | {"in_flight": running if scored else []}
 
-    job, _ = _wait(in_flight, lambda j: j["status"] in ENDED or j.get("in_flight"), 120, 0.05)
+    job, _ = wait(in_flight, lambda j: j["status"] in ENDED or j.get("in_flight"), 120, 0.02)
     return job_id, job
 
 
@@ -242,14 +223,13 @@ def test_serve_killed_mid_scoring_and_started_again_finishes_the_job(serve: Serv
     assert before.get("in_flight"), f"no model caught in flight: {before}\n{serve.logs()}"
     serve.kill()
     # exact now that nothing runs: the models whose task was started and died unscored
-    scored = {m for m, _ in _score_rows(serve, job_id)}
-    lost = [m for m in _starts(serve, job_id) if m not in scored]
+    scored, lost = _in_flight(serve, job_id)
     # (empty only when the model caught in flight finished in the moment before the kill:
     # then a queued model's message is what the new serve finds, and the end is still checked)
     serve.start()
     fault_end = time.monotonic()
     with serve.http() as http:
-        job, ended = _wait(lambda: _view(http, job_id), lambda j: j["status"] in ENDED, BOUND)
+        job, ended = wait(lambda: view(http, job_id), lambda j: j["status"] in ENDED, BOUND)
     took = time.monotonic() - fault_end
     print(f"\n{job_id}: {job['status']} {took:.1f} s after serve was back (bound {BOUND:.0f} s),"
           f" {len(scored)}/{len(ZOO)} scored at the kill, {lost} lost")  # fmt: skip
