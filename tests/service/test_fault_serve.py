@@ -76,7 +76,6 @@ class Serve:
             "OMP_NUM_THREADS": "1",
         }
         self.runs: list[procs.Proc] = []
-        self.seen: set[int] = set()
         self.groups: set[int] = set()
         """The process groups of serve's current run (its own, its local workers')."""
         self.base = ""
@@ -113,18 +112,21 @@ class Serve:
 
     def kill(self) -> None:
         """SIGKILL to serve's process group and its local workers' (groups of their own),
-        at once, then to anything else below serve: nothing gets to hand anything back."""
+        at once: nothing gets to hand anything back. (Their leaders run until this moment,
+        so each group id is still theirs.)"""
         for group in self.groups:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGKILL)
-        below = descendants(self.proc.proc.pid)
-        self.seen |= below
-        for pid in below:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
         self.proc.proc.wait()
-        _, gone = wait(lambda: [p for p in below if alive(p)], lambda left: not left, 10, 0.05)
+        _, gone = wait(lambda: _members(self.groups), lambda left: not left, 10, 0.05)
         assert gone, "serve's processes outlived a SIGKILL"
+
+    def _kill_groups(self) -> None:
+        """What is left of serve's groups, at the test's end."""
+        for group in self.groups:
+            if _members({group}):  # still ours: a group id is not reused while it has members
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
 
     def http(self) -> httpx.Client:
         from zoopick.service_cli import KEY_FILE
@@ -139,11 +141,23 @@ class Serve:
     def close(self) -> None:
         if self._sessions is not None:
             self._engine.dispose()
-        self.seen |= descendants(self.proc.proc.pid)
         self.proc.stop()
-        for pid in self.seen:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        self._kill_groups()  # whatever of its workers' groups a stop left
+
+
+def _members(groups: set[int]) -> list[int]:
+    """The live processes of ``groups`` (process group ids), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) in groups and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
 
 
 @pytest.fixture
