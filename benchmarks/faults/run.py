@@ -68,11 +68,11 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.database import private_database  # noqa: E402
 from tests.service.faults import (  # noqa: E402
     ENDED,
     Deployment,
     mid_scoring,
-    new_database,
     probe_outage,
     ready_dataset,
     score_rows,
@@ -108,15 +108,16 @@ def deployment(
 ) -> Iterator[Deployment]:
     from zoopick.service.settings import Settings
 
-    settings = Settings(
-        data_dir=Path(tempfile.mkdtemp(prefix="zoopick-faults-")),
-        database_url=new_database(pg_admin or args.pg),
-        broker_url=args.redis,
-        redis_key_prefix=f"zoopick-faults-{secrets.token_hex(4)}:",
-        **overrides,
-    )
-    with start_deployment(settings, ZOO, WORKERS) as dep:
-        yield dep
+    with private_database(pg_admin or args.pg, "zoopick_faults") as database_url:
+        settings = Settings(
+            data_dir=Path(tempfile.mkdtemp(prefix="zoopick-faults-")),
+            database_url=database_url,
+            broker_url=args.redis,
+            redis_key_prefix=f"zoopick-faults-{secrets.token_hex(4)}:",
+            **overrides,
+        )
+        with start_deployment(settings, ZOO, WORKERS) as dep:
+            yield dep
 
 
 def _submit_all(http: httpx.Client, images_per_class: int) -> str:
@@ -371,10 +372,12 @@ def main(argv: list[str] | None = None) -> None:
                 if r["scenario"] not in scenarios]  # fmt: skip
     for repeat in range(args.repeats):
         for name in scenarios:
-            start = time.monotonic()
+            start, load_before = time.monotonic(), os.getloadavg()[0]
             row = {"scenario": name, "repeat": repeat, "commit": commit,
                    **run_scenario(name, args, overrides)}  # fmt: skip
             row["wall_s"] = round(time.monotonic() - start, 1)
+            # the machine is shared: the 1-minute load average at the run's start and end
+            row["load_1min"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
             print(json.dumps(row), flush=True)
             rows.append(row)
     report = {

@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.database import create_database, drop_database  # noqa: E402
+
 GOAL_GROWTH_MB = 600
 GOAL_CPU_S = 30
 MB = 1_000_000
@@ -49,19 +51,10 @@ def free_port() -> int:
 
 def prepare(pg_admin: str, redis_url: str, data_dir: Path) -> tuple[dict[str, str], str]:
     """(environment of the service, API token) on a fresh, migrated database."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    from zoopick.service.db import migrate
     from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
     from zoopick.service.security import create_api_key
 
-    name = f"zoopick_hostile_{secrets.token_hex(4)}"
-    with psycopg.connect(pg_admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    admin = make_url(pg_admin.replace("postgresql://", "postgresql+psycopg://", 1))
-    url = admin.set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
+    url = create_database(pg_admin, "zoopick_hostile")
     engine = make_engine(url)
     with session_scope(make_sessionmaker(engine)) as session:
         _, token = create_api_key(session, tenant="mallory", name="hostile")
@@ -76,7 +69,6 @@ def prepare(pg_admin: str, redis_url: str, data_dir: Path) -> tuple[dict[str, st
         PYTHONPATH=str(ROOT),
         OMP_NUM_THREADS="1",
     )
-    env["_HOSTILE_DB"] = name
     return env, token
 
 
@@ -272,10 +264,7 @@ def main() -> None:
     finally:
         stop(api_proc)
         stop(worker_proc)
-        import psycopg
-
-        with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{env["_HOSTILE_DB"]}" WITH (FORCE)')
+        drop_database(args.pg, env["ZOOPICK_DATABASE_URL"])
     write_report(args.out, sizes, rows, load_at_start)
 
 

@@ -88,21 +88,13 @@ def prepare(
     zoo the server syncs at start (the demo's, for a busy worker's jobs); ``kind``: the
     polled job, ``scoring`` (running, 3 models x 3 metrics scored) or ``finetuned``
     (finished, with a race and a fine-tune: ``finetuned.build``)."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
+    from benchmarks.database import create_database
     from zoopick.service import pipeline
-    from zoopick.service.db import migrate
     from zoopick.service.db.models import Job
     from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
     from zoopick.service.security import create_api_key, get_or_create_tenant
 
-    name = f"zoopick_load_{secrets.token_hex(4)}"
-    with psycopg.connect(pg_admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    admin = make_url(pg_admin.replace("postgresql://", "postgresql+psycopg://", 1))
-    url = admin.set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
+    url = create_database(pg_admin, "zoopick_load")
     engine = make_engine(url)
     with session_scope(make_sessionmaker(engine)) as session:
         _, token = create_api_key(session, tenant="load", name="load")
@@ -137,7 +129,6 @@ def prepare(
     env.pop("OMP_NUM_THREADS", None)
     if manifest is not None:
         env["ZOOPICK_ZOO_MANIFEST"] = str(manifest)
-    env["_LOAD_DB"] = name
     return env, token, job_id
 
 
@@ -600,10 +591,9 @@ def main() -> None:
                              "load_average_after": [round(x, 2) for x in os.getloadavg()],
                              "busy_jobs": busy.jobs if busy else [], **rows})  # fmt: skip
     finally:
-        import psycopg
+        from benchmarks.database import drop_database
 
-        with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{env["_LOAD_DB"]}" WITH (FORCE)')
+        drop_database(args.pg, env["ZOOPICK_DATABASE_URL"])
         import redis
 
         broker = redis.Redis.from_url(args.redis)  # the run's queues, results and counters

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import signal
 import time
 import uuid
@@ -87,23 +86,6 @@ class Deployment:
     def logs(self, lines: int = 40) -> str:
         procs = [self.api, *self.workers.values(), *self.retired]
         return "\n".join(f"--- {p.name} ({p.log.name})\n{p.tail(lines)}" for p in procs)
-
-
-def new_database(pg_admin: str, prefix: str = "zoopick_faults") -> str:
-    """A new database on the server of ``pg_admin`` (a libpq URL), migrated to head; its
-    SQLAlchemy URL. The caller drops it (or the server) when done."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    from zoopick.service.db import migrate
-
-    name = f"{prefix}_{secrets.token_hex(4)}"
-    with psycopg.connect(pg_admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    admin = make_url(pg_admin.replace("postgresql://", "postgresql+psycopg://", 1))
-    url = admin.set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
-    return url
 
 
 def forget_keys(redis_url: str, prefix: str) -> int:

@@ -43,12 +43,12 @@ from functools import partial
 
 import pytest
 
+from benchmarks.database import create_database
 from tests.service import private_pg
 from tests.service.faults import (
     ENDED,
     Deployment,
     deployment,
-    new_database,
     probe_outage,
     ready_dataset,
     score_rows,
@@ -109,7 +109,7 @@ def dep(pg_server, new_pg_database, redis_url, tmp_path_factory) -> Iterator[Dep
     from zoopick.service.settings import Settings
 
     if pg_server is not None:
-        database = new_database(pg_server.url)
+        database = create_database(pg_server.url, "zoopick_faults")
     else:
         database = new_pg_database()
         migrate.upgrade(database)
