@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import time
 from datetime import timedelta
 
@@ -63,7 +64,8 @@ def test_a_delivery_is_sent_while_the_local_worker_is_busy_and_a_dead_one_is_res
     """The worker of jobs and datasets is stopped (its whole group, as one held by a long
     scoring task looks to the queue: it takes nothing more): a delivery sent then arrives
     within :data:`BOUND`, by the webhook consumer. That consumer keeps beating meanwhile, and
-    the watch still finds the stopped worker stalled and starts another."""
+    the watch still finds the stopped worker stalled and starts another. The consumer killed
+    outright is replaced in turn, and the new one delivers."""
     settings = _embedded(tmp_path, monkeypatch)
     engine = make_engine(settings.database_url)
     factory = make_sessionmaker(engine)
@@ -88,14 +90,30 @@ def test_a_delivery_is_sent_while_the_local_worker_is_busy_and_a_dead_one_is_res
             assert session.get(WebhookDelivery, delivery).status == "delivered"
 
         # the consumer's fresh heartbeat does not hide the stopped worker: it is replaced
-        poll(lambda: local.proc is not stopped, bool, 30, what="the stalled worker's restart")
+        # the watch counts a restart once the new process is in place: poll the count
+        poll(lambda: local._watch.restarts, bool, 30, what="the stalled worker's restart")
+        assert local.proc is not stopped
         assert local._watch.restarts == 1  # the consumer itself was never taken for stalled
+
+        # the consumer dies (while the new worker starts): it is restarted at once, and both
+        # new processes beat (rows are named host/pid: a dead one's row is not taken for it)
+        consumer = local.procs[WEBHOOKS]
+        os.killpg(consumer.pid, signal.SIGKILL)
+        poll(lambda: local._watch.restarts, lambda n: n == 2, 10, what="its restart")
+        assert local.procs[WEBHOOKS] is not consumer
+        host = socket.gethostname()
         poll(
-            lambda: sorted(_beating(factory).values()),
-            lambda q: q == ["cpu,gpu", WEBHOOKS],
+            lambda: _beating(factory),
+            lambda b: (
+                b.get(f"{host}/{local.proc.pid}") == "cpu,gpu"
+                and b.get(f"{host}/{local.procs[WEBHOOKS].pid}") == WEBHOOKS
+            ),
             60,
-            what="the new worker's heartbeat",
+            what="the new worker's and the new consumer's heartbeats",
         )
+        again = _pending_delivery(factory, "hooks-serve-2", receiver.url)
+        Dispatcher(settings).deliver_webhook(str(again))
+        poll(lambda: len(receiver.calls), lambda n: n == 2, BOUND, what="the second delivery")
     finally:
         local.begin_stop()
         if stopped is not None:
@@ -112,8 +130,6 @@ def test_the_stall_check_and_readiness_ignore_a_webhook_consumers_heartbeat(tmp_
     """Heartbeat rows as the two local workers write them: the webhook consumer's fresh, the
     worker of jobs' stale. The watch finds the ``cpu`` worker stalled and not the consumer,
     and /readyz's worker status has no live worker (a consumer of deliveries runs no job)."""
-    import socket
-
     settings = _embedded(tmp_path, monkeypatch)
     engine = make_engine(settings.database_url)
     factory = make_sessionmaker(engine)
