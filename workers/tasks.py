@@ -36,6 +36,7 @@ from zoopick.service import (
     liveness,
     pipeline,
     recovery,
+    run_checkpoints,
     run_log,
     storage,
     tracking,
@@ -553,11 +554,23 @@ def finetune(self, job_id: str) -> str:
         options = FinetuneOptions.stored(job.finetune or {})
         winner = race_dir(cfg, jid, job.chosen_model) / CHECKPOINT if job.race else None
         storage_path = ds.storage_path
+        saved = run_checkpoints.stored_key(job.tenant_id, jid)
     # the zoo's checkpoint and the dataset are fetched from the store (once per machine) with
     # no transaction open: the claimed lease is committed, so no other delivery starts too
+    files = storage.open_store(cfg.storage_url)
+    local = cfg.train_backend == "local"
     try:
         manifest = zoo_catalog.write_manifest([row], out.parent / "zoo.json")
         data = store.run_data(storage_path, cfg)  # its file and images decoded once, here
+        # a run lost on another machine continues from its checkpoint in the store (the
+        # local backend's: Ray Train keeps its own in its storage path)
+        fetched = local and run_checkpoints.fetch(files, saved, out)
+    except storage.StoreUnavailable as exc:  # tried again already: fail naming the store
+        log.error("job %s: %s", jid, exc)
+        with session_scope(factory()) as session:
+            pipeline.release_lease(session, jid, owner)
+            pipeline.fail(session, jid, f"the run's files could not be fetched: {exc}")
+        return "failed"
     except Exception:
         with session_scope(factory()) as session:  # another delivery may try at once
             pipeline.release_lease(session, jid, owner)
@@ -574,6 +587,8 @@ def finetune(self, job_id: str) -> str:
         comm_triton=cfg.comm_triton,  # the deployment's switch, wherever the run is
         **data,
     )
+    if fetched:  # another machine's run: its files' names become this machine's
+        run_checkpoints.rebase(out, run_cfg.model_dump(mode="json"))
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if job is None or job.status != JobStatus.training.value:  # deleted, cancelled
@@ -616,17 +631,24 @@ def finetune(self, job_id: str) -> str:
             session, jid, f"training exceeded the time limit of {cfg.train_soft_time_limit} s"
         )
 
-    result = training_runner.follow_run(
-        lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
-        factory(),
-        jid,
-        renew=renew,
-        on_time_limit=timed_out,
-        on_record=on_record,
-        on_event=on_event,
-        poll=min(5.0, cfg.lease_seconds / 4),  # renewed well before it runs out, as a rung's
-        log=out,
-    )
+    # each checkpoint the trainer writes goes to the store too, from a thread of its own
+    uploads = run_checkpoints.Uploader(files, saved, out)
+    if local:
+        uploads.start()
+    try:
+        result = training_runner.follow_run(
+            lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
+            factory(),
+            jid,
+            renew=renew,
+            on_time_limit=timed_out,
+            on_record=on_record,
+            on_event=on_event,
+            poll=min(5.0, cfg.lease_seconds / 4),  # renewed well before it runs out
+            log=out,
+        )
+    finally:
+        uploads.close()
     if result.lease_lost:
         # the job, its running run and its folder are the new task's now: settle nothing
         return "lease lost"
@@ -652,7 +674,6 @@ def finetune(self, job_id: str) -> str:
             return "job deleted"
     # the model is kept in the store (what the API serves, wherever it runs), outside any
     # transaction: its retries may take a while, and hold no database connection meanwhile
-    files = storage.open_store(cfg.storage_url)
     try:
         kept = storage.retrying(lambda: exports.keep(files, job, "safetensors", weights))
     except storage.StoreUnavailable as exc:
