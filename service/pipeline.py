@@ -379,6 +379,7 @@ def open_run(
     run = latest_run(session, job.id)
     if run is not None and run.status == "running":
         run.progress = progress.starting(run.progress)
+        run.output_dir = out  # this delivery's machine's folder (the lost one's may be elsewhere)
         return run
     run = TrainingRun(
         job_id=job.id,

@@ -109,6 +109,22 @@ def push(store: storage.Store, key: str, folder: str | Path) -> bool:
     return True
 
 
+def restore(store: storage.Store, key: str, folder: str | Path) -> bool:
+    """The store's copy of the log into a run folder that has none (a run resumed on another
+    machine: its log goes on from the lost run's instead of starting again, and the next push
+    keeps both). Tried once: a failure costs the earlier lines here (logged), never the run."""
+    if log_files(folder):
+        return False
+    try:
+        store.get_to_file(key, Path(folder) / LOG_NAME)
+    except storage.ObjectMissing:
+        return False
+    except storage.StoreError as exc:
+        log.warning("the training log could not be fetched from the store: %s", exc)
+        return False
+    return True
+
+
 class Pusher:
     """:func:`push` at most every ``every`` seconds (called from a run's follow loop)."""
 

@@ -554,7 +554,7 @@ def finetune(self, job_id: str) -> str:
         options = FinetuneOptions.stored(job.finetune or {})
         winner = race_dir(cfg, jid, job.chosen_model) / CHECKPOINT if job.race else None
         storage_path = ds.storage_path
-        saved = run_checkpoints.stored_key(job.tenant_id, jid)
+        tenant, saved = job.tenant_id, run_checkpoints.stored_key(job.tenant_id, jid)
     # the zoo's checkpoint and the dataset are fetched from the store (once per machine) with
     # no transaction open: the claimed lease is committed, so no other delivery starts too
     files = storage.open_store(cfg.storage_url)
@@ -589,6 +589,7 @@ def finetune(self, job_id: str) -> str:
     )
     if fetched:  # another machine's run: its files' names become this machine's
         run_checkpoints.rebase(out, run_cfg.model_dump(mode="json"))
+        run_log.restore(files, run_log.stored_key(tenant, jid), out)  # its log goes on
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if job is None or job.status != JobStatus.training.value:  # deleted, cancelled

@@ -635,3 +635,83 @@ def test_a_lost_training_job_is_requeued_and_finished(stack):
     assert job["status"] == "succeeded", job
     assert job["recoveries"] == 1 and [e["epoch"] for e in job["training"]["epochs"]] == [1]
     assert client.get(f"/jobs/{jid}/model").status_code == 200
+
+
+def test_a_fine_tune_lost_with_its_machine_resumes_on_another_from_the_store(stack, tmp_path):
+    """Issue 40: the gpu worker (its trainer with it) SIGKILLed once the run's first checkpoint
+    is in the store; a gpu worker with another ``ZOOPICK_DATA_DIR`` (nothing shared but the
+    database, Redis and the store) takes the re-queued job, fetches the checkpoint and
+    continues the same run: the run counts a resume and its epochs go on, not again from 1.
+    Its log is served through the API from the store where its folder is not on the API's
+    machine, the lost run's lines included."""
+    import signal
+    from unittest import mock
+
+    from sqlalchemy import update
+
+    from zoopick.service import recovery, run_checkpoints
+    from zoopick.service.dispatch import Dispatcher
+    from zoopick.service.storage import S3Store
+    from zoopick.training.config import CHECKPOINT
+
+    client, factory, settings = stack["client"], stack["factory"], stack["settings"]
+    ft = {"epochs": 100, "workers": 1, "compressor": "dense", "lr": 0.01}
+    jid, run_dir, gpu = _long_finetune_at_work(stack, ft, seed=13)
+    with factory() as session:
+        tenant = session.get(Job, uuid.UUID(jid)).tenant_id
+    key = run_checkpoints.stored_key(tenant, uuid.UUID(jid))
+    with mock.patch.dict(os.environ, stack["extra"]):
+        store = S3Store(settings.storage_url)
+    poll(lambda: store.exists(key), bool, timeout=30, what="the first checkpoint in the store")
+    os.killpg(gpu.proc.pid, signal.SIGKILL)  # the machine is gone, mid-run
+    gpu.proc.wait()
+    del stack["gpu"]
+    poll(lambda: trainer_processes(run_dir), lambda p: p == [], timeout=30, what="the trainer")
+    before = [e["epoch"] for e in _job(client, jid)["training"]["epochs"]]
+
+    other = tmp_path / "other-machine"
+    there = type(settings)(  # the stack's settings, but for the data folder and its parts
+        data_dir=other,
+        **{k: getattr(settings, k) for k in ("database_url", "broker_url", "redis_key_prefix")},
+        storage_url=settings.storage_url,
+    )
+    b = start_worker(there, "gpu", tmp_path, stack["extra"])
+    try:
+        wait_worker_ready(b)
+        with factory.begin() as session:  # its lease lapsed: the sweep re-queues it now
+            session.execute(
+                update(Job)
+                .where(Job.id == uuid.UUID(jid))
+                .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+            )
+        recovery.sweep(factory, Dispatcher(settings), settings)
+        job = poll(
+            lambda: _job(client, jid),
+            lambda j: j["status"] != "training" or len(j["training"]["epochs"]) >= len(before) + 2,
+            timeout=120,
+            interval=0.5,
+            what="epochs trained on the other machine",
+        )
+        assert job["status"] == "training", (job, b.tail())
+        client.post(f"/jobs/{jid}/cancel")
+        job = poll(
+            lambda: _job(client, jid),
+            lambda j: j["status"] in ("succeeded", "failed", "cancelled"),
+            timeout=60,
+            what="the cancel",
+        )
+    finally:
+        b.stop()
+    training = job["training"]
+    epochs = [e["epoch"] for e in training["epochs"]]
+    assert training["resumes"] >= 1, training
+    assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= len(before) + 2
+    moved = other / "storage" / "jobs" / jid / "train"
+    assert (moved / CHECKPOINT).is_file()  # the other machine's folder, fetched there
+    log_text = client.get(f"/jobs/{jid}/log").text
+    assert '"event": "resumed"' in log_text or '"event":"resumed"' in log_text, log_text[-2000:]
+    # the API's machine has neither folder: it serves the store's copy, both runs' lines
+    moved.rename(moved.with_name("gone"))
+    run_dir.rename(run_dir.with_name("gone"))
+    served = client.get(f"/jobs/{jid}/log")
+    assert served.status_code == 200 and served.text == log_text
