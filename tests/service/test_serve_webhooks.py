@@ -26,10 +26,11 @@ from zoopick.service.queue import CPU, WEBHOOKS
 from zoopick.service.settings import Settings
 from zoopick.serving import LocalWorker
 
-BOUND = 5.0
+BOUND = 20.0
 """Seconds from sending a delivery to its arrival while the worker of jobs is busy (measured:
-0.9 s, the file broker polling its folder; on one worker it waited for the busy pool process,
-without bound)."""
+0.9 s on a quiet machine, the file broker polling its folder; 9.6 s at a load average of 10,
+and a full suite at a load of 16 missed 5 s; on one worker it waited for the busy pool
+process, without bound, so any finite bound tells the two designs apart)."""
 
 
 def _embedded(tmp_path, monkeypatch) -> Settings:
