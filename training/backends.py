@@ -48,6 +48,12 @@ class Backend:
     start_timeout: int = 60
     """Seconds one (re)start of a ``ray`` run's workers waits for machines; a start that
     times out counts as a failure (an elastic run then starts with fewer)."""
+    storage: str | None = None
+    """Where a ``ray`` run keeps its checkpoints (Ray Train's storage path): an
+    ``s3://bucket/key`` folder of the deployment's store (the job's), so no machine needs a
+    folder shared with another, and a run started again (a lost worker, a re-delivered
+    task) continues from its latest checkpoint there; None: the run folder, which must then
+    be one every machine shares."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -60,6 +66,8 @@ class Backend:
             raise ValueError("max_failures must be >= 0")
         if self.start_timeout < 1:
             raise ValueError("start_timeout must be >= 1 second")
+        if self.storage is not None and not self.storage.startswith("s3://"):
+            raise ValueError("a ray run's storage must be an s3:// URL (or None: the run folder)")
 
 
 def spawn(
@@ -84,6 +92,7 @@ def spawn(
         str(backend.max_failures),
         "--start-timeout",
         str(backend.start_timeout),
+        *(["--storage", backend.storage] if backend.storage else []),
     ]
     return start_run_process(command, dict(os.environ), preexec_fn=preexec_fn)
 

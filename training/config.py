@@ -35,6 +35,8 @@ FINAL_WEIGHTS = "model.safetensors"
 """The fine-tuned model, written by rank 0 when the run succeeds."""
 FINAL_CONFIG = "model.json"
 """Architecture, classes and data config beside the final weights."""
+COMM_STATE = "comm-state-rank{rank}.pt"
+"""Each rank's comm hook state (residuals, scheme state) beside the checkpoint."""
 METRICS = "metrics.jsonl"
 """One :class:`EpochRecord` (or a ``resumed`` :class:`RunEvent`) per line, as printed on
 stdout: what the ``ray`` backend's driver follows."""

@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from zoopick.selection.extract import normalise, preprocess
 from zoopick.training import augment, recipe
 from zoopick.training.config import (
     CHECKPOINT,
+    COMM_STATE,
     FINAL_CONFIG,
     FINAL_WEIGHTS,
     METRICS,
@@ -338,10 +340,16 @@ class _Trained:
     wall: float
 
 
-def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, Any]:
+def run(
+    cfg: FinetuneConfig,
+    device: torch.device | None = None,
+    checkpointed: Callable[[EpochRecord], None] | None = None,
+) -> dict[str, Any]:
     """Fine-tune on this rank; the process group must be initialised (by torchrun's
     :func:`main_worker`, or by Ray Train in the ``ray`` backend, which passes the ``device``
-    it assigned). Always wrapped in DDP with the run's comm hook, at every world size (one
+    it assigned, and ``checkpointed``: called on every rank with the epoch's record once its
+    checkpoint is in ``cfg.out``, so Ray can keep it in its storage).
+    Always wrapped in DDP with the run's comm hook, at every world size (one
     included). The recipe (``training.recipe``) plans the run from the data; with ``auto`` the
     rate is searched first and the model returned is the best validation checkpoint. Returns
     the last epoch's record (the same on every rank)."""
@@ -357,7 +365,7 @@ def run(cfg: FinetuneConfig, device: torch.device | None = None) -> dict[str, An
 
     entry, train, r = _setup(cfg, device, rank, world)
     progress = _start(r, out, report)
-    record = _train(r, progress, out, report)
+    record = _train(r, progress, out, report, checkpointed)
     if cfg.max_steps is not None:  # a rung: its checkpoint is the product, not a model file
         if record is None:  # nothing left to train (a re-delivered rung that had finished)
             record = _standing(r, progress, out)
@@ -460,7 +468,13 @@ def _start(r: _Run, out: Path, report: Reporter) -> _Progress:
     return _Progress(start_epoch, start_step, opt, choices, saved.get("best"), history)
 
 
-def _train(r: _Run, progress: _Progress, out: Path, report: Reporter) -> EpochRecord | None:
+def _train(
+    r: _Run,
+    progress: _Progress,
+    out: Path,
+    report: Reporter,
+    checkpointed: Callable[[EpochRecord], None] | None = None,
+) -> EpochRecord | None:
     """The epochs from where the run starts, each recorded and checkpointed; the last one's
     record, or None where nothing was left to train. A run with ``max_steps`` may stop
     mid-epoch, the auto recipe's early; the model is left at the run's product (its best
@@ -488,6 +502,8 @@ def _train(r: _Run, progress: _Progress, out: Path, report: Reporter) -> EpochRe
         resume_at = (epoch + 1, 0) if finished else (epoch, step)
         extra = {"recipe": choices.to_dict(), "best": progress.best, "history": progress.history}
         _save(out, r.cfg, r.model, progress.opt, r.state, *resume_at, r.rank, r.world, extra)
+        if checkpointed is not None:
+            checkpointed(record)
         if not finished or choices.stopped_early:
             break
     return record
@@ -692,8 +708,8 @@ def _parameter_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _state_file(out: Path, rank: int) -> Path:
-    return out / f"comm-state-rank{rank}.pt"
+def state_file(out: Path, rank: int) -> Path:
+    return out / COMM_STATE.format(rank=rank)
 
 
 def _save(out, cfg, model, opt, state, epoch, step, rank, world, extra) -> None:
@@ -702,7 +718,7 @@ def _save(out, cfg, model, opt, state, epoch, step, rank, world, extra) -> None:
     ``epoch`` epochs are complete, and ``step`` steps of the next one (a run that stopped at
     ``max_steps``). ``extra``: the recipe's state (its choices, the best validation weights
     and the validation history), so a resumed run neither searches again nor loses its best."""
-    _atomic_save(state.state_dict(model), _state_file(out, rank))
+    _atomic_save(state.state_dict(model), state_file(out, rank))
     if rank == 0:
         blob = {
             "epoch": epoch,
@@ -737,7 +753,7 @@ def _restore(out, cfg, model, state, rank, world) -> tuple[int, int, dict[str, A
     where = int(blob["epoch"]), int(blob.get("step", 0))
     if blob.get("world", world) != world:
         return (*where, blob)
-    path = _state_file(out, rank)
+    path = state_file(out, rank)
     if not path.exists():
         raise ValueError(f"--resume: {path.name} is missing (was the run on more workers?)")
     state.load_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))

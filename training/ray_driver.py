@@ -17,14 +17,23 @@ Stopping this process ends its Ray job, and Ray removes the job's actors with it
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from zoopick.training.backends import PLACEMENTS, Backend, ray_address_problem
 from zoopick.training.config import (
     CHECKPOINT,
+    COMM_STATE,
+    FINAL_CONFIG,
+    FINAL_WEIGHTS,
     METRICS,
     FinetuneConfig,
     RunEvent,
@@ -33,13 +42,17 @@ from zoopick.training.config import (
     write_line,
 )
 
+RUN_NAME = "ray"
+"""The run's folder under Ray's storage path (Ray Train's run name)."""
+
 
 class MetricsFollower:
-    """Copies the lines appended to a run's ``metrics.jsonl`` to stdout as they appear
-    (complete lines only; the lines already there when it starts are not repeated)."""
+    """Hands the lines appended to a run's ``metrics.jsonl`` to ``sink`` as they appear
+    (complete lines only; the lines already there when it starts are not repeated). Rank 0
+    of a Ray run follows its own private folder's file and sends each line to the driver."""
 
-    def __init__(self, path: Path, interval: float = 0.25) -> None:
-        self.path = path
+    def __init__(self, path: Path, sink: Callable[[str], object], interval: float = 0.25) -> None:
+        self.path, self.sink = path, sink
         self.interval = interval
         self.offset = path.stat().st_size if path.exists() else 0
         self.partial = ""
@@ -60,34 +73,151 @@ class MetricsFollower:
         *lines, self.partial = (self.partial + text).split("\n")
         for line in lines:
             if line.strip():
-                write_line(sys.stdout, line)
+                self.sink(line)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             self.poll()
 
     def finish(self) -> None:
-        """Stop following, after copying what was written last."""
+        """Stop following, after handing on what was written last."""
         self._stop.set()
         self._thread.join(timeout=10)
         self.poll()
 
 
+class Inbox:
+    """The run's lines on their way from rank 0, wherever it runs, to this driver: a Ray
+    queue, printed on stdout as they arrive. No file is shared between the machines. The
+    queue is an actor on the cluster's head node (Ray's ``node:__internal_head__``
+    resource, as Ray Serve places its controller), which outlives any training node: a
+    lost node must not take the run's lines with it."""
+
+    HEAD = "node:__internal_head__"
+
+    def __init__(self, interval: float = 0.25) -> None:
+        from ray.util.queue import Queue
+
+        self.queue = Queue(actor_options={"num_cpus": 0, "resources": {self.HEAD: 0.001}})
+        self.interval = interval
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="run-lines", daemon=True)
+
+    def start(self) -> Inbox:
+        self._thread.start()
+        return self
+
+    def poll(self) -> None:
+        from ray.util.queue import Empty
+
+        if self.lost:
+            return
+        try:
+            lines = self.queue.get_nowait_batch(self.queue.qsize())
+        except Empty:  # another poll took them
+            return
+        except Exception as exc:  # noqa: BLE001 - the queue is gone (its node with it)
+            self.lost = True
+            print(f"the run's lines are lost: {failure_reason(exc)}", file=sys.stderr)
+            return
+        try:
+            for line in lines:
+                write_line(sys.stdout, line)
+        except BrokenPipeError:  # whoever followed the run is gone (zoopick train stopped):
+            os._exit(1)  # the run ends with this process, and Ray removes its actors
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def finish(self) -> None:
+        """Stop, after printing what arrived last."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.poll()
+
+
+def _send(queue: Any) -> Callable[[str], None]:
+    """Rank 0's sink: one line to the driver's :class:`Inbox` (a line that cannot be sent,
+    the driver gone, is dropped: the run's checkpoints are in storage either way)."""
+
+    def send(line: str) -> None:
+        with contextlib.suppress(Exception):  # whatever Ray raised: the run goes on
+            queue.put(line, timeout=30)
+
+    return send
+
+
+def _product(rank: int) -> list[str]:
+    """The files of this rank a checkpoint holds: its comm hook's state, and on rank 0 the
+    run's checkpoint and, once written, the fine-tuned model. Ray merges every rank's into
+    one checkpoint folder in its storage."""
+    names = [COMM_STATE.format(rank=rank)]
+    return [*names, CHECKPOINT, FINAL_WEIGHTS, FINAL_CONFIG] if rank == 0 else names
+
+
+def _report(folder: Path, rank: int, metrics: dict[str, Any]) -> None:
+    """``ray.train.report``: ``metrics`` and this rank's part of the checkpoint (every rank
+    calls it, as Ray requires)."""
+    import ray.train
+    from ray.train import Checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="zoopick-ray-ckpt-") as tmp:
+        for name in _product(rank):
+            if (folder / name).is_file():
+                shutil.copy2(folder / name, Path(tmp) / name)
+        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
+
+
+def _restore(checkpoint: Any, folder: Path, rank: int) -> bool:
+    """Copy this rank's part of Ray's latest checkpoint (after a restarted worker group, or a
+    run started again on the same storage) into its folder; whether there was one."""
+    if checkpoint is None:
+        return False
+    with checkpoint.as_directory() as where:
+        src = Path(where)
+        if not (src / CHECKPOINT).is_file():
+            return False
+        for name in (CHECKPOINT, COMM_STATE.format(rank=rank)):
+            if (src / name).is_file():
+                shutil.copy2(src / name, folder / name)
+    return True
+
+
 def _train_loop(config: dict[str, Any]) -> None:
     """One Ray Train worker: Ray initialised the process group (gloo, or NCCL on GPUs) and
-    picked the device; the run continues from ``<out>``'s checkpoint when one is there (a
-    restart after a lost worker)."""
+    picked the device. The run's files are written in a private folder of this machine;
+    each epoch's checkpoint goes to Ray's storage (``ray.train.report``), and a restarted
+    worker continues from the latest one there (``ray.train.get_checkpoint``). Rank 0's
+    lines go to the driver through its :class:`Inbox`."""
+    import ray.train
     import ray.train.torch
     import torch
 
     from zoopick.training.finetune import run
 
     cfg = FinetuneConfig.from_json(config["config"])
-    resume = (Path(cfg.out) / CHECKPOINT).exists()
-    device = ray.train.torch.get_device()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    run(cfg.model_copy(update={"resume": resume}), device=device)
+    rank = ray.train.get_context().get_world_rank()
+    folder = Path(tempfile.mkdtemp(prefix="zoopick-ray-run-"))
+    follower = None
+    try:
+        resume = _restore(ray.train.get_checkpoint(), folder, rank)
+        if rank == 0:
+            follower = MetricsFollower(folder / METRICS, _send(config["lines"])).start()
+        device = ray.train.torch.get_device()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        run(
+            cfg.model_copy(update={"out": str(folder), "resume": resume}),
+            device=device,
+            checkpointed=lambda record: _report(folder, rank, record.to_dict()),
+        )
+        _report(folder, rank, {"done": True})  # the product: the model (or a rung's state)
+    finally:
+        if follower is not None:
+            follower.finish()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _fail(message: str) -> int:
@@ -115,11 +245,39 @@ def _worker_env(start_timeout: float) -> dict[str, str]:
     return {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(start_timeout)}
 
 
-def _clear_stale_checkpoint(out: Path) -> None:
-    """A run that does not resume starts over (as the local backend does): a checkpoint
-    left in its folder must not be taken for one of its own by a restarted worker."""
-    for path in [out / CHECKPOINT, *out.glob("comm-state-rank*.pt")]:
+def _clear_stale_run(out: Path) -> None:
+    """A run in its run folder that does not resume starts over (as the local backend
+    does): Ray's checkpoints of an earlier run there (and the files a run before this
+    backend kept) must not be taken for its own."""
+    for path in [out / CHECKPOINT, *out.glob(COMM_STATE.format(rank="*"))]:
         path.unlink(missing_ok=True)
+    shutil.rmtree(out / RUN_NAME, ignore_errors=True)
+
+
+def storage(url: str | None, out: Path) -> tuple[str, Any]:
+    """(Ray Train's ``storage_path``, its ``storage_filesystem``): the run folder (None: a
+    local path, every machine must share it), or an ``s3://bucket/key`` folder through
+    pyarrow's S3 file system (which Ray Train uses), from the standard ``AWS_*`` variables.
+    The file system travels to the workers with its settings: they need no variables."""
+    if url is None:
+        return str(out), None
+    from pyarrow.fs import S3FileSystem
+
+    parsed = urlparse(url)
+    options: dict[str, Any] = {}
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        options.update(access_key=key, secret_key=secret)
+        if os.environ.get("AWS_SESSION_TOKEN"):
+            options["session_token"] = os.environ["AWS_SESSION_TOKEN"]
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        options["region"] = region
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        where = urlparse(endpoint)
+        options.update(endpoint_override=where.netloc or where.path, scheme=where.scheme or "https")
+    return f"{parsed.netloc}/{parsed.path.strip('/')}", S3FileSystem(**options)
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -130,6 +288,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--address", required=True, help="The Ray cluster (HOST:PORT).")
     parser.add_argument("--placement", choices=PLACEMENTS, default=Backend.placement)
     parser.add_argument("--max-failures", type=int, default=Backend.max_failures)
+    parser.add_argument(
+        "--storage",
+        help="Where Ray keeps the run's checkpoints (s3://bucket/key); else the run folder.",
+    )
     parser.add_argument(
         "--start-timeout",
         type=int,
@@ -152,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"cannot reach {where}: {problem}")
     try:
         import ray
-        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
     except ImportError:
         return _fail("the ray backend needs Ray Train: pip install 'zoopick[ray]'")
@@ -168,9 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - whatever Ray raised, the job says where
         return _fail(f"cannot reach {where}: {failure_reason(exc)}")
 
-    if not cfg.resume:
-        _clear_stale_checkpoint(out)
-    follower = MetricsFollower(out / METRICS)
+    if args.storage is None and not cfg.resume:
+        _clear_stale_run(out)
+    # a run in the store is the job's own (its key is the job's): a driver started again
+    # for it (a re-delivered task, on any machine) continues from its latest checkpoint
+    storage_path, filesystem = storage(args.storage, out)
+    inbox = Inbox()
     write_line(
         sys.stdout,
         RunEvent("started", backend="ray", ref=ray.get_runtime_context().get_job_id()).to_json(),
@@ -182,14 +347,16 @@ def main(argv: list[str] | None = None) -> int:
     workers = (lo, hi) if lo < hi else hi
     trainer = TorchTrainer(
         _train_loop,
-        train_loop_config={"config": cfg.to_json()},
+        train_loop_config={"config": cfg.to_json(), "lines": inbox.queue},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers, use_gpu=use_gpu, placement_strategy=args.placement
         ),
         run_config=RunConfig(
-            name="ray",
-            storage_path=str(out),
+            name=RUN_NAME,
+            storage_path=storage_path,
+            storage_filesystem=filesystem,
+            checkpoint_config=CheckpointConfig(num_to_keep=1),
             # max_failures: lost workers or nodes. A start that found too few machines counts
             # too when the run needs all of its workers (else it would wait forever for a
             # machine that is gone); an elastic run goes on with fewer once Ray sees the
@@ -200,13 +367,15 @@ def main(argv: list[str] | None = None) -> int:
             ),
         ),
     )
-    follower.start()
+    inbox.start()
     try:
-        trainer.fit()
+        result = trainer.fit()
     except Exception as exc:  # noqa: BLE001 - the run failed: say why, in the run's words
         return _fail(failure_reason(exc))
     finally:
-        follower.finish()  # the last epochs' lines come out before the error or the exit
+        inbox.finish()  # the last epochs' lines come out before the error or the exit
+    if result.checkpoint is not None:  # the product, into the run folder on this machine
+        result.checkpoint.to_directory(str(out))
     return 0
 
 

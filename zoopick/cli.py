@@ -306,6 +306,13 @@ def train(
     ray_start_timeout: Annotated[
         int, typer.Option(min=1, help="Seconds a (re)start of the Ray workers waits for machines.")
     ] = Backend.start_timeout,
+    ray_storage: Annotated[
+        str | None,
+        typer.Option(
+            help="Where Ray keeps the run's checkpoints: s3://bucket/key (credentials and "
+            "endpoint from AWS_*), so the machines share no folder; else OUT, shared by all."
+        ),
+    ] = None,
     comm_triton: Annotated[
         bool,
         typer.Option(
@@ -339,6 +346,7 @@ def train(
             ray_address=ray_address,
             placement=placement,
             start_timeout=ray_start_timeout,
+            storage=ray_storage,
         )
     except ValueError as exc:
         raise fail(str(exc)) from None

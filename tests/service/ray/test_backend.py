@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.service.procs import poll
-from zoopick.training.config import FINAL_CONFIG, FINAL_WEIGHTS, EpochRecord, RunEvent, parse_line
+from zoopick.training.config import (
+    CHECKPOINT,
+    FINAL_CONFIG,
+    FINAL_WEIGHTS,
+    METRICS,
+    EpochRecord,
+    RunEvent,
+    parse_line,
+)
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
@@ -84,15 +92,31 @@ def _epochs(lines: list[str]) -> list[EpochRecord]:
     return [r for r in map(parse_line, list(lines)) if isinstance(r, EpochRecord)]
 
 
-def test_a_node_lost_mid_run_resumes_from_the_checkpoint(
-    cluster, tiny_zoo, epochs_of_seconds, tmp_path
+def test_a_node_lost_mid_run_resumes_from_the_checkpoint_in_the_store(
+    cluster, s3_server, tiny_zoo, epochs_of_seconds, tmp_path, monkeypatch
 ):
-    """spardl on two 1-CPU nodes; one node dies after the first epoch and a new one joins:
-    Ray restarts the workers, the run continues from its checkpoint (rank 0 says so) and
-    ends with the model written and both replicas' parameters equal."""
-    out = tmp_path / "lost"
-    proc, lines = _start(_args(tiny_zoo, epochs_of_seconds, out, cluster.address))
-    poll(lambda: _epochs(lines), len, timeout=180, what="the first epoch")
+    """spardl on two 1-CPU nodes, Ray's storage in S3 (SeaweedFS): each worker writes in a
+    private folder, its checkpoints go to the store (``ray.train.report``) and rank 0's lines
+    reach the driver through Ray, not a file. One node dies after the first epoch and a new
+    one joins: Ray restarts the workers, which continue from the checkpoint in the store
+    (rank 0 says so); the run ends with the model in the driver's folder, both replicas'
+    parameters equal. A driver started again on the same storage (a re-delivered task, on a
+    machine with an empty folder) continues from there too: it has nothing left to train."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    out, where = tmp_path / "lost", s3_server.url(f"ray-test/{tmp_path.name}")
+    cmd = _args(tiny_zoo, epochs_of_seconds, out, cluster.address, **{"--ray-storage": where})
+    proc, lines = _start(cmd)
+    # the first epoch's checkpoint is in the store, and Ray has recorded it (its snapshot)
+    poll(
+        lambda: _stored(s3_server, f"ray-test/{tmp_path.name}/"),
+        lambda keys: (
+            any(k.endswith(f"/{CHECKPOINT}") for k in keys)
+            and any(k.endswith("/checkpoint_manager_snapshot.json") for k in keys)
+        ),
+        timeout=180,
+        what="the first checkpoint in the store",
+    )
     victim = cluster.list_all_nodes()[-1]
     assert victim is not cluster.head_node
     cluster.remove_node(victim, allow_graceful=False)
@@ -108,6 +132,34 @@ def test_a_node_lost_mid_run_resumes_from_the_checkpoint(
     assert (out / FINAL_WEIGHTS).is_file()
     digests = json.loads((out / FINAL_CONFIG).read_text())["rank_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
+    assert not (out / METRICS).exists() and not (out / "ray").exists()  # nothing shared here
+    stored = _stored(s3_server, f"ray-test/{tmp_path.name}/")
+    assert any(k.endswith(f"/{CHECKPOINT}") for k in stored), stored
+    assert any(k.endswith("/comm-state-rank1.pt") for k in stored), stored
+
+    again = tmp_path / "elsewhere"  # the run again, from another machine's empty folder
+    proc, lines = _start(_args(tiny_zoo, epochs_of_seconds, again, cluster.address,
+                               **{"--ray-storage": where}))  # fmt: skip
+    records = _finish(proc, lines)
+    assert not [r for r in records if isinstance(r, EpochRecord)]  # nothing trained again
+    assert [r.epoch for r in records if isinstance(r, RunEvent) and r.event == "resumed"] == [3]
+    assert (again / FINAL_WEIGHTS).read_bytes() == (out / FINAL_WEIGHTS).read_bytes()
+
+
+def _stored(server, prefix: str) -> list[str]:
+    """The keys under ``prefix`` of the test bucket."""
+    import boto3
+
+    env = server.env
+    client = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_REGION"],
+    )
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=server.bucket, Prefix=prefix)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
 
 def test_an_elastic_run_carries_on_with_fewer_workers(
