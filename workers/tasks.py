@@ -632,8 +632,9 @@ def finetune(self, job_id: str) -> str:
             session, jid, f"training exceeded the time limit of {cfg.train_soft_time_limit} s"
         )
 
-    # each checkpoint the trainer writes goes to the store too, from a thread of its own
-    uploads = run_checkpoints.Uploader(files, saved, out)
+    # each checkpoint the trainer writes goes to the store too, from a thread of its own, and
+    # the log with it: a machine that resumes from it has the lost run's lines up to there
+    uploads = run_checkpoints.Uploader(files, saved, out, on_put=lambda _: logs.final())
     if local:
         uploads.start()
     try:
