@@ -486,14 +486,18 @@ class Settings(BaseSettings):
             self.score_hard_time_limit, self.train_hard_time_limit, self.light_hard_time_limit
         )
 
-    def training_backend(self) -> Backend:
-        """Where this deployment's fine-tunes run."""
+    def training_backend(self, run_key: str | None = None) -> Backend:
+        """Where this deployment's fine-tunes run. ``run_key``: the run's folder in the store
+        (the job's), where a ``ray`` run keeps its checkpoints when the store is S3, so the
+        Ray nodes share no folder with the gpu worker for them."""
+        remote = self.train_backend == "ray" and run_key and self.storage_url.startswith("s3://")
         return Backend(
             kind=self.train_backend,
             ray_address=self.ray_address,
             placement=self.ray_placement,
             max_failures=self.ray_max_failures,
             start_timeout=self.ray_start_timeout_seconds,
+            storage=f"{self.storage_url.rstrip('/')}/{run_key}" if remote else None,
         )
 
     def env(self) -> dict[str, str]:

@@ -639,7 +639,10 @@ def finetune(self, job_id: str) -> str:
         uploads.start()
     try:
         result = training_runner.follow_run(
-            lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
+            # a Ray run keeps its checkpoints under the job's prefix (deleted with it)
+            lambda: training_runner.spawn(
+                run_cfg, cfg.training_backend(storage.tenant_key(tenant, "jobs", str(jid), "train"))
+            ),
             factory(),
             jid,
             renew=renew,

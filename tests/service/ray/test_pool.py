@@ -6,11 +6,15 @@ workers sit on different nodes), CPU workers with gloo."""
 from __future__ import annotations
 
 import json
+import os
+import uuid
+from unittest import mock
 
 import pytest
 
 from tests.service.datafiles import npz_bytes
 from tests.service.procs import api_and_worker, create_token, poll
+from zoopick.service.storage import S3Store
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
@@ -52,16 +56,21 @@ def _finished(http, jid: str, timeout: float) -> dict:
     )
 
 
-def test_a_job_fine_tunes_across_two_nodes_of_the_pool(cluster, isolated_settings):
+def test_a_job_fine_tunes_across_two_nodes_of_the_pool(cluster, s3_server, isolated_settings):
+    """The deployment's store is S3 (SeaweedFS): Ray keeps the run's checkpoints under the
+    job's prefix there, not in the gpu worker's folder."""
+    prefix = f"raypool-{uuid.uuid4().hex[:8]}"
     cfg = isolated_settings(
         "raypool",
         validate_inline=True,
         train_backend="ray",
         ray_address=cluster.address,
         ray_placement="STRICT_SPREAD",
+        storage_url=s3_server.url(prefix),
     )
     token, admin = create_token(cfg, "pool"), create_token(cfg, "ops", admin=True)
-    with api_and_worker(cfg, "cpu,gpu", token, prefix=API) as (http, worker):
+    env = s3_server.env
+    with api_and_worker(cfg, "cpu,gpu", token, env, prefix=API) as (http, worker):
         ds = _prepare(http, admin)
         body = {"dataset_id": ds, "metrics": ["logme"], "finetune": FINETUNE}
         resp = http.post("/jobs", json=body)
@@ -86,6 +95,23 @@ def test_a_job_fine_tunes_across_two_nodes_of_the_pool(cluster, isolated_setting
 
         ready = http.get(_readyz(http)).json()
         assert ready["checks"]["ray"].startswith("ok"), ready
+        assert not (cfg.storage_dir / "jobs" / job["id"] / "train" / "ray").exists()
+        with mock.patch.dict(os.environ, env):
+            keys = S3Store(cfg.storage_url).list(f"tenants/{_tenant(cfg)}/jobs/{job['id']}/train")
+        assert any(k.endswith("/checkpoint.pt") and "/ray/" in k for k in keys), keys
+        assert any(k.endswith("/comm-state-rank1.pt") for k in keys), keys
+
+
+def _tenant(cfg) -> str:
+    """The pool tenant's id."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(cfg.database_url)
+    try:
+        with engine.connect() as conn:
+            return str(conn.execute(text("select id from tenants where name = 'pool'")).scalar())
+    finally:
+        engine.dispose()
 
 
 def test_an_unreachable_cluster_fails_the_job_and_nothing_else(isolated_settings):
