@@ -488,16 +488,22 @@ class Settings(BaseSettings):
 
     def training_backend(self, run_key: str | None = None) -> Backend:
         """Where this deployment's fine-tunes run. ``run_key``: the run's folder in the store
-        (the job's), where a ``ray`` run keeps its checkpoints when the store is S3, so the
+        (the job's), where a ``ray`` run keeps its checkpoints (Ray Train's storage), so a
+        re-delivered run continues from them wherever it starts again; with an S3 store the
         Ray nodes share no folder with the gpu worker for them."""
-        remote = self.train_backend == "ray" and run_key and self.storage_url.startswith("s3://")
+        place = None
+        if self.train_backend == "ray" and run_key:
+            from zoopick.service.storage import open_store
+
+            local = open_store(self.storage_url).local_path(run_key)
+            place = str(local) if local is not None else f"{self.storage_url.rstrip('/')}/{run_key}"
         return Backend(
             kind=self.train_backend,
             ray_address=self.ray_address,
             placement=self.ray_placement,
             max_failures=self.ray_max_failures,
             start_timeout=self.ray_start_timeout_seconds,
-            storage=f"{self.storage_url.rstrip('/')}/{run_key}" if remote else None,
+            storage=place,
         )
 
     def env(self) -> dict[str, str]:

@@ -51,9 +51,10 @@ class Backend:
     storage: str | None = None
     """Where a ``ray`` run keeps its checkpoints (Ray Train's storage path): an
     ``s3://bucket/key`` folder of the deployment's store (the job's), so no machine needs a
-    folder shared with another, and a run started again (a lost worker, a re-delivered
-    task) continues from its latest checkpoint there; None: the run folder, which must then
-    be one every machine shares."""
+    folder shared with another for them, or an absolute path (a local store's, which every
+    machine must then share); a run started again there (a lost worker, a re-delivered
+    task) continues from its latest checkpoint. None: the run folder (shared too), and a
+    run that does not resume starts over."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -66,8 +67,10 @@ class Backend:
             raise ValueError("max_failures must be >= 0")
         if self.start_timeout < 1:
             raise ValueError("start_timeout must be >= 1 second")
-        if self.storage is not None and not self.storage.startswith("s3://"):
-            raise ValueError("a ray run's storage must be an s3:// URL (or None: the run folder)")
+        if self.storage is not None and not (
+            self.storage.startswith("s3://") or os.path.isabs(self.storage)
+        ):
+            raise ValueError("a ray run's storage is an s3:// URL or an absolute path")
 
 
 def spawn(

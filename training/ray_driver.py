@@ -255,12 +255,14 @@ def _clear_stale_run(out: Path) -> None:
 
 
 def storage(url: str | None, out: Path) -> tuple[str, Any]:
-    """(Ray Train's ``storage_path``, its ``storage_filesystem``): the run folder (None: a
-    local path, every machine must share it), or an ``s3://bucket/key`` folder through
+    """(Ray Train's ``storage_path``, its ``storage_filesystem``): the run folder (None) or
+    another absolute path (every machine must share them), or an ``s3://bucket/key`` folder through
     pyarrow's S3 file system (which Ray Train uses), from the standard ``AWS_*`` variables.
     The file system travels to the workers with its settings: they need no variables."""
     if url is None:
         return str(out), None
+    if not url.startswith("s3://"):
+        return url, None  # a folder every machine shares
     from pyarrow.fs import S3FileSystem
 
     parsed = urlparse(url)
@@ -290,7 +292,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--max-failures", type=int, default=Backend.max_failures)
     parser.add_argument(
         "--storage",
-        help="Where Ray keeps the run's checkpoints (s3://bucket/key); else the run folder.",
+        help="Where Ray keeps the run's checkpoints: s3://bucket/key or a shared folder.",
     )
     parser.add_argument(
         "--start-timeout",
