@@ -124,6 +124,20 @@ def _submit_all(http: httpx.Client, images_per_class: int) -> str:
     return submit_all(http, ready_dataset(http, images_per_class), METRICS)
 
 
+def _outcome(final: dict, ended: bool, seconds: float, done_at_fault: int, rows: int) -> dict:
+    """A scoring scenario's row: how the job ended, how long after the fault, its score rows
+    against the models x metrics they should be."""
+    return {
+        "outcome": final["status"] if ended else "stuck",
+        "recovery_s": round(seconds, 1) if ended else None,
+        "waited_s": round(seconds, 1),
+        "scored_at_fault": f"{done_at_fault}/{len(ZOO)}",
+        "error": final.get("error"),
+        "score_rows": rows,
+        "score_rows_expected": len(ZOO) * len(METRICS),
+    }
+
+
 def scoring_fault(
     dep: Deployment, args: argparse.Namespace, inject: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
@@ -141,16 +155,7 @@ def scoring_fault(
                             args.timeout, interval=0.5)  # fmt: skip
         seconds = time.monotonic() - fault_end
         rows = len(score_rows(dep.settings.database_url, job_id))
-    return {
-        "outcome": final["status"] if ended else "stuck",
-        "recovery_s": round(seconds, 1) if ended else None,
-        "waited_s": round(seconds, 1),
-        "scored_at_fault": f"{done_at_fault}/{len(ZOO)}",
-        "error": final.get("error"),
-        "score_rows": rows,
-        "score_rows_expected": len(ZOO) * len(METRICS),
-        **seen,
-    }
+    return {**_outcome(final, ended, seconds, done_at_fault, rows), **seen}
 
 
 def _kill_and_restart(dep: Deployment) -> dict[str, Any]:
@@ -248,15 +253,7 @@ def serve_fault(args: argparse.Namespace) -> dict[str, Any]:
         rows = len(score_rows(Settings(data_dir=data).database_url, job_id))
     finally:
         serve.stop()
-    return {
-        "outcome": final["status"] if ended else "stuck",
-        "recovery_s": round(seconds, 1) if ended else None,
-        "waited_s": round(seconds, 1),
-        "scored_at_fault": f"{before['scoring']['done']}/{len(ZOO)}",
-        "error": final.get("error"),
-        "score_rows": rows,
-        "score_rows_expected": len(ZOO) * len(METRICS),
-    }
+    return _outcome(final, ended, seconds, before["scoring"]["done"], rows)
 
 
 def run_scenario(name: str, args: argparse.Namespace, overrides: dict[str, str]) -> dict:
