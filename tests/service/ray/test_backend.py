@@ -168,6 +168,8 @@ def test_an_elastic_run_carries_on_with_fewer_workers(
     """workers {"min": 1, "max": 2}: a node lost after the first epoch, the run restarts on
     the one node left (residuals start over: they belong to the old shards), the node comes
     back, and the run finishes."""
+    from zoopick.training.ray_driver import RUN_NAME
+
     out = tmp_path / "elastic"
     # a start that waits 3 s for the lost machine gives up, and the next takes one worker
     extra = {"--min-workers": "1", "--ray-start-timeout": "3"}
@@ -175,6 +177,18 @@ def test_an_elastic_run_carries_on_with_fewer_workers(
     proc, lines = _start(cmd)
     poll(lambda: _epochs(lines), len, timeout=180, what="the first epoch")
     assert _epochs(lines)[0].workers == 2  # both nodes were free: the run took both
+    # the epoch's line comes before its checkpoint is reported: wait until Ray's storage (the
+    # run folder here) holds it and Ray has recorded it, or the restart would start afresh
+    poll(
+        lambda: (
+            [p.name for p in (out / RUN_NAME).rglob("*") if p.is_file()]
+            if (out / RUN_NAME).is_dir()
+            else []
+        ),
+        lambda names: CHECKPOINT in names and "checkpoint_manager_snapshot.json" in names,
+        timeout=180,
+        what="the first checkpoint in Ray's storage",
+    )
     cluster.remove_node(cluster.list_all_nodes()[-1], allow_graceful=False)
     poll(
         lambda: _epochs(lines),
