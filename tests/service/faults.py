@@ -215,6 +215,33 @@ def score_rows(database_url: str, job_id: str) -> list[tuple[str, str]]:
         engine.dispose()
 
 
+def ended_well(
+    http: httpx.Client,
+    job_id: str,
+    fault_end: float,
+    limit: float,
+    expected: set[tuple[str, str]],
+    rows: Callable[[], list[tuple[str, str]]],
+    logs: Callable[[], str],
+    said: str = "",
+) -> dict:
+    """The job succeeds within ``limit`` s of ``fault_end`` (a test's assertion), with no
+    model error, a chosen model among ``expected``'s and every (model, metric) score row of
+    ``expected`` once (``rows()``: the job's rows as stored); the job as last seen. ``logs()``
+    and ``said`` go into the messages."""
+    job, ended = wait(lambda: view(http, job_id), lambda j: j["status"] in ENDED, limit, 0.25)
+    took = time.monotonic() - fault_end
+    print(f"\n{job_id}: {job['status']} {took:.1f} s after the fault (bound {limit:.0f} s), "
+          f"recoveries {job.get('recoveries')}{said}")  # fmt: skip
+    assert ended, f"not ended {took:.0f} s after the fault: {job}\n{logs()}"
+    assert job["status"] == "succeeded", f"{job}\n{logs()}"
+    assert job["model_errors"] == {}
+    assert job["chosen_model"] in {m for m, _ in expected}
+    found = rows()
+    assert sorted(found) == sorted(expected), f"score rows not once each: {sorted(found)}"
+    return job
+
+
 def signed_in(base: str, key: str) -> httpx.Client:
     """A dashboard session (the login form's cookie), as a browser holds it."""
     browser = httpx.Client(base_url=base, timeout=10, follow_redirects=False)

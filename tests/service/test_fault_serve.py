@@ -44,8 +44,8 @@ import httpx
 import pytest
 
 from tests.service import procs
-from tests.service.faults import ENDED, ready_dataset, submit_all, view, wait
-from tests.service.test_serve_signals import alive, descendants
+from tests.service.faults import ENDED, ended_well, ready_dataset, submit_all, view, wait
+from tests.service.test_serve_signals import alive, descendants, processes
 
 ZOO = [("s-resnet-a", "test_resnet"), ("s-vit", "test_vit"), ("s-resnet-b", "test_resnet")]
 METRICS = ["logme", "leep"]
@@ -147,17 +147,7 @@ class Serve:
 
 def _members(groups: set[int]) -> list[int]:
     """The live processes of ``groups`` (process group ids), from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[2]) in groups and alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, fields in processes() if int(fields[2]) in groups and alive(pid)]
 
 
 @pytest.fixture
@@ -242,18 +232,13 @@ def test_serve_killed_mid_scoring_and_started_again_finishes_the_job(serve: Serv
     # then a queued model's message is what the new serve finds, and the end is still checked)
     serve.start()
     fault_end = time.monotonic()
-    with serve.http() as http:
-        job, ended = wait(lambda: view(http, job_id), lambda j: j["status"] in ENDED, BOUND)
-    took = time.monotonic() - fault_end
-    print(f"\n{job_id}: {job['status']} {took:.1f} s after serve was back (bound {BOUND:.0f} s),"
-          f" {len(scored)}/{len(ZOO)} scored at the kill, {lost} lost")  # fmt: skip
-    assert ended, f"not ended {took:.0f} s after the fault: {job}\n{serve.logs()}"
-    assert job["status"] == "succeeded", f"{job}\n{serve.logs()}"
-    assert job["model_errors"] == {}
-    assert job["chosen_model"] in {m for m, _ in ZOO}
-    rows = _score_rows(serve, job_id)
     expected = {(m, k) for m, _ in ZOO for k in METRICS}
-    assert sorted(rows) == sorted(expected), f"score rows not once each: {sorted(rows)}"
+    with serve.http() as http:  # the fault ends when serve is back
+        job = ended_well(
+            http, job_id, fault_end, BOUND, expected,
+            rows=lambda: _score_rows(serve, job_id), logs=serve.logs,
+            said=f", {len(scored)}/{len(ZOO)} scored at the kill, {lost} lost",
+        )  # fmt: skip
     if lost:
         # the killed tasks' messages went with their process (the file broker keeps no
         # unacknowledged copy): only the sweeper could have started their models again

@@ -49,6 +49,7 @@ from tests.service.faults import (
     ENDED,
     Deployment,
     deployment,
+    ended_well,
     probe_outage,
     ready_dataset,
     score_rows,
@@ -186,20 +187,12 @@ def _scoring_job(dep: Deployment, factory, seed: int) -> tuple[str, dict]:
 def _ends_well(dep: Deployment, job_id: str, fault_end: float, limit: float) -> dict:
     """The job succeeds within ``limit`` s of ``fault_end``, every model scored, each
     (model, metric) row once."""
-    with dep.http() as http:
-        job, ended = wait(lambda: view(http, job_id), lambda j: j["status"] in ENDED,
-                          limit, 0.25)  # fmt: skip
-    took = time.monotonic() - fault_end
-    print(f"\n{job_id}: {job['status']} {took:.1f} s after the fault (bound {limit:.0f} s), "
-          f"recoveries {job.get('recoveries')}")  # fmt: skip
-    assert ended, f"not ended {took:.0f} s after the fault: {job}\n{dep.logs()}"
-    assert job["status"] == "succeeded", f"{job}\n{dep.logs()}"
-    assert job["model_errors"] == {}
-    assert job["chosen_model"] in MODELS
-    rows = score_rows(dep.settings.database_url, job_id)
     expected = {(m, k) for m in MODELS for k in METRICS}
-    assert sorted(rows) == sorted(expected), f"score rows not once each: {sorted(rows)}"
-    return job
+    with dep.http() as http:
+        return ended_well(
+            http, job_id, fault_end, limit, expected,
+            rows=lambda: score_rows(dep.settings.database_url, job_id), logs=dep.logs,
+        )  # fmt: skip
 
 
 def test_a_gpu_worker_killed_mid_scoring_is_replaced_and_the_job_succeeds(dep, factory):

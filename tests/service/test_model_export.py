@@ -28,12 +28,31 @@ timm = pytest.importorskip("timm")
 ARCH, MODEL = "test_resnet", "tiny-resnet"
 
 
+def _job_row(job_id, tenant_id, dataset_id) -> Job:
+    """A job that fine-tuned ``MODEL`` and succeeded (its model recorded by the caller)."""
+    from zoopick.training.config import FinetuneOptions
+
+    return Job(
+        id=job_id,
+        tenant_id=tenant_id,
+        dataset_id=dataset_id,
+        request={},
+        models=[MODEL],
+        metrics=["sms"],
+        select_by="sms",
+        finetune=FinetuneOptions().model_dump(mode="json"),
+        chosen_model=MODEL,
+        status=JobStatus.succeeded.value,
+        progress=1.0,
+        finished_at=utcnow(),
+    )
+
+
 def _finished_job(stack, dataset_id: str) -> tuple[str, torch.nn.Module]:
     """A succeeded fine-tune job of ``stack``'s tenant whose model file is a test_resnet with
     a 3-class head (random weights: what matters is that every format computes the same)."""
     from zoopick.selection.zoo import save_checkpoint
     from zoopick.service import pipeline
-    from zoopick.training.config import FinetuneOptions
 
     torch.manual_seed(0)
     model = timm.create_model(ARCH, num_classes=3).eval()
@@ -44,22 +63,7 @@ def _finished_job(stack, dataset_id: str) -> tuple[str, torch.nn.Module]:
     try:
         with make_sessionmaker(engine).begin() as session:
             ds = session.get(Dataset, uuid.UUID(dataset_id))
-            session.add(
-                Job(
-                    id=job_id,
-                    tenant_id=ds.tenant_id,
-                    dataset_id=ds.id,
-                    request={},
-                    models=[MODEL],
-                    metrics=["sms"],
-                    select_by="sms",
-                    finetune=FinetuneOptions().model_dump(mode="json"),
-                    chosen_model=MODEL,
-                    status=JobStatus.succeeded.value,
-                    progress=1.0,
-                    finished_at=utcnow(),
-                )
-            )
+            session.add(_job_row(job_id, ds.tenant_id, ds.id))
             session.flush()
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             pipeline.add_artefact(session, job_id, "model", str(path), digest, path.stat().st_size)
@@ -186,7 +190,6 @@ def test_an_export_that_cannot_be_made_says_why(live_server, tmp_path):
     remains, it fails again; once the cause is fixed, the CLI's ``--retry-export`` gets it."""
     from zoopick.service import pipeline
     from zoopick.service.security import authenticate
-    from zoopick.training.config import FinetuneOptions
 
     stack = live_server.tenant(f"export-{uuid.uuid4().hex[:6]}")
     job_id = uuid.uuid4()
@@ -198,20 +201,7 @@ def test_an_export_that_cannot_be_made_says_why(live_server, tmp_path):
         with make_sessionmaker(engine).begin() as session:
             tenant_id = authenticate(session, stack.key).tenant_id
             session.add(
-                Job(
-                    id=job_id,
-                    tenant_id=tenant_id,
-                    dataset_id=None,  # deleted
-                    request={},
-                    models=[MODEL],
-                    metrics=["sms"],
-                    select_by="sms",
-                    finetune=FinetuneOptions().model_dump(mode="json"),
-                    chosen_model=MODEL,
-                    status=JobStatus.succeeded.value,
-                    progress=1.0,
-                    finished_at=utcnow(),
-                )
+                _job_row(job_id, tenant_id, None)  # its dataset deleted
             )
             session.flush()
             pipeline.add_artefact(session, job_id, "model", str(path), "0" * 64, 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,9 +33,9 @@ def niceness(pid: int) -> tuple[int, int | None]:
     return nice, int(group.read_text().split()[-1]) if group.exists() else None
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (its children, theirs, ...), from /proc."""
-    parents: dict[int, list[int]] = {}
+def processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of ``/proc/<pid>/stat`` after the command's name: state, parent,
+    process group, ...) of every process there is, from /proc."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -42,7 +43,14 @@ def descendants(pid: int) -> set[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        parents.setdefault(int(fields[1]), []).append(int(entry.name))
+        yield int(entry.name), fields
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (its children, theirs, ...), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for child, fields in processes():
+        parents.setdefault(int(fields[1]), []).append(child)
     found: set[int] = set()
     todo = [pid]
     while todo:
