@@ -25,7 +25,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlparse
 
 from zoopick.training.backends import PLACEMENTS, Backend, ray_address_problem
@@ -46,22 +46,46 @@ RUN_NAME = "ray"
 """The run's folder under Ray's storage path (Ray Train's run name)."""
 
 
-class MetricsFollower:
+class _Poller:
+    """A daemon thread that calls :meth:`poll` every ``interval`` seconds until :meth:`finish`,
+    which stops it and polls once more (what came last is handed on too)."""
+
+    name = "poller"
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def finish(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.poll()
+
+
+class MetricsFollower(_Poller):
     """Hands the lines appended to a run's ``metrics.jsonl`` to ``sink`` as they appear
     (complete lines only; the lines already there when it starts are not repeated). Rank 0
     of a Ray run follows its own private folder's file and sends each line to the driver."""
 
+    name = "metrics-follower"
+
     def __init__(self, path: Path, sink: Callable[[str], object], interval: float = 0.25) -> None:
+        super().__init__(interval)
         self.path, self.sink = path, sink
-        self.interval = interval
         self.offset = path.stat().st_size if path.exists() else 0
         self.partial = ""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="metrics-follower", daemon=True)
-
-    def start(self) -> MetricsFollower:
-        self._thread.start()
-        return self
 
     def poll(self) -> None:
         if not self.path.exists():
@@ -75,18 +99,8 @@ class MetricsFollower:
             if line.strip():
                 self.sink(line)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.poll()
 
-    def finish(self) -> None:
-        """Stop following, after handing on what was written last."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.poll()
-
-
-class Inbox:
+class Inbox(_Poller):
     """The run's lines on their way from rank 0, wherever it runs, to this driver: a Ray
     queue, printed on stdout as they arrive. No file is shared between the machines. The
     queue is an actor on the cluster's head node (Ray's ``node:__internal_head__``
@@ -94,19 +108,14 @@ class Inbox:
     lost node must not take the run's lines with it."""
 
     HEAD = "node:__internal_head__"
+    name = "run-lines"
 
     def __init__(self, interval: float = 0.25) -> None:
         from ray.util.queue import Queue
 
+        super().__init__(interval)
         self.queue = Queue(actor_options={"num_cpus": 0, "resources": {self.HEAD: 0.001}})
-        self.interval = interval
         self.lost = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="run-lines", daemon=True)
-
-    def start(self) -> Inbox:
-        self._thread.start()
-        return self
 
     def poll(self) -> None:
         from ray.util.queue import Empty
@@ -126,16 +135,6 @@ class Inbox:
                 write_line(sys.stdout, line)
         except BrokenPipeError:  # whoever followed the run is gone (zoopick train stopped):
             os._exit(1)  # the run ends with this process, and Ray removes its actors
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.poll()
-
-    def finish(self) -> None:
-        """Stop, after printing what arrived last."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.poll()
 
 
 def _send(queue: Any) -> Callable[[str], None]:
