@@ -312,11 +312,22 @@ def worker_status(
     return WorkerStatus(live, stale, last)
 
 
+START_UP_SECONDS = 300.0
+"""How long a local worker that has not beaten once since it was (re)started is taken to be
+starting (importing torch, connecting to the broker and the database), not stalled, when the
+watch knows its pid. Its first beat ends that grace; from then on ``heartbeat_timeout_seconds``
+without a beat is a stall. Twice the timeout alone (60 s by default) was too short under load:
+at a load average of 16 the watch restarted local workers that were still starting, and each
+new one started again from nothing. A worker holds no task before its first beat (it beats
+from ``worker_ready``), so the longer grace delays only a worker that hangs while starting."""
+
+
 class LocalWorkerWatch:
     """``zoopick serve``'s watch over its own local workers, each named by a queue it consumes
     (``watched``: ``cpu`` for the worker of jobs and datasets, ``webhooks`` for the consumer of
     deliveries): when no worker on this host whose queues include that queue has beaten for
-    ``heartbeat_timeout_seconds`` (after a start-up grace of twice that), that worker is
+    ``heartbeat_timeout_seconds`` (after a start-up grace of twice that, and while one whose
+    ``pid`` is known has not beaten once, :data:`START_UP_SECONDS`), that worker is
     stalled (it reserves tasks it does not run, or it hangs): ``restart(queue)`` is called, as
     it is at once when ``exited(queue)`` (a stalled worker gives its reserved tasks back and
     exits). Only the heartbeats of workers on that queue count: the webhook consumer beating
@@ -329,11 +340,12 @@ class LocalWorkerWatch:
         restart: Callable[[str], None],
         exited: Callable[[str], bool] = lambda _: False,
         watched: tuple[str, ...] = (CPU,),
+        pid: Callable[[str], int | None] = lambda _: None,
     ) -> None:
         from zoopick.service.db.session import make_engine, make_sessionmaker
 
         self.settings = settings
-        self.restart, self.exited, self.watched = restart, exited, watched
+        self.restart, self.exited, self.watched, self.pid = restart, exited, watched, pid
         self.engine = make_engine(settings.database_url)
         self.factory = make_sessionmaker(self.engine)
         self.started = dict.fromkeys(watched, utcnow())
@@ -353,21 +365,28 @@ class LocalWorkerWatch:
 
     def stalled(self, queue: str = CPU, now: datetime | None = None) -> bool:
         """Whether the local worker on ``queue`` is past its start-up grace and no worker of
-        this host on ``queue`` has beaten within the heartbeat timeout."""
+        this host on ``queue`` has beaten within the heartbeat timeout. A worker whose pid is
+        known and that has not beaten once since its start is still starting until
+        :data:`START_UP_SECONDS` have passed."""
         import socket
 
         now = now or utcnow()
         timeout = timedelta(seconds=self.settings.heartbeat_timeout_seconds)
-        if now - self.started[queue] < 2 * timeout:
+        since = now - self.started[queue]
+        if since < 2 * timeout:
             return False
+        pid = self.pid(queue)
         with self.factory() as session:
             rows = session.execute(
-                select(WorkerHeartbeat.queues, WorkerHeartbeat.seen_at).where(
+                select(WorkerHeartbeat.pid, WorkerHeartbeat.queues, WorkerHeartbeat.seen_at).where(
                     WorkerHeartbeat.hostname == socket.gethostname(),
-                    WorkerHeartbeat.seen_at >= now - timeout,
+                    WorkerHeartbeat.seen_at >= min(now - timeout, self.started[queue]),
                 )
-            )
-            return not any(consumes(queues, queue) for queues, _ in rows)
+            ).all()
+        if any(consumes(queues, queue) and seen >= now - timeout for _, queues, seen in rows):
+            return False
+        starting = pid is not None and not any(row_pid == pid for row_pid, _, _ in rows)
+        return not (starting and since < timedelta(seconds=START_UP_SECONDS))
 
     def _loop(self) -> None:
         interval = max(1.0, self.settings.heartbeat_timeout_seconds / 3)

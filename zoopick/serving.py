@@ -77,8 +77,14 @@ class LocalWorker:
         for queue in (CPU, WEBHOOKS):
             self.procs[queue] = self._spawn(queue)
         self._watch = LocalWorkerWatch(
-            self.settings, self.restart, self.exited, watched=tuple(self.procs)
+            self.settings, self.restart, self.exited, watched=tuple(self.procs), pid=self._pid
         ).start()
+
+    def _pid(self, queue: str) -> int | None:
+        """The pid of the worker on ``queue``: its heartbeat row is named by it, so the watch
+        tells one still starting (no row yet) from one that stopped beating."""
+        proc = self.procs.get(queue)
+        return proc.pid if proc is not None else None
 
     def _spawn(self, queue: str) -> subprocess.Popen:
         env = {**self.settings.env(), SUPERVISOR_ENV: str(os.getpid())}

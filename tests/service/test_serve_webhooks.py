@@ -162,3 +162,36 @@ def test_the_stall_check_and_readiness_ignore_a_webhook_consumers_heartbeat(tmp_
     finally:
         watch.engine.dispose()
         engine.dispose()
+
+
+def test_the_watch_waits_for_a_starting_workers_first_beat(tmp_path, monkeypatch):
+    """A local worker whose pid has no heartbeat row yet is starting, not stalled, past twice
+    the heartbeat timeout (under load, the watch restarted workers still importing torch) and
+    until :data:`liveness.START_UP_SECONDS`; once it has beaten, a beat missing for the
+    timeout is a stall again."""
+    settings = _embedded(tmp_path, monkeypatch)  # heartbeat timeout 3 s
+    engine = make_engine(settings.database_url)
+    factory = make_sessionmaker(engine)
+    host = socket.gethostname()
+    watch = liveness.LocalWorkerWatch(settings, lambda _: None, pid=lambda _: 4242)
+    try:
+        now = utcnow()
+        watch.started[CPU] = now - timedelta(seconds=60)  # 20 timeouts, no beat yet
+        assert not watch.stalled(CPU, now)
+        watch.started[CPU] = now - timedelta(seconds=liveness.START_UP_SECONDS + 1)
+        assert watch.stalled(CPU, now)  # a worker hanging while it starts is still caught
+        # it beat once, 10 s ago, and not since: stalled, however recent its start
+        watch.started[CPU] = now - timedelta(seconds=60)
+        seen = now - timedelta(seconds=10)
+        with session_scope(factory) as session:
+            row = {"hostname": host, "pid": 4242, "started_at": seen, "seen_at": seen}
+            session.add(WorkerHeartbeat(name=f"{host}/4242", queues="cpu,gpu", **row))
+        assert watch.stalled(CPU, now)
+        # without a known pid the watch keeps the old rule: twice the timeout, then stalled
+        plain = liveness.LocalWorkerWatch(settings, lambda _: None)
+        plain.started[CPU] = now - timedelta(seconds=60)
+        assert plain.stalled(CPU, now)
+        plain.engine.dispose()
+    finally:
+        watch.engine.dispose()
+        engine.dispose()
