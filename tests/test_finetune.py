@@ -117,6 +117,31 @@ def test_resume_continues_the_same_run_and_model_loads(tiny_zoo, tiny_npz, tmp_p
     model.load_state_dict(w1)
 
 
+def test_a_ranks_residuals_saved_at_another_point_start_from_zero(tmp_path):
+    """``_restore`` loads a rank's residuals only when they were saved at the checkpoint's
+    point (their ``at``): the store's uploader may pack a checkpoint with the residuals the
+    next save wrote before its checkpoint. Untagged residuals (saved before the tag) load."""
+    from zoopick.training import finetune
+    from zoopick.training.comm import build
+    from zoopick.training.config import CHECKPOINT
+
+    cfg = FinetuneConfig(zoo="z", model="m", data="d", out=str(tmp_path), compressor="topk")
+    model = torch.nn.Linear(3, 2)
+    checkpoint = {"epoch": 2, "step": 5, "world": 1, "model": model.state_dict()}
+    torch.save({**checkpoint, "config": cfg.model_dump(mode="json")}, tmp_path / CHECKPOINT)
+    saved = {"iteration": 7, "residuals": {}, "momenta": {}, "scheme": {}}
+
+    def iteration_after_restore(residuals: dict) -> int:
+        torch.save(residuals, finetune.state_file(tmp_path, 0))
+        state, _ = build(cfg.compressor, cfg.comm_hook())
+        assert finetune._restore(tmp_path, cfg, model, state, 0, 1)[:2] == (2, 5)
+        return state.iteration
+
+    assert iteration_after_restore({**saved, "at": [2, 5]}) == 7
+    assert iteration_after_restore({**saved, "at": [3, 0]}) == 0  # the next save's
+    assert iteration_after_restore(saved) == 7
+
+
 def test_config_rejects_bad_values():
     from pydantic import ValidationError
 

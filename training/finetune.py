@@ -717,8 +717,16 @@ def _save(out, cfg, model, opt, state, epoch, step, rank, world, extra) -> None:
     residuals beside it, since those differ per worker and a resumed run needs them.
     ``epoch`` epochs are complete, and ``step`` steps of the next one (a run that stopped at
     ``max_steps``). ``extra``: the recipe's state (its choices, the best validation weights
-    and the validation history), so a resumed run neither searches again nor loses its best."""
-    _atomic_save(state.state_dict(model), state_file(out, rank))
+    and the validation history), so a resumed run neither searches again nor loses its best.
+
+    The residuals are written first and tagged with the point they belong to (``at``), and
+    rank 0 writes the checkpoint only once every rank's are on disk (the first barrier): a
+    reader that takes the folder's files while they change (the store's uploader, a worker
+    killed mid-save) never finds a checkpoint newer than a rank's residuals, and
+    :func:`_restore` refuses residuals of another point (the next save's, written before its
+    checkpoint) rather than pair them with this one."""
+    _atomic_save({**state.state_dict(model), "at": [epoch, step]}, state_file(out, rank))
+    dist.barrier()
     if rank == 0:
         blob = {
             "epoch": epoch,
@@ -744,7 +752,9 @@ def _restore(out, cfg, model, state, rank, world) -> tuple[int, int, dict[str, A
     state and the recipe's) to continue after. The hook's residuals and scheme state come
     back too, unless the run continues on another number of workers (an elastic run that lost
     or gained one): each rank's residuals belong to its shard of the data, so they start from
-    zero then, as at the start of a run."""
+    zero then, as at the start of a run; likewise when a rank's residuals were saved at
+    another point than the checkpoint (``at``, see :func:`_save`; residuals from before the
+    tag are taken as they are)."""
     blob = _load(out / CHECKPOINT)
     changed = cfg.same_run(blob["config"])
     if changed:
@@ -756,7 +766,11 @@ def _restore(out, cfg, model, state, rank, world) -> tuple[int, int, dict[str, A
     path = state_file(out, rank)
     if not path.exists():
         raise ValueError(f"--resume: {path.name} is missing (was the run on more workers?)")
-    state.load_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))
+    residuals = torch.load(path, map_location="cpu", weights_only=True)
+    at = residuals.pop("at", None)
+    if at is not None and tuple(at) != where:
+        return (*where, blob)
+    state.load_state_dict(model, residuals)
     return (*where, blob)
 
 
