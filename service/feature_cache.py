@@ -5,8 +5,11 @@ Each worker keeps its local feature cache (``ZOOPICK_CACHE_DIR``, as before); be
 :class:`StoreFeatures` is the ``SharedCache`` of ``selection.extract``: on a local miss the
 worker fetches ``<key>.npz`` from the store, and a result it computes is put there, under the
 same key as today (weights, dataset digest, transform, precision). The objects are kept under
-the tenant's prefix (``tenants/<tenant>/features/``), since a model's outputs on a dataset are
-that tenant's data: tenants never share them, even for the same dataset.
+the dataset's own prefix (``tenants/<tenant>/datasets/<dataset>/features/``): a model's outputs
+on a dataset are that dataset's data, so tenants never share them, and deleting the dataset
+(which deletes its prefix) deletes them too. Two uploads of the same images are two datasets
+here (each its own forward pass per deployment); a worker's local cache, keyed by content
+alone, still serves both.
 
 Only a remote store gets one: with a local store every worker is on one machine (or shares its
 folders), where the local cache is already all of it. The store's trouble never fails
@@ -31,7 +34,7 @@ FOLDER = "features"
 class StoreFeatures:
     store: Store
     prefix: str
-    """``tenants/<tenant>/features``."""
+    """``tenants/<tenant>/datasets/<dataset>/features``."""
 
     def fetch(self, name: str, dest: Path) -> bool:
         try:
@@ -50,12 +53,13 @@ class StoreFeatures:
             log.warning("a result was not kept in the shared feature cache: %s", exc)
 
 
-def for_tenant(store: Store, tenant_prefix: str) -> StoreFeatures | None:
-    """The shared feature cache of the tenant whose objects are under ``tenant_prefix``
-    (``tenants/<tenant>``); None for a local store (see the module's docstring)."""
-    if store.local_path(f"{tenant_prefix}/{FOLDER}") is not None:
+def for_dataset(store: Store, dataset_prefix: str) -> StoreFeatures | None:
+    """The shared feature cache of the dataset whose objects are under ``dataset_prefix``
+    (``tenants/<tenant>/datasets/<dataset>``); None for a local store (see the module's
+    docstring)."""
+    if store.local_path(f"{dataset_prefix}/{FOLDER}") is not None:
         return None
-    return StoreFeatures(store, f"{tenant_prefix}/{FOLDER}")
+    return StoreFeatures(store, f"{dataset_prefix}/{FOLDER}")
 
 
-__all__ = ["StoreFeatures", "for_tenant"]
+__all__ = ["StoreFeatures", "for_dataset"]

@@ -246,16 +246,16 @@ def for_scoring(path: str | Path, settings: Settings) -> Any:
 
 
 def feature_cache(storage_path: str, settings: Settings) -> Any:
-    """The shared feature cache (``service.feature_cache``) of the tenant that owns the dataset
-    stored at ``storage_path``, behind a scoring worker's local one; None for a dataset from
-    before the store (its tenant is not in its path: the local cache alone, as then) or a
+    """The shared feature cache (``service.feature_cache``) of the dataset stored at
+    ``storage_path``, under its prefix (deleted with it), behind a scoring worker's local
+    one; None for a dataset from before the store (the local cache alone, as then) or a
     local store."""
     from zoopick.service import feature_cache
 
     if is_local(storage_path):
         return None
-    tenant_prefix = "/".join(storage_path.split("/")[:2])  # tenants/<tenant>
-    return feature_cache.for_tenant(open_files(settings), tenant_prefix)
+    prefix = "/".join(storage_path.split("/")[:4])  # tenants/<tenant>/datasets/<dataset>
+    return feature_cache.for_dataset(open_files(settings), prefix)
 
 
 def run_data(storage_path: str, settings: Settings) -> dict[str, str | None]:
