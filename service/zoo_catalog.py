@@ -113,11 +113,12 @@ def _entry(row: ZooModel, weights: str) -> Any:
     )
 
 
-def write_manifest(rows: list[ZooModel], path: Path) -> Path:
-    """A zoo manifest holding ``rows`` (the trainer takes a manifest path and a model id)."""
+def write_manifest(rows: list[ZooModel], path: Path, settings: Settings | None = None) -> Path:
+    """A zoo manifest holding ``rows`` (the trainer takes a manifest path and a model id), their
+    checkpoints files of this machine (:func:`to_entry` with ``settings``)."""
     from zoopick.selection.zoo import write_zoo
 
-    return write_zoo([to_entry(row) for row in rows], path)
+    return write_zoo([to_entry(row, settings) for row in rows], path)
 
 
 def check_fields(values: dict[str, Any]) -> Any:

@@ -12,13 +12,14 @@ with it).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from zoopick.training.config import FinetuneConfig
 
@@ -55,6 +56,13 @@ class Backend:
     machine must then share); a run started again there (a lost worker, a re-delivered
     task) continues from its latest checkpoint. None: the run folder (shared too), and a
     run that does not resume starts over."""
+    inputs: str | None = None
+    """How each worker of a ``ray`` run gets the run's input files (dataset, zoo checkpoint)
+    on its own machine: a JSON document ``{"hook": "module:function", "spec": {...}}``; the
+    worker imports the hook and calls it with the run's config, ``spec`` and its private
+    folder, and trains on the config it returns (the service's hook fetches them from its
+    store: ``service.ray_inputs``). None: the config's paths are read as they are, on
+    every machine (a shared folder)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -71,6 +79,8 @@ class Backend:
             self.storage.startswith("s3://") or os.path.isabs(self.storage)
         ):
             raise ValueError("a ray run's storage is an s3:// URL or an absolute path")
+        if self.inputs is not None:
+            hook_of(self.inputs)  # ValueError where it names no module:function
 
 
 def spawn(
@@ -96,8 +106,23 @@ def spawn(
         "--start-timeout",
         str(backend.start_timeout),
         *(["--storage", backend.storage] if backend.storage else []),
+        *(["--inputs", backend.inputs] if backend.inputs else []),
     ]
     return start_run_process(command, dict(os.environ), preexec_fn=preexec_fn)
+
+
+def hook_of(inputs: str) -> tuple[str, str, dict[str, Any]]:
+    """(module, function, spec) of a ``Backend.inputs`` document; ValueError where it is not
+    one."""
+    try:
+        doc = json.loads(inputs)
+        module, sep, function = doc["hook"].partition(":")
+        spec = doc.get("spec", {})
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"a ray run's inputs are not a hook document: {exc}") from None
+    if not (sep and module and function.isidentifier() and isinstance(spec, dict)):
+        raise ValueError(f"a ray run's inputs hook must be module:function, not {doc['hook']!r}")
+    return module, function, spec
 
 
 def ray_address_problem(address: str | None, timeout: float = 2.0) -> str | None:

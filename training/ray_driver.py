@@ -4,13 +4,17 @@
 to the cluster, runs :func:`zoopick.training.finetune.run` in ``cfg.workers`` Ray Train workers
 (``TorchTrainer``: gang-scheduled across the cluster's machines, one GPU each where the
 cluster has GPUs, else CPU processes with gloo), and prints what the local backend prints:
-rank 0's epoch records as they are written (it follows ``<out>/metrics.jsonl``, on the
-folder every machine shares), ``{"event": "started", "backend": "ray", "ref": <job id>}``
-once connected, and a ``{"error": ...}`` line on stderr when the run fails.
+rank 0's epoch records as they are written (sent to this process through a Ray queue:
+:class:`Inbox`), ``{"event": "started", "backend": "ray", "ref": <job id>}`` once connected,
+and a ``{"error": ...}`` line on stderr when the run fails. Each worker writes in a private
+folder of its machine; ``--inputs`` names the caller's hook that fetches the run's input
+files onto that machine (the service's reads them from its store), else the config's paths
+are read as given.
 
 A lost worker or node is Ray's to handle (``FailureConfig(max_failures)``): it restarts the
-worker group, and each new worker continues from the run's last checkpoint in ``<out>`` (model,
-optimizer, every rank's residuals and scheme state; rank 0 prints a ``resumed`` event).
+worker group, and each new worker continues from the run's last checkpoint in Ray's storage
+(model, optimizer, every rank's residuals and scheme state; rank 0 prints a ``resumed``
+event).
 Stopping this process ends its Ray job, and Ray removes the job's actors with it.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import shutil
 import sys
@@ -28,7 +33,7 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import urlparse
 
-from zoopick.training.backends import PLACEMENTS, Backend, ray_address_problem
+from zoopick.training.backends import PLACEMENTS, Backend, hook_of, ray_address_problem
 from zoopick.training.config import (
     CHECKPOINT,
     COMM_STATE,
@@ -184,6 +189,17 @@ def _restore(checkpoint: Any, folder: Path, rank: int) -> bool:
     return True
 
 
+def _placed(cfg: FinetuneConfig, inputs: str | None, folder: Path) -> FinetuneConfig:
+    """The run's config with its input files on this machine: the caller's hook
+    (``Backend.inputs``: it fetches them, e.g. from a store, beside ``folder``), else as
+    given (a folder every machine shares)."""
+    if inputs is None:
+        return cfg
+    module, function, spec = hook_of(inputs)
+    hook = getattr(importlib.import_module(module), function)
+    return hook(cfg, spec, folder)
+
+
 def _train_loop(config: dict[str, Any]) -> None:
     """One Ray Train worker: Ray initialised the process group (gloo, or NCCL on GPUs) and
     picked the device. The run's files are written in a private folder of this machine;
@@ -202,13 +218,14 @@ def _train_loop(config: dict[str, Any]) -> None:
     follower = None
     try:
         resume = _restore(ray.train.get_checkpoint(), folder, rank)
+        cfg = _placed(cfg.model_copy(update={"out": str(folder)}), config.get("inputs"), folder)
         if rank == 0:
             follower = MetricsFollower(folder / METRICS, _send(config["lines"])).start()
         device = ray.train.torch.get_device()
         if device.type == "cuda":
             torch.cuda.set_device(device)
         run(
-            cfg.model_copy(update={"out": str(folder), "resume": resume}),
+            cfg.model_copy(update={"resume": resume}),
             device=device,
             checkpointed=lambda record: _report(folder, rank, record.to_dict()),
         )
@@ -237,11 +254,23 @@ def failure_reason(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _worker_env(start_timeout: float) -> dict[str, str]:
+STORE_VARIABLES = (
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
+)  # fmt: skip
+"""The standard variables of an S3 store's client: an inputs hook reads the store with them."""
+
+
+def _worker_env(start_timeout: float, inputs: str | None = None) -> dict[str, str]:
     """The environment Ray gives the run's processes on every machine: the controller's
-    start timeout. The trainer's switches travel in its config (``FinetuneConfig``), not in
-    the environment, so Ray's processes on other machines get them as a local run's do."""
-    return {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(start_timeout)}
+    start timeout and, where an inputs hook fetches the run's files (``Backend.inputs``),
+    this machine's store variables (``AWS_*``), so the pool's machines need none of their
+    own. The trainer's switches travel in its config (``FinetuneConfig``), not in the
+    environment, so Ray's processes on other machines get them as a local run's do."""
+    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(start_timeout)}
+    if inputs is not None:
+        env.update({k: os.environ[k] for k in STORE_VARIABLES if os.environ.get(k)})
+    return env
 
 
 def _clear_stale_run(out: Path) -> None:
@@ -294,6 +323,11 @@ def arguments() -> argparse.ArgumentParser:
         help="Where Ray keeps the run's checkpoints: s3://bucket/key or a shared folder.",
     )
     parser.add_argument(
+        "--inputs",
+        help="How each worker gets the run's input files on its machine (Backend.inputs): "
+        '{"hook": "module:function", "spec": {...}}; unset: the paths as given.',
+    )
+    parser.add_argument(
         "--start-timeout",
         type=int,
         default=Backend.start_timeout,
@@ -326,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             logging_level="WARNING",
             # read by the run's controller actor: how long one start of the worker group may
             # wait for machines (see the failure config below)
-            runtime_env={"env_vars": _worker_env(args.start_timeout)},
+            runtime_env={"env_vars": _worker_env(args.start_timeout, args.inputs)},
         )
     except Exception as exc:  # noqa: BLE001 - whatever Ray raised, the job says where
         return _fail(f"cannot reach {where}: {failure_reason(exc)}")
@@ -348,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     workers = (lo, hi) if lo < hi else hi
     trainer = TorchTrainer(
         _train_loop,
-        train_loop_config={"config": cfg.to_json(), "lines": inbox.queue},
+        train_loop_config={"config": cfg.to_json(), "lines": inbox.queue, "inputs": args.inputs},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers, use_gpu=use_gpu, placement_strategy=args.placement

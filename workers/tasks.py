@@ -35,6 +35,7 @@ from zoopick.service import (
     exports,
     liveness,
     pipeline,
+    ray_inputs,
     recovery,
     run_checkpoints,
     run_log,
@@ -632,6 +633,11 @@ def finetune(self, job_id: str) -> str:
             session, jid, f"training exceeded the time limit of {cfg.train_soft_time_limit} s"
         )
 
+    # a Ray run keeps its checkpoints under the job's prefix (deleted with it), and each of its
+    # workers fetches the dataset and the zoo checkpoint from the store on its own machine
+    backend = cfg.training_backend(storage.tenant_key(tenant, "jobs", str(jid), "train"))
+    if not local:
+        backend = dataclasses.replace(backend, inputs=ray_inputs.document(cfg, row, storage_path))
     # each checkpoint the trainer writes goes to the store too, from a thread of its own, and
     # the log with it: a machine that resumes from it has the lost run's lines up to there
     uploads = run_checkpoints.Uploader(files, saved, out, on_put=lambda _: logs.final())
@@ -639,10 +645,7 @@ def finetune(self, job_id: str) -> str:
         uploads.start()
     try:
         result = training_runner.follow_run(
-            # a Ray run keeps its checkpoints under the job's prefix (deleted with it)
-            lambda: training_runner.spawn(
-                run_cfg, cfg.training_backend(storage.tenant_key(tenant, "jobs", str(jid), "train"))
-            ),
+            lambda: training_runner.spawn(run_cfg, backend),
             factory(),
             jid,
             renew=renew,

@@ -55,8 +55,8 @@ def volumes_of(service: dict) -> dict[str, str]:
 def test_compose_keeps_files_in_its_s3_store_and_shares_no_folder(compose):
     """Issue 40: the API and the workers reach one S3 store (the bundled SeaweedFS, its bucket
     made by a one-shot ``zoopick storage init`` before any of them starts) with the same
-    settings, and none of them shares a volume with another but the gpu worker's with the Ray
-    nodes (their run folders and dataset copies: step 3 under way)."""
+    settings, and none of them shares a volume with another, the Ray nodes included (a Ray
+    run's workers fetch its files from the store)."""
     services = compose["services"]
     store, init = services["store"], services["storage-init"]
     assert store["command"][:2] == ["server", "-s3"]
@@ -95,7 +95,7 @@ def test_compose_keeps_files_in_its_s3_store_and_shares_no_folder(compose):
         for volume in volumes_of(svc).values():
             owners.setdefault(volume, set()).add(name)
     shared = {volume: names for volume, names in owners.items() if len(names) > 1}
-    assert shared == {"gpu-data": {"worker-gpu", "ray-head", "ray-worker"}}, shared
+    assert shared == {}, shared  # not even with the Ray nodes: they fetch from the store
     assert all(volumes_of(services[name]) for name in clients[1:])  # scratch and caches kept
     for volume in owners:
         assert volume in compose["volumes"], volume
@@ -152,8 +152,9 @@ def test_the_ray_profile_is_a_head_and_gpu_workers_the_service_points_at(compose
     assert joins == f"ray-head:{port}"
     assert "ray-head:" + port in services["api"]["environment"]["ZOOPICK_RAY_ADDRESS"]
     assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    # run folders on the gpu worker's volume, which the Ray nodes mount (until issue 40's
-    # step 3 puts them in the store)
-    assert volumes_of(worker)["/data"] == volumes_of(services["worker-gpu"])["/data"]
+    # no volume of the gpu worker's: a node's /data is its image's own (its scratch and cache)
+    assert not volumes_of(worker) and not volumes_of(head)
+    gpu_dockerfile = (DOCKER / "Dockerfile.gpu").read_text()
+    assert "ZOOPICK_DATA_DIR=/data" in gpu_dockerfile and 'VOLUME ["/data"]' in gpu_dockerfile
     gpu_image = (DOCKER / "Dockerfile.gpu").read_text()
     assert '".[ray]"' in gpu_image  # the image the pool runs has Ray

@@ -4,17 +4,33 @@ pool of one-GPU machines.
 
 The cluster is package-scoped: the training-backend tests and the service's pool tests share
 it (starting one costs seconds of CPU on two cores) and it stops after the last of them. A
-test that removes a node adds its replacement, so each test finds two free worker nodes."""
+test that removes a node adds its replacement (:func:`add_node`), so each test finds two free
+worker nodes.
+
+Each worker node has a ``ZOOPICK_DATA_DIR`` of its own (:func:`add_node`), as the machines of
+a pool do: no folder is shared between them, nor with the service's processes."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.service.procs import free_port
+
+
+def add_node(cluster: Any) -> Path:
+    """A 1-CPU worker node with a private ``ZOOPICK_DATA_DIR`` (its scratch and object cache,
+    removed with the cluster); returns that folder (``cluster.data_dirs`` lists them all)."""
+    folder = Path(tempfile.mkdtemp(prefix="zoopick-ray-node-"))
+    cluster.data_dirs.append(folder)
+    cluster.add_node(num_cpus=1, env_vars={"ZOOPICK_DATA_DIR": str(folder)})
+    return folder
 
 
 @contextmanager
@@ -26,13 +42,16 @@ def local_cluster(nodes: int = 2) -> Iterator[Any]:
     fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
     head = {"num_cpus": 0, "dashboard_port": free_port(), "_system_config": fast}
     cluster = Cluster(initialize_head=True, head_node_args=head)
+    cluster.data_dirs = []
     try:
         for _ in range(nodes):
-            cluster.add_node(num_cpus=1)
+            add_node(cluster)
         cluster.wait_for_nodes()
         yield cluster
     finally:
         cluster.shutdown()
+        for folder in cluster.data_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="package")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.procs import poll
+from tests.service.ray.conftest import add_node
 from zoopick.training.config import (
     CHECKPOINT,
     FINAL_CONFIG,
@@ -120,7 +121,7 @@ def test_a_node_lost_mid_run_resumes_from_the_checkpoint_in_the_store(
     victim = cluster.list_all_nodes()[-1]
     assert victim is not cluster.head_node
     cluster.remove_node(victim, allow_graceful=False)
-    cluster.add_node(num_cpus=1)  # the replacement machine
+    add_node(cluster)  # the replacement machine
     records = _finish(proc, lines)
     resumed = [r for r in records if isinstance(r, RunEvent) and r.event == "resumed"]
     assert resumed and resumed[0].workers == 2 and resumed[0].epoch >= 1
@@ -196,7 +197,7 @@ def test_an_elastic_run_carries_on_with_fewer_workers(
         180,
         what="an epoch on one",
     )
-    cluster.add_node(num_cpus=1)
+    add_node(cluster)
     records = _finish(proc, lines)
     resumed = [r for r in records if isinstance(r, RunEvent) and r.event == "resumed"]
     assert resumed and resumed[0].workers == 1

@@ -12,9 +12,10 @@ from unittest import mock
 
 import pytest
 
+from tests.service.checkpoints import write_checkpoint
 from tests.service.datafiles import npz_bytes
 from tests.service.procs import api_and_worker, create_token, poll
-from zoopick.service.storage import S3Store
+from zoopick.service.storage import S3Store, open_store
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
@@ -25,9 +26,9 @@ FINETUNE = {
 }  # fmt: skip
 
 
-def _prepare(http, admin: str) -> str:
-    """One zoo model and a ready dataset; returns the dataset id."""
-    zoo = {"id": "tiny", "arch": "test_resnet", "weights": "none", "num_classes": 10,
+def _prepare(http, admin: str, weights: str = "none") -> str:
+    """One zoo model (its checkpoint ``weights``) and a ready dataset; returns the dataset id."""
+    zoo = {"id": "tiny", "arch": "test_resnet", "weights": weights, "num_classes": 10,
            "input_size": [3, 32, 32]}  # fmt: skip
     resp = http.post("/zoo", json=zoo, headers={"Authorization": f"Bearer {admin}"})
     assert resp.status_code == 201, resp.text
@@ -56,9 +57,14 @@ def _finished(http, jid: str, timeout: float) -> dict:
     )
 
 
-def test_a_job_fine_tunes_across_two_nodes_of_the_pool(cluster, s3_server, isolated_settings):
-    """The deployment's store is S3 (SeaweedFS): Ray keeps the run's checkpoints under the
-    job's prefix there, not in the gpu worker's folder."""
+def test_a_job_fine_tunes_across_two_nodes_of_the_pool(
+    cluster, s3_server, isolated_settings, tmp_path
+):
+    """The deployment's store is S3 (SeaweedFS) and the pool's nodes share no folder with the
+    gpu worker nor with each other (each its own ``ZOOPICK_DATA_DIR``, conftest.add_node):
+    each Ray worker fetches the dataset and the zoo model's checkpoint from the store into its
+    node's object cache, and Ray keeps the run's checkpoints under the job's prefix there,
+    not in the gpu worker's folder."""
     prefix = f"raypool-{uuid.uuid4().hex[:8]}"
     cfg = isolated_settings(
         "raypool",
@@ -70,8 +76,14 @@ def test_a_job_fine_tunes_across_two_nodes_of_the_pool(cluster, s3_server, isola
     )
     token, admin = create_token(cfg, "pool"), create_token(cfg, "ops", admin=True)
     env = s3_server.env
+    key = f"{prefix}-zoo/tiny.safetensors"  # the zoo's checkpoint, in the store only
+    with mock.patch.dict(os.environ, env):
+        open_store(f"s3://{s3_server.bucket}").put_file(
+            key, write_checkpoint(tmp_path / "tiny.safetensors", 10)
+        )
+    nodes = {folder: _files(folder) for folder in cluster.data_dirs}
     with api_and_worker(cfg, "cpu,gpu", token, env, prefix=API) as (http, worker):
-        ds = _prepare(http, admin)
+        ds = _prepare(http, admin, weights=f"s3://{s3_server.bucket}/{key}")
         body = {"dataset_id": ds, "metrics": ["logme"], "finetune": FINETUNE}
         resp = http.post("/jobs", json=body)
         assert resp.status_code == 202, resp.text
@@ -100,6 +112,19 @@ def test_a_job_fine_tunes_across_two_nodes_of_the_pool(cluster, s3_server, isola
             keys = S3Store(cfg.storage_url).list(f"tenants/{_tenant(cfg)}/jobs/{job['id']}/train")
         assert any(k.endswith("/checkpoint.pt") and "/ray/" in k for k in keys), keys
         assert any(k.endswith("/comm-state-rank1.pt") for k in keys), keys
+
+    # each training node (STRICT_SPREAD: two) fetched the dataset and the checkpoint into its
+    # own folder: the run's paths there were its own, not the gpu worker's
+    fetched = [new for folder, before in nodes.items() if (new := _files(folder) - before)]
+    assert len(fetched) == 2, fetched
+    for new in fetched:
+        assert any(f"/datasets/{ds}/" in p for p in new), new
+        assert any(p.endswith(key) for p in new), new
+
+
+def _files(folder) -> set[str]:
+    """The files under a node's ``objects/`` (its cache of store objects)."""
+    return {str(p) for p in (folder / "objects").rglob("*") if p.is_file()}
 
 
 def _tenant(cfg) -> str:

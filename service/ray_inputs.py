@@ -1,0 +1,78 @@
+"""A Ray run's input files fetched from the store on each node of the pool (issue 40).
+
+A fine-tune reads two inputs as files: the dataset (its file, or the copy validation decoded)
+and the zoo model's checkpoint. The gpu worker reads them through its own object cache; a
+Ray Train worker runs on another machine, which shares no folder with it. So the gpu worker
+hands the Ray driver an ``inputs`` document (:func:`document`: this module's :func:`place`
+and what it needs, store keys and digests, never a path of the gpu worker's), and every Ray
+worker calls :func:`place` on its node before it trains: the same fetches a gpu worker makes
+(``datasets.store.run_data``, ``zoo_catalog.write_manifest``), through the node's own bounded,
+digest-checked object cache in its ``ZOOPICK_DATA_DIR`` (else ``<tmp>/zoopick``).
+
+The store is reached as on any machine of the deployment: the document names its URL, and
+the ``AWS_*`` variables reach the node with the run (the driver forwards its own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from zoopick.service import run_checkpoints, zoo_catalog
+from zoopick.service.datasets import store
+from zoopick.service.db.models import ZooModel
+from zoopick.service.settings import Settings
+from zoopick.training.config import CHECKPOINT, FinetuneConfig
+
+HOOK = f"{__name__}:place"
+"""What the Ray driver imports and calls on each node (``training.ray_driver``)."""
+
+ZOO_COLUMNS = (
+    "id", "arch", "weights", "weights_sha256", "weights_size", "num_classes", "overrides",
+    "source", "tags",
+)  # fmt: skip
+"""The zoo row's columns a node needs to fetch and load its checkpoint (``to_entry``'s)."""
+
+
+def document(settings: Settings, row: ZooModel, storage_path: str) -> str:
+    """The Ray backend's ``inputs`` (``Backend.inputs``) for a run of ``row`` on the dataset
+    stored at ``storage_path`` (its row's key) in ``settings``' store."""
+    spec = {
+        "storage_url": settings.storage_url,
+        "dataset": storage_path,
+        "zoo": {name: getattr(row, name) for name in ZOO_COLUMNS},
+    }
+    return json.dumps({"hook": HOOK, "spec": spec})
+
+
+def node_settings(storage_url: str, limits: dict[str, Any] | None) -> Settings:
+    """This node's settings for the fetches: its own ``ZOOPICK_DATA_DIR`` (scratch, object
+    cache) and cache bound from its environment, the deployment's store, and the dataset
+    limits the run was validated under (a copy over them is not read, as on the gpu worker)."""
+    fields: dict[str, Any] = {"storage_url": storage_url}
+    if not os.environ.get("ZOOPICK_DATA_DIR"):
+        fields["data_dir"] = Path(tempfile.gettempdir()) / "zoopick"
+    fields.update({f"dataset_{name}": value for name, value in (limits or {}).items()})
+    return Settings(**fields)
+
+
+def place(cfg: FinetuneConfig, spec: dict[str, Any], folder: Path) -> FinetuneConfig:
+    """``cfg`` with its zoo manifest, dataset file and decoded copy as files of this node
+    (the manifest written in the worker's private ``folder``). A checkpoint already in
+    ``folder`` (a restarted worker's, from Ray's storage) is rebased onto these paths, so the
+    trainer's same-run check compares the run, not the machines. The store's errors pass
+    (``StoreUnavailable`` after its retries), failing this worker, naming the store."""
+    settings = node_settings(spec["storage_url"], cfg.dataset_limits)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    manifest = zoo_catalog.write_manifest([ZooModel(**spec["zoo"])], folder / "zoo.json", settings)
+    data = store.run_data(spec["dataset"], settings)
+    placed = cfg.model_copy(update={"zoo": str(manifest), **data})
+    if (folder / CHECKPOINT).is_file():
+        run_checkpoints.rebase(folder, placed.model_dump(mode="json"))
+    return placed
+
+
+__all__ = ["HOOK", "document", "node_settings", "place"]

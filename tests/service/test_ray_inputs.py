@@ -1,0 +1,75 @@
+"""The Ray backend's inputs hook (``service.ray_inputs``) without a cluster: what travels to
+the nodes (no path of the gpu worker's, the store's variables only with a hook), and what a
+node does with it (its own paths; a restarted worker's checkpoint rebased onto them). The
+real pool run, nodes with folders of their own, is tests/service/ray/test_pool.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zoopick.service import ray_inputs
+from zoopick.service.db.models import ZooModel
+from zoopick.service.settings import Settings
+from zoopick.training.backends import Backend, hook_of
+from zoopick.training.config import CHECKPOINT, FinetuneConfig, FinetuneOptions
+
+
+def _row() -> ZooModel:
+    columns = {"weights_sha256": None, "weights_size": None, "source": None}
+    return ZooModel(id="tiny", arch="test_resnet", weights="none", num_classes=10, overrides={},
+                    tags=[], **columns)  # fmt: skip
+
+
+def test_the_document_names_keys_and_the_hook_and_backend_checks_it(tmp_path):
+    cfg = Settings(data_dir=tmp_path / "gpu")
+    doc = ray_inputs.document(cfg, _row(), "tenants/t/datasets/d/x.npz")
+    module, function, spec = hook_of(doc)
+    assert f"{module}:{function}" == ray_inputs.HOOK and function == "place"
+    assert spec["dataset"] == "tenants/t/datasets/d/x.npz" and spec["zoo"]["id"] == "tiny"
+    assert str(tmp_path / "gpu" / "objects") not in doc  # no cache path of the gpu worker's
+    assert Backend(kind="ray", ray_address="h:1", inputs=doc).inputs == doc
+    for bad in ("{", json.dumps({"hook": "nomodule"}), json.dumps({"spec": {}})):
+        with pytest.raises(ValueError, match="inputs"):
+            Backend(kind="ray", ray_address="h:1", inputs=bad)
+
+
+def test_the_store_variables_go_to_the_pool_only_with_a_hook(monkeypatch):
+    from zoopick.training.ray_driver import _worker_env
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    assert "AWS_ACCESS_KEY_ID" not in _worker_env(45)
+    env = _worker_env(45, ray_inputs.HOOK)
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("k", "s")
+
+
+def test_a_node_places_the_run_on_its_own_paths_and_rebases_a_restored_checkpoint(
+    tmp_path, monkeypatch
+):
+    import torch
+
+    store, node = tmp_path / "store", tmp_path / "node"
+    data = store / "old" / "shapes.npz"  # a dataset from before the store: read where it is
+    data.parent.mkdir(parents=True)
+    data.write_bytes(b"x")
+    monkeypatch.setenv("ZOOPICK_DATA_DIR", str(node))
+    spec = json.loads(ray_inputs.document(Settings(data_dir=store), _row(), str(data)))["spec"]
+    folder = tmp_path / "private"
+    folder.mkdir()
+    elsewhere = {"zoo": "/gpu/zoo.json", "data": "/gpu/objects/x.npz", "out": "/gpu/run"}
+    torch.save({"config": {**elsewhere, "epochs": 3}}, folder / CHECKPOINT)
+    cfg = FinetuneConfig.for_run(
+        FinetuneOptions(), zoo="/gpu/zoo.json", model="tiny", data="/gpu/x.npz", out=str(folder)
+    )
+
+    placed = ray_inputs.place(cfg, spec, folder)
+    assert placed.zoo == str(folder / "zoo.json") and Path(placed.zoo).is_file()
+    assert placed.data == str(data)
+    saved = torch.load(folder / CHECKPOINT, weights_only=False)["config"]
+    assert (saved["zoo"], saved["data"], saved["out"], saved["epochs"]) == (
+        placed.zoo, placed.data, str(folder), 3
+    )  # fmt: skip
+    assert node.is_dir()  # the node's own folder, from its environment
