@@ -15,6 +15,7 @@ import pytest
 from tests.service.checkpoints import write_checkpoint
 from tests.service.datafiles import npz_bytes
 from tests.service.procs import api_and_worker, create_token, poll
+from tests.service.ray.conftest import add_node
 from zoopick.service.storage import S3Store, open_store
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
@@ -26,13 +27,15 @@ FINETUNE = {
 }  # fmt: skip
 
 
-def _prepare(http, admin: str, weights: str = "none") -> str:
-    """One zoo model (its checkpoint ``weights``) and a ready dataset; returns the dataset id."""
+def _prepare(http, admin: str, weights: str = "none", per_class: int = 4) -> str:
+    """One zoo model (its checkpoint ``weights``) and a ready dataset of ``per_class`` images
+    a class (3 classes); returns the dataset id."""
     zoo = {"id": "tiny", "arch": "test_resnet", "weights": weights, "num_classes": 10,
            "input_size": [3, 32, 32]}  # fmt: skip
     resp = http.post("/zoo", json=zoo, headers={"Authorization": f"Bearer {admin}"})
     assert resp.status_code == 201, resp.text
-    resp = http.post("/datasets", files={"file": ("shapes.npz", npz_bytes(12), "x")})
+    data = npz_bytes(per_class)
+    resp = http.post("/datasets", files={"file": ("shapes.npz", data, "x")})
     assert resp.status_code in (201, 202), resp.text  # 201: validated inline
     ds = poll(
         lambda: http.get(f"/datasets/{resp.json()['id']}").json(),
@@ -64,7 +67,12 @@ def test_a_job_fine_tunes_across_two_nodes_of_the_pool(
     gpu worker nor with each other (each its own ``ZOOPICK_DATA_DIR``, conftest.add_node):
     each Ray worker fetches the dataset and the zoo model's checkpoint from the store into its
     node's object cache, and Ray keeps the run's checkpoints under the job's prefix there,
-    not in the gpu worker's folder."""
+    not in the gpu worker's folder. A node lost after the first epoch's checkpoint is
+    replaced by a node with another folder, and the run resumes from the store's checkpoint
+    there (its paths rebased onto that node's: ``ray_inputs.place``). 600 images (an epoch
+    of seconds), so the loss lands mid-run; it costs the test about 40 s, and is the issue's
+    test of a lost node whose replacement shares no folder (test_backend's lost-node test
+    runs the command line, whose nodes read the paths it is given)."""
     prefix = f"raypool-{uuid.uuid4().hex[:8]}"
     cfg = isolated_settings(
         "raypool",
@@ -83,17 +91,34 @@ def test_a_job_fine_tunes_across_two_nodes_of_the_pool(
         )
     nodes = {folder: _files(folder) for folder in cluster.data_dirs}
     with api_and_worker(cfg, "cpu,gpu", token, env, prefix=API) as (http, worker):
-        ds = _prepare(http, admin, weights=f"s3://{s3_server.bucket}/{key}")
-        body = {"dataset_id": ds, "metrics": ["logme"], "finetune": FINETUNE}
+        ds = _prepare(http, admin, weights=f"s3://{s3_server.bucket}/{key}", per_class=200)
+        finetune = {**FINETUNE, "epochs": 3}
+        body = {"dataset_id": ds, "metrics": ["logme"], "finetune": finetune}
         resp = http.post("/jobs", json=body)
         assert resp.status_code == 202, resp.text
-        job = _finished(http, resp.json()["id"], timeout=300)
+        jid = resp.json()["id"]
+        with mock.patch.dict(os.environ, env):
+            store = S3Store(cfg.storage_url)
+        ray_run = f"tenants/{_tenant(cfg)}/jobs/{jid}/train/ray/"
+        poll(  # the first epoch's checkpoint is in the store, and Ray recorded it
+            lambda: store.list(ray_run),
+            lambda keys: (
+                any(k.endswith("/checkpoint.pt") for k in keys)
+                and any(k.endswith("/checkpoint_manager_snapshot.json") for k in keys)
+            ),
+            timeout=240,
+            what="the first checkpoint in the store",
+        )
+        cluster.remove_node(cluster.list_all_nodes()[-1], allow_graceful=False)
+        add_node(cluster)  # the replacement, with a folder of its own
+        job = _finished(http, jid, timeout=300)
         assert job["status"] == "succeeded", (job, worker.tail())
 
         run = job["training"]
         assert (run["backend"], run["world_size"], run["status"]) == ("ray", 2, "succeeded")
         assert run["backend_ref"]  # the Ray job id, kept in PostgreSQL
-        assert [e["epoch"] for e in run["epochs"]] == [1, 2]
+        assert run["resumes"] >= 1, run
+        assert sorted({e["epoch"] for e in run["epochs"]}) == [1, 2, 3]
         assert all(e["bytes_sent"] and e["iterations"] for e in run["epochs"])
 
         model = http.get(f"/jobs/{job['id']}/model")
@@ -113,10 +138,12 @@ def test_a_job_fine_tunes_across_two_nodes_of_the_pool(
         assert any(k.endswith("/checkpoint.pt") and "/ray/" in k for k in keys), keys
         assert any(k.endswith("/comm-state-rank1.pt") for k in keys), keys
 
-    # each training node (STRICT_SPREAD: two) fetched the dataset and the checkpoint into its
-    # own folder: the run's paths there were its own, not the gpu worker's
-    fetched = [new for folder, before in nodes.items() if (new := _files(folder) - before)]
-    assert len(fetched) == 2, fetched
+    # each training node (STRICT_SPREAD: two, then the survivor and the replacement) fetched
+    # the dataset and the checkpoint into its own folder: the run's paths there were its own
+    fetched = [
+        new for folder in cluster.data_dirs if (new := _files(folder) - nodes.get(folder, set()))
+    ]
+    assert len(fetched) == 3, fetched
     for new in fetched:
         assert any(f"/datasets/{ds}/" in p for p in new), new
         assert any(p.endswith(key) for p in new), new
