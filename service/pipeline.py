@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from zoopick.selection.ties import tie_groups
@@ -30,6 +30,7 @@ from zoopick.service.db.models import (
     JobStatus,
     RaceEntry,
     Score,
+    ScoreLease,
     TrainingRun,
 )
 from zoopick.service.db.types import utcnow
@@ -123,7 +124,9 @@ def renew_lease(session: Session, job_id: uuid.UUID, owner: str, seconds: int) -
 def scoring_owner(job_id: uuid.UUID) -> str:
     """The lease owner every scoring task of a job shares (as a race's candidates share
     ``race:<job>``): a job's models may be scored on several workers at once, and any of them
-    alive keeps the job alive. Selection releases it when it moves the job on."""
+    alive keeps the job alive. Selection releases it when it moves the job on. Which model's
+    task died is told by each model's own lease (:func:`claim_model_lease`), as each race
+    candidate has its own."""
     return f"score:{job_id}"
 
 
@@ -132,6 +135,50 @@ def release_lease(session: Session, job_id: uuid.UUID, owner: str) -> None:
         update(Job)
         .where(Job.id == job_id, Job.lease_owner == owner)
         .values(lease_owner=None, lease_expires_at=None)
+    )
+
+
+def claim_model_lease(
+    session: Session, job_id: uuid.UUID, model_id: str, owner: str, seconds: int
+) -> bool:
+    """Take the lease on scoring ``model_id`` for the job (``score_leases``) if no task holds
+    it, its holder stopped renewing it (a dead worker) or it is already ours; False while
+    another live task scores that model. One atomic statement: of two deliveries starting the
+    same model at once, one gets it."""
+    now = utcnow()
+    stmt = _insert(session)(ScoreLease).values(
+        job_id=job_id, model_id=model_id, lease_owner=owner,
+        lease_expires_at=now + timedelta(seconds=seconds),
+    )  # fmt: skip
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[ScoreLease.job_id, ScoreLease.model_id],
+        set_={"lease_owner": owner, "lease_expires_at": stmt.excluded.lease_expires_at},
+        where=or_(ScoreLease.lease_expires_at < now, ScoreLease.lease_owner == owner),
+    ).returning(ScoreLease.model_id)
+    return session.execute(stmt).scalar() is not None
+
+
+def renew_model_lease(
+    session: Session, job_id: uuid.UUID, model_id: str, owner: str, seconds: int
+) -> bool:
+    """Extend our lease on scoring ``model_id``; False means it is no longer ours."""
+    stmt = (
+        update(ScoreLease)
+        .where(
+            ScoreLease.job_id == job_id,
+            ScoreLease.model_id == model_id,
+            ScoreLease.lease_owner == owner,
+        )
+        .values(lease_expires_at=utcnow() + timedelta(seconds=seconds))
+    )
+    return session.execute(stmt).rowcount == 1
+
+
+def release_model_lease(session: Session, job_id: uuid.UUID, model_id: str) -> None:
+    """Drop the lease on scoring ``model_id``: the model is settled (scored or failed), in the
+    transaction that settles it, so no sweeper sees a settled model's lease lapse."""
+    session.execute(
+        delete(ScoreLease).where(ScoreLease.job_id == job_id, ScoreLease.model_id == model_id)
     )
 
 

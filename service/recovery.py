@@ -8,6 +8,12 @@ mid-task loses it for good. Two signs on the job row tell a lost job:
 
 * **lease expired**: a training task renews its lease every few seconds while its trainer runs
   (``zoopick.workers.tasks.finetune``); a lease past its expiry means the owner stopped;
+* **a model's task died**: each model being scored holds a lease of its own (``score_leases``,
+  renewed while its task runs, dropped once the model is settled); one past its expiry means
+  that model's task died with its worker, even while the job's other models are scored and keep
+  the job's shared scoring lease live (as a race's candidate whose task died, below), so it is
+  re-sent within about two lease periods (the lease, then the next sweep), however long the
+  others take;
 * **unattended**: a job being scored or selected (``queued``, ``scoring``) whose scoring lease
   (shared by its scoring tasks, renewed while one runs) lapsed and which made no progress for
   ``recovery_grace_seconds`` (60 s), while a gpu worker is up and idle (no job's task holds a
@@ -42,7 +48,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy import and_, delete, exists, or_, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from zoopick.service import tracking, webhooks
@@ -52,6 +58,7 @@ from zoopick.service.db.models import (
     Job,
     JobStatus,
     RaceEntry,
+    ScoreLease,
     WorkerHeartbeat,
 )
 from zoopick.service.db.session import make_engine, make_sessionmaker, session_scope
@@ -97,6 +104,16 @@ def _dead_candidate(now: datetime) -> Any:
     )
 
 
+def _dead_scorer(now: datetime) -> Any:
+    """A job being scored one of whose models' task stopped renewing that model's lease: the
+    other models' tasks may still run (and keep the job's shared lease alive), but that model
+    needs a new task."""
+    return and_(
+        Job.status.in_(SCORING),
+        exists().where(ScoreLease.job_id == Job.id, ScoreLease.lease_expires_at < now),
+    )
+
+
 def _worker_up(now: datetime, settings: Settings, queue: str) -> Any:
     """A worker consuming ``queue`` beat within the heartbeat timeout: work sent there runs."""
     fresh = now - timedelta(seconds=settings.heartbeat_timeout_seconds)
@@ -105,11 +122,13 @@ def _worker_up(now: datetime, settings: Settings, queue: str) -> Any:
 
 def _idle(now: datetime, settings: Settings) -> Any:
     """No work runs that queued tasks could be waiting behind: no job's task holds a live
-    lease and no validation keeps its dataset fresh (a worker may consume both queues)."""
+    lease (the job's, or a scored model's) and no validation keeps its dataset fresh (a worker
+    may consume both queues)."""
     grace = now - timedelta(seconds=settings.recovery_grace_seconds)
     job, dataset = aliased(Job), aliased(Dataset)
     return and_(
         ~exists().where(job.status.in_(UNFINISHED), job.lease_expires_at >= now),
+        ~exists().where(ScoreLease.lease_expires_at >= now),
         ~exists().where(
             dataset.status == DatasetStatus.validating.value, dataset.updated_at >= grace
         ),
@@ -117,14 +136,15 @@ def _idle(now: datetime, settings: Settings) -> Any:
 
 
 def _unattended(now: datetime, settings: Settings) -> Any:
-    """A job being scored or selected that no task attends: its scoring lease lapsed and no
-    progress for the grace, while a gpu worker is up and idle (so its tasks are not merely
-    queued behind other work: they are gone)."""
+    """A job being scored or selected that no task attends: its scoring lease (and every
+    model's) lapsed and no progress for the grace, while a gpu worker is up and idle (so its
+    tasks are not merely queued behind other work: they are gone)."""
     grace = now - timedelta(seconds=settings.recovery_grace_seconds)
     return and_(
         Job.status.in_(SCORING),
         Job.updated_at < grace,
         or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now),
+        ~exists().where(ScoreLease.job_id == Job.id, ScoreLease.lease_expires_at >= now),
         _idle(now, settings),
         _worker_up(now, settings, GPU),
     )
@@ -137,6 +157,7 @@ def _lost_clause(now: datetime, settings: Settings) -> Any:
         Job.status.in_(UNFINISHED),
         or_(
             _dead_candidate(now),
+            _dead_scorer(now),
             and_(leased, Job.lease_expires_at < now),
             _unattended(now, settings),
             # a live lease is proof of life (renewed every few seconds), however long an
@@ -198,7 +219,11 @@ def _claim(session: Session, job: Job, now: datetime, settings: Settings, **valu
 def _recover(
     factory: sessionmaker[Session], dispatcher: Any, settings: Settings, job: Job, now: datetime
 ) -> Action | None:
-    reason = lost_reason(job, now, settings) or _dead_candidates(factory, job, now)
+    reason = (  # a dead model's task first: the job's own row cannot tell one
+        _dead_scorers(factory, job, now)
+        or lost_reason(job, now, settings)
+        or _dead_candidates(factory, job, now)
+    )
     if reason is None:
         return None
     with session_scope(factory) as session:
@@ -254,6 +279,11 @@ def _recover(
             )
             .values(status="queued", lease_owner=None, lease_expires_at=None)
         )
+        # and a scoring job's dead models' leases go: their new tasks take them afresh, and
+        # the next sweep does not count the same loss again
+        session.execute(
+            delete(ScoreLease).where(ScoreLease.job_id == job.id, ScoreLease.lease_expires_at < now)
+        )
     attempt = job.recoveries + 1
     try:
         ids = dispatcher.requeue(job, attempt, _race_work(factory, job))
@@ -297,6 +327,21 @@ def _dead_candidates(factory: sessionmaker[Session], job: Job, now: datetime) ->
         return None
     names = ", ".join(f"{e.model_id} ({e.lease_owner})" for e in dead)
     return f"the task racing {names} stopped renewing its lease"
+
+
+def _dead_scorers(factory: sessionmaker[Session], job: Job, now: datetime) -> str | None:
+    if job.status not in SCORING:
+        return None
+    with factory() as session:
+        dead = session.scalars(
+            select(ScoreLease)
+            .where(ScoreLease.job_id == job.id, ScoreLease.lease_expires_at < now)
+            .order_by(ScoreLease.model_id)
+        ).all()
+    if not dead:
+        return None
+    names = ", ".join(f"{d.model_id} ({d.lease_owner})" for d in dead)
+    return f"the task scoring {names} stopped renewing its lease"
 
 
 def _race_work(factory: sessionmaker[Session], job: Job) -> list[tuple[str, int]]:

@@ -277,9 +277,11 @@ class Settings(BaseSettings):
     recovery_grace_seconds: int = Field(
         60,
         gt=0,
-        description="A scoring task's lease on its job (renewed every quarter of it while the "
-        "task runs), and how long a job being scored or selected, or a dataset being validated, "
-        "may show no live lease and no progress, while a worker on its queue is up and runs "
+        description="A scoring task's lease on its job and on the model it scores (renewed "
+        "every quarter of it while the task runs: a model whose lease lapsed lost its task and "
+        "is sent again at the next sweep, however long the job's other models take), and how "
+        "long a job being scored or selected, or a dataset being validated, may show no live "
+        "lease and no progress, while a worker on its queue is up and runs "
         "nothing else, before the sweeper counts its tasks lost (a dead worker's, or lost by "
         "the broker) and sends them again. Recovery then takes at most this plus "
         "sweep_interval_seconds plus the re-sent work: 60 + 60 + under 60 s fits the stated "

@@ -367,7 +367,13 @@ def score_model(self, job_id: str, model_id: str) -> str:
     jid = uuid.UUID(job_id)
     cfg = settings()
     what = f"job {jid}: scoring {model_id}"
-    started = _db(what, lambda: _start_scoring(jid, model_id, cfg))
+    # the model's lease is the message's (its task id), not the process's: a message Celery
+    # delivers again after its worker died takes its own lease back at once, while a re-sent
+    # canvas (fresh task ids) waits for a live first task
+    owner = self.request.id
+    started = _db(what, lambda: _start_scoring(jid, model_id, cfg, owner))
+    if started == HELD:  # another live task scores this model: settled when it ends
+        raise self.retry(countdown=held_countdown(cfg), max_retries=None)
     if isinstance(started, str):
         return started
     entry, metrics, path = started
@@ -376,9 +382,11 @@ def score_model(self, job_id: str, model_id: str) -> str:
         with session_scope(factory()) as session:
             pipeline.renew_lease(session, jid, pipeline.scoring_owner(jid),
                                  cfg.recovery_grace_seconds)  # fmt: skip
+            pipeline.renew_model_lease(session, jid, model_id, owner, cfg.recovery_grace_seconds)
 
     try:
-        # the job's lease stays live through a long forward pass (the sweeper's proof of life)
+        # the job's lease and this model's stay live through a long forward pass (the
+        # sweeper's proof of life: a model whose lease lapsed lost its task)
         with liveness.Renewal(renew, cfg.recovery_grace_seconds / 4):
             result = score_one(entry, path, metrics, cfg)
     except SoftTimeLimitExceeded:  # this model is too slow: skip it, score the others
@@ -397,10 +405,25 @@ def score_model(self, job_id: str, model_id: str) -> str:
     return _db(what, lambda: _record_scores(jid, model_id, result))
 
 
-def _start_scoring(jid: uuid.UUID, model_id: str, cfg: Settings) -> str | tuple[Any, list, str]:
-    """One transaction: the job moves to ``scoring`` and this start is counted; returns what
-    to score (zoo entry, metrics, dataset path), or the task's answer when there is nothing
-    to do."""
+HELD = "held"
+""":func:`_start_scoring`'s answer when another live task holds the model's lease (a re-sent
+job's canvas reaching a model its first task still scores): the task comes back later rather
+than score the model twice, and then finds it settled (or its lease lapsed: it scores it)."""
+
+
+def held_countdown(cfg: Settings) -> float:
+    """Seconds before a task whose model another live task scores looks again: a quarter of
+    the lease (the holder's renewal period), at most 5 s, so selection waits little once the
+    holder is done."""
+    return max(1.0, min(5.0, cfg.recovery_grace_seconds / 4))
+
+
+def _start_scoring(
+    jid: uuid.UUID, model_id: str, cfg: Settings, owner: str
+) -> str | tuple[Any, list, str]:
+    """One transaction: the job moves to ``scoring``, this task takes the model's lease and
+    this start is counted; returns what to score (zoo entry, metrics, dataset path), or the
+    task's answer when there is nothing to do (:data:`HELD`: not yet)."""
     with session_scope(factory()) as session:
         job = _open_job(session, jid)
         if job is None:
@@ -411,6 +434,9 @@ def _start_scoring(jid: uuid.UUID, model_id: str, cfg: Settings) -> str | tuple[
         ):  # a re-delivered message, or a re-queued job: this model is settled
             pipeline.update_scoring_progress(session, job)
             return "already settled"
+        lease = cfg.recovery_grace_seconds
+        if not pipeline.claim_model_lease(session, jid, model_id, owner, lease):
+            return HELD  # not counted: this start computes nothing
         count = liveness.count_delivery(session, f"score:{jid}:{model_id}")
         error = liveness.died_too_often(count, cfg, "scoring")
         if error is not None:  # this model kills its worker: skip it, score the others
@@ -422,9 +448,10 @@ def _start_scoring(jid: uuid.UUID, model_id: str, cfg: Settings) -> str | tuple[
             what = f"zoo model {model_id!r}" if row is None else "the dataset"
             pipeline.fail(session, jid, f"{what} was deleted before it could be scored")
             return "failed"
-        # renewed while the model is scored: once it lapses with no progress, the sweeper
-        # sends the job's unsettled work again (``service.recovery``)
-        pipeline.claim_lease(session, jid, pipeline.scoring_owner(jid), cfg.recovery_grace_seconds)
+        # renewed while the model is scored, as the model's own lease: once that lapses
+        # (its task died), or the job's lapses with no progress, the sweeper sends the job's
+        # unsettled work again (``service.recovery``)
+        pipeline.claim_lease(session, jid, pipeline.scoring_owner(jid), lease)
         return zoo_catalog.to_entry(row), list(job.metrics), ds.storage_path
 
 
@@ -448,6 +475,7 @@ def _record_scores(jid: uuid.UUID, model_id: str, result: Any) -> str:
             cached=result.cached,
             parts=result.parts,
         )
+        pipeline.release_model_lease(session, jid, model_id)
         pipeline.update_scoring_progress(session, job)
         if job.cancel_requested:  # checked between models
             pipeline.finish_cancelled(session, jid)
@@ -459,6 +487,7 @@ def _model_failed(session: Session, jid: uuid.UUID, model_id: str, error: str) -
     goes on with the others and fails only when no model could be scored
     (:func:`select_model`)."""
     pipeline.record_model_error(session, jid, model_id, error)
+    pipeline.release_model_lease(session, jid, model_id)
     job = session.get(Job, jid)
     if job is not None:
         pipeline.update_scoring_progress(session, job)

@@ -263,6 +263,28 @@ class RaceEntry(Base):
     job: Mapped[Job] = relationship(back_populates="race_entries")
 
 
+class ScoreLease(Base):
+    """Which task scores one model of a job now, and until when it is alive: the lease its
+    scoring task claims when it starts that model, renews while the forward pass runs and
+    drops when the model is settled (scored or failed). One row per model being scored, as a
+    race's candidates each hold their own lease (``race_entries``), beside the job's shared
+    ``score:<job>`` lease: that one says some scoring task of the job is alive, this one which
+    model's task died. A model whose row is past its expiry lost its task (a dead worker), and
+    the sweeper re-sends it within about two lease periods, however long the job's other
+    models take."""
+
+    __tablename__ = "score_leases"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    model_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    lease_owner: Mapped[str] = mapped_column(String(200))
+    """The scoring task's id: a message delivered again after its worker died takes its own
+    lease back; a re-sent canvas's task (a fresh id) waits while the lease is live."""
+    lease_expires_at: Mapped[datetime]
+
+
 class Score(Base):
     """One metric's value for one model in one job; unique per (job, model, metric) so a
     re-delivered scoring task overwrites rather than duplicates."""

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import select
 
 from tests.service.datafiles import not_a_dataset_zip_bytes, npz_bytes
-from tests.service.procs import poll, start_api, start_worker, wait_worker_ready
+from tests.service.procs import deliveries, poll, start_api, start_worker, wait_worker_ready
 from zoopick.service.db.models import Job, Score, Tenant
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.db.types import utcnow
@@ -232,6 +232,53 @@ def test_queued_job_cancelled_then_scoring_job_succeeds(stack):
         headers={"Idempotency-Key": "e2e-1"},
     )
     assert again.json()["id"] == jid and again.json()["status"] == "succeeded"
+
+
+def test_a_resent_model_another_live_task_scores_waits_for_it(stack):
+    """A job's canvas sent again (the sweeper re-sends a job when one model's task died) also
+    reaches models whose first task still scores them. Such a task finds the model's lease
+    live, does not start (no delivery counted, nothing computed) and comes back later; once the
+    holder has settled the model it finds it settled, and the chord goes on to the selection."""
+    from zoopick.service import pipeline
+    from zoopick.service.db.models import ScoreLease
+    from zoopick.service.dispatch import Dispatcher
+
+    factory, settings = stack["factory"], stack["settings"]
+    dataset = _upload_ready(stack)
+    gpu_worker(stack)
+    held, free = "tiny-resnet", "tiny-vit"
+    with factory.begin() as session:
+        tenant = session.scalar(select(Tenant.id).where(Tenant.name == "e2e"))
+        job = Job(tenant_id=tenant, dataset_id=uuid.UUID(dataset), request={},
+                  models=[held, free], metrics=["logme"], select_by="logme")  # fmt: skip
+        session.add(job)
+        session.flush()
+        jid = job.id
+        session.add(ScoreLease(job_id=jid, model_id=held, lease_owner="other:1:first-task",
+                               lease_expires_at=utcnow() + timedelta(hours=1)))  # fmt: skip
+    with factory() as session:
+        Dispatcher(settings).submit_job(session.get(Job, jid))
+
+    def row() -> Job:
+        with factory() as session:
+            return session.get(Job, jid)
+
+    poll(lambda: deliveries(factory, f"score:{jid}:{free}"), lambda n: n == 1, 120,
+         what="the free model's task")  # fmt: skip
+    poll(lambda: row().progress, lambda p: p == 0.5, 120, what="the free model scored")
+    assert deliveries(factory, f"score:{jid}:{held}") == 0  # waits, computes nothing
+    assert row().status == "scoring"
+    with factory.begin() as session:  # the first task settles its model, as it would
+        pipeline.upsert_scores(session, jid, held, {"logme": 1e6}, {"logme": 0.0})
+        pipeline.release_model_lease(session, jid, held)
+    job = poll(row, lambda j: j.status in ("succeeded", "failed"), 60, what="the selection")
+    assert (job.status, job.chosen_model) == ("succeeded", held)
+    assert deliveries(factory, f"score:{jid}:{held}") == 0
+    with factory() as session:
+        scores = dict(session.execute(
+            select(Score.model_id, Score.value).where(Score.job_id == jid)).all())  # fmt: skip
+        assert session.scalars(select(ScoreLease).where(ScoreLease.job_id == jid)).all() == []
+    assert scores[held] == 1e6 and set(scores) == {held, free}  # the holder's score, kept
 
 
 def test_running_job_is_cancelled_between_models(stack):

@@ -24,6 +24,7 @@ TABLES = {
     "artefacts",
     "task_deliveries",
     "worker_heartbeats",
+    "score_leases",
 }
 
 
@@ -37,7 +38,7 @@ def empty_url(request, tmp_path) -> str:
 def test_upgrade_matches_models_and_downgrades_to_empty(empty_url):
     assert migrate.current_heads(empty_url) == set()
     migrate.upgrade(empty_url)
-    assert migrate.current_heads(empty_url) == {migrate.head()} == {"0015"}
+    assert migrate.current_heads(empty_url) == {migrate.head()} == {"0016"}
     engine = make_engine(empty_url)
     try:
         with engine.connect() as conn:
@@ -55,6 +56,6 @@ def test_upgrade_matches_models_and_downgrades_to_empty(empty_url):
         assert migrate.current_heads(empty_url) == set()
 
         migrate.upgrade(empty_url)  # and back up again: the downgrade left nothing behind
-        assert migrate.current_heads(empty_url) == {migrate.head()} == {"0015"}
+        assert migrate.current_heads(empty_url) == {migrate.head()} == {"0016"}
     finally:
         engine.dispose()

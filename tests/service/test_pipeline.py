@@ -12,7 +12,7 @@ from sqlalchemy import func, select, update
 
 from zoopick.service import pipeline
 from zoopick.service.db import migrate
-from zoopick.service.db.models import EpochMetric, Job, JobStatus, Score, TrainingRun
+from zoopick.service.db.models import EpochMetric, Job, JobStatus, Score, ScoreLease, TrainingRun
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.db.types import utcnow
 from zoopick.service.security import get_or_create_tenant
@@ -109,6 +109,27 @@ def test_lease_is_exclusive_until_it_expires(factory, job):
         assert not pipeline.renew_lease(s, job, "w1", 60)  # and w1 learns it lost it
         pipeline.release_lease(s, job, "w2")
         assert s.get(Job, job).lease_owner is None
+
+
+def test_a_models_scoring_lease_is_exclusive_until_it_expires(factory, job):
+    """Each model's own lease (``score_leases``): one live task scores a model; another model
+    is leased apart; a dead holder's lease is taken over; settling the model drops it."""
+    with factory.begin() as s:
+        assert pipeline.claim_model_lease(s, job, "a", "w1", 60)
+        assert not pipeline.claim_model_lease(s, job, "a", "w2", 60)  # w1 scores it
+        assert pipeline.claim_model_lease(s, job, "b", "w2", 60)  # another model: its own
+        assert pipeline.claim_model_lease(s, job, "a", "w1", 60)  # re-entrant for its owner
+        assert pipeline.renew_model_lease(s, job, "a", "w1", 60)
+        assert not pipeline.renew_model_lease(s, job, "a", "w2", 60)
+        gone = utcnow() - timedelta(seconds=1)
+        lease_a = update(ScoreLease).where(ScoreLease.job_id == job, ScoreLease.model_id == "a")
+        s.execute(lease_a.values(lease_expires_at=gone))
+        assert pipeline.claim_model_lease(s, job, "a", "w3", 60)  # w1 died: w3 takes over
+        assert not pipeline.renew_model_lease(s, job, "a", "w1", 60)  # and w1 learns it
+        pipeline.release_model_lease(s, job, "a")
+        held = {(r.model_id, r.lease_owner) for r in s.scalars(select(ScoreLease))
+                if r.job_id == job}  # fmt: skip
+        assert held == {("b", "w2")}
 
 
 def test_scores_are_upserted_and_progress_counts_complete_models(factory, job):

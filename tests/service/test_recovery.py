@@ -19,7 +19,7 @@ from sqlalchemy import delete, select, update
 from tests.service.procs import Proc, env_for, poll
 from zoopick.service import recovery
 from zoopick.service.db import migrate
-from zoopick.service.db.models import Dataset, Job, TrainingRun, WorkerHeartbeat
+from zoopick.service.db.models import Dataset, Job, ScoreLease, TrainingRun, WorkerHeartbeat
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.db.types import utcnow
 from zoopick.service.dispatch import Dispatcher
@@ -338,6 +338,46 @@ def test_scoring_jobs_no_task_attends_are_resent_within_the_grace(env):
         session.execute(update(WorkerHeartbeat).values(seen_at=later))
     again = recovery.sweep(factory, dispatcher, settings, now=later)
     assert {a.job_id for a in again} == {lost, scored, recent}
+
+
+def test_a_model_whose_task_died_is_resent_while_the_others_are_still_scored(env):
+    """Each model being scored holds its own lease: one lapsed (its task died with its worker)
+    gets the job re-sent at the next sweep, while another model's task still runs and keeps
+    the job's shared scoring lease, and the job's progress, fresh. The shared lease alone hid
+    such a model until the others were done (issue 43: up to 184 s). A live model lease keeps
+    the job attended, and the gpu worker busy for every job's unattended check."""
+    settings, factory, tenant = env
+    settings = settings.model_copy(update={"recovery_grace_seconds": GRACE})
+    now = utcnow()
+    shared = {"lease_owner": "score:j", "lease_expires_at": now + timedelta(seconds=GRACE)}
+    jid = add_job(factory, tenant, status="scoring", **shared)  # progress a moment ago
+    idle = add_job(factory, tenant, age=GRACE + 10, status="scoring")  # nothing attends it
+    with factory.begin() as session:
+        session.add(ScoreLease(job_id=jid, model_id="m1", lease_owner=f"{jid}-score-0",
+                               lease_expires_at=now + timedelta(seconds=GRACE)))  # fmt: skip
+        session.add(ScoreLease(job_id=jid, model_id="m2", lease_owner=f"{jid}-score-1",
+                               lease_expires_at=now + timedelta(seconds=1)))  # fmt: skip
+    beating(factory, "cpu,gpu")
+    dispatcher = Dispatcher(settings)
+    assert recovery.sweep(factory, dispatcher, settings) == []  # both models' tasks alive
+
+    later = now + timedelta(seconds=2)  # m2's task stopped renewing; m1's goes on
+    with factory.begin() as session:
+        session.execute(update(WorkerHeartbeat).values(seen_at=later))
+    (action,) = recovery.sweep(factory, dispatcher, settings, now=later)
+    assert (action.job_id, action.action) == (jid, "requeued")
+    assert action.reason == f"the task scoring m2 ({jid}-score-1) stopped renewing its lease"
+    job = row(factory, jid)
+    assert job.recoveries == 1 and job.status == "scoring"
+    fresh = [f"{jid}-r1-score-0", f"{jid}-r1-score-1", f"{jid}-r1-select"]
+    assert job.task_ids == fresh
+    assert {t for _, _, t in queued_tasks(settings)} == set(fresh[:2])  # select: the chord's
+    with factory() as session:  # the dead lease is gone (the new task takes it), m1's stays
+        leases = {s.model_id: s.lease_owner for s in session.scalars(select(ScoreLease))}
+    assert leases == {"m1": f"{jid}-score-0"}
+    # the loss is counted once; the idle job waits: m1's live task may hold it back
+    assert recovery.sweep(factory, dispatcher, settings, now=later) == []
+    assert row(factory, idle).recoveries == 0
 
 
 def add_dataset(factory, tenant, status: str, age: float) -> uuid.UUID:
