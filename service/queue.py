@@ -27,6 +27,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
+from zoopick.service.fsbroker import TRANSPORT
 from zoopick.service.result_backend import backend_url
 from zoopick.service.settings import Settings
 
@@ -117,6 +118,8 @@ def make_celery(settings: Settings, *, include_tasks: bool = False) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
         timezone="UTC",
     )
+    if settings.embedded_broker:  # kombu's file transport, its messages written whole
+        app.conf.broker_transport = TRANSPORT
     if settings.preload_scoring:  # a pool process imports torch before it reports ready
         app.conf.worker_proc_alive_timeout = PRELOAD_ALIVE_TIMEOUT
     return app
