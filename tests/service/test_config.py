@@ -165,7 +165,8 @@ def test_importing_the_workers_does_not_import_torch():
 def test_the_triton_switch_travels_in_the_runs_config_not_its_environment(monkeypatch):
     """The deployment's ZOOPICK_COMM_TRITON reaches a run as ``FinetuneConfig.comm_triton``
     (set by the worker from its settings), so Ray's processes on other machines get it in the
-    config they read, and the driver hands Ray's runtime environment only its own timeout."""
+    config they read, and the driver hands Ray's runtime environment only its own timeout
+    (with an inputs hook, the store's variables too: tests/service/test_ray_inputs.py)."""
     from zoopick.training.config import FinetuneConfig, FinetuneOptions
     from zoopick.training.ray_driver import _worker_env
 
