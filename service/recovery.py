@@ -4,7 +4,7 @@ A job is *lost* when no task will ever move it on: the worker running it died (k
 memory, machine gone) or the broker dropped its messages. Redis hands an unacknowledged task
 back only after its visibility timeout (hours, since it must exceed the longest task), and the
 embedded file broker deletes a message as soon as a worker takes it, so a worker killed
-mid-task loses it for good. Two signs on the job row tell a lost job:
+mid-task loses it for good. Any of these signs tells a lost job:
 
 * **lease expired**: a training task renews its lease every few seconds while its trainer runs
   (``zoopick.workers.tasks.finetune``); a lease past its expiry means the owner stopped;
@@ -20,8 +20,17 @@ mid-task loses it for good. Two signs on the job row tell a lost job:
   live lease, no validation runs): nothing it could be queued behind runs, so its tasks are gone
   (a dead worker's, lost by the broker, or a selection that never ran). A dataset ``uploaded``
   or ``validating`` is lost the same way (a running validation keeps its ``updated_at`` fresh),
-  while a cpu worker is up and idle likewise (no other validation runs either). With a job's
-  tasks queued behind another's work, only the stall below can tell;
+  while a cpu worker is up and idle likewise (no other validation runs either);
+* **not in the broker**: such a job (no live lease, no progress for the grace, a gpu worker
+  up) while other work keeps the workers busy (an hours-long fine-tune on the only gpu worker)
+  may merely wait in a queue behind it. The sweep then asks the broker which task messages it
+  still holds, queued or reserved (``zoopick.service.broker_probe``: Redis' queue lists and
+  kombu's ``unacked`` hash, the embedded broker's message files; at most 10,000 messages
+  read): a job none of whose task ids (``Job.task_ids``, every attempt's) the broker holds was
+  lost while queued. The broker is asked once a sweep, and only when there is such a job; a
+  broker that cannot tell (another transport, more messages than that, unreachable) leaves it
+  to the stall. A message a worker has reserved counts as held, so one whose worker died
+  before it started comes back only after Redis' visibility timeout (or the stall);
 * **stalled**: no progress (``updated_at``) for longer than ``settings.stall_timeout``, by
   default the longest hard time limit, which no task can outlive (a training job holding a
   live lease is never stalled: its task is alive, however long an epoch takes).
@@ -135,19 +144,30 @@ def _idle(now: datetime, settings: Settings) -> Any:
     )
 
 
-def _unattended(now: datetime, settings: Settings) -> Any:
-    """A job being scored or selected that no task attends: its scoring lease (and every
-    model's) lapsed and no progress for the grace, while a gpu worker is up and idle (so its
-    tasks are not merely queued behind other work: they are gone)."""
+def _unleased(now: datetime, settings: Settings) -> Any:
+    """A job being scored or selected whose scoring lease (and every model's) lapsed and that
+    made no progress for the grace, while a gpu worker is up: no task attends it, but its
+    tasks may still wait in the broker behind other work."""
     grace = now - timedelta(seconds=settings.recovery_grace_seconds)
     return and_(
         Job.status.in_(SCORING),
         Job.updated_at < grace,
         or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now),
         ~exists().where(ScoreLease.job_id == Job.id, ScoreLease.lease_expires_at >= now),
-        _idle(now, settings),
         _worker_up(now, settings, GPU),
     )
+
+
+def _unattended(now: datetime, settings: Settings) -> Any:
+    """An unleased job (:func:`_unleased`) while the gpu worker is idle too (so its tasks are
+    not merely queued behind other work: they are gone)."""
+    return and_(_unleased(now, settings), _idle(now, settings))
+
+
+def _queued_behind(now: datetime, settings: Settings) -> Any:
+    """An unleased job while other work keeps the workers busy: lost only if the broker no
+    longer holds its tasks (:func:`_unheld`, asked once a sweep finds such a job)."""
+    return and_(_unleased(now, settings), ~_idle(now, settings))
 
 
 def _lost_clause(now: datetime, settings: Settings) -> Any:
@@ -201,31 +221,39 @@ def lost_reason(job: Job, now: datetime, settings: Settings) -> str | None:
     return None
 
 
-def _claim(session: Session, job: Job, now: datetime, settings: Settings, **values: Any) -> bool:
-    """Apply ``values`` if the job is still lost and untouched since it was read."""
+def _claim(
+    session: Session, job: Job, now: datetime, settings: Settings, lost: Any, **values: Any
+) -> bool:
+    """Apply ``values`` if the job is still ``lost`` (a clause) and untouched since it was
+    read."""
     stmt = (
         update(Job)
-        .where(
-            Job.id == job.id,
-            Job.status == job.status,
-            Job.recoveries == job.recoveries,
-            _lost_clause(now, settings),
-        )
+        .where(Job.id == job.id, Job.status == job.status, Job.recoveries == job.recoveries, lost)
         .values(**values)
     )
     return session.execute(stmt).rowcount == 1
 
 
 def _recover(
-    factory: sessionmaker[Session], dispatcher: Any, settings: Settings, job: Job, now: datetime
+    factory: sessionmaker[Session],
+    dispatcher: Any,
+    settings: Settings,
+    job: Job,
+    now: datetime,
+    unheld: str | None = None,
 ) -> Action | None:
-    reason = (  # a dead model's task first: the job's own row cannot tell one
+    """Re-queue, fail or cancel ``job`` if it is lost; ``unheld``: why it is, where the broker
+    was asked (:func:`_unheld`), not the job's row."""
+    reason = unheld or (  # a dead model's task first: the job's own row cannot tell one
         _dead_scorers(factory, job, now)
         or lost_reason(job, now, settings)
         or _dead_candidates(factory, job, now)
     )
     if reason is None:
         return None
+    lost = _lost_clause(now, settings)
+    if unheld:
+        lost = or_(lost, _queued_behind(now, settings))
     with session_scope(factory) as session:
         if job.cancel_requested:
             status, error = JobStatus.cancelled.value, None
@@ -244,6 +272,7 @@ def _recover(
                 job,
                 now,
                 settings,
+                lost,
                 status=status,
                 finished_at=now,
                 updated_at=now,
@@ -263,6 +292,7 @@ def _recover(
             job,
             now,
             settings,
+            lost,
             recoveries=job.recoveries + 1,
             updated_at=now,
             lease_owner=None,
@@ -344,6 +374,33 @@ def _dead_scorers(factory: sessionmaker[Session], job: Job, now: datetime) -> st
     return f"the task scoring {names} stopped renewing its lease"
 
 
+def _unheld(jobs: list[Job], settings: Settings) -> list[tuple[Job, str]]:
+    """Of ``jobs`` (:func:`_queued_behind`), those none of whose task messages the broker
+    holds, each with why it is lost. Asks the broker once, and only where there is such a job;
+    a broker that cannot tell (:func:`broker_probe.held_task_ids` None) leaves them all to
+    the stall."""
+    if not jobs:
+        return []
+    from zoopick.service.broker_probe import held_task_ids
+
+    held = held_task_ids(settings)
+    if held is None:
+        return []
+    grace = settings.recovery_grace_seconds
+    lost = []
+    for job in jobs:
+        ids = list(job.task_ids or [])
+        if held.intersection(ids):
+            continue  # queued (or reserved): it runs once the work ahead of it is done
+        since = job.updated_at.isoformat(timespec="seconds")
+        lost.append((job, (
+            f"no task attended it while {job.status} since {since} (no live lease, no progress "
+            f"for over {grace} s) and the broker holds none of its {len(ids)} task messages: "
+            "they were lost (by the broker, or with a worker that had taken them)"
+        )))  # fmt: skip
+    return lost
+
+
 def _race_work(factory: sessionmaker[Session], job: Job) -> list[tuple[str, int]]:
     """(model, rung) of a racing job's candidates still to train; when none is left (the
     rung's last task died before moving the race on), one of the last rung's, whose task finds
@@ -375,6 +432,17 @@ def sweep(
                 select(Job).where(_lost_clause(now, settings)).order_by(Job.updated_at).limit(BATCH)
             )
         )
+        found = {job.id for job in jobs}
+        behind = [  # the broker is asked about these below, and only if there are any
+            job
+            for job in session.scalars(
+                select(Job)
+                .where(_queued_behind(now, settings))
+                .order_by(Job.updated_at)
+                .limit(BATCH)
+            )
+            if job.id not in found
+        ]
         session.expunge_all()
     actions = []
     try:
@@ -392,6 +460,21 @@ def sweep(
     for job in jobs:
         try:
             action = _recover(factory, dispatcher, settings, job, now)
+        except Exception:  # one bad row must not stop the sweep
+            log.exception("recovering job %s", job.id)
+            continue
+        if action is not None:
+            actions.append(action)
+            if action.action != "requeued":
+                log.warning("%s lost job %s: %s", action.action, job.id, action.reason)
+    try:
+        unheld = _unheld(behind, settings)
+    except Exception:  # noqa: BLE001 - the other jobs' actions stand
+        log.exception("asking the broker which tasks it holds")
+        unheld = []
+    for job, reason in unheld:
+        try:
+            action = _recover(factory, dispatcher, settings, job, now, unheld=reason)
         except Exception:  # one bad row must not stop the sweep
             log.exception("recovering job %s", job.id)
             continue

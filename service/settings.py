@@ -283,7 +283,9 @@ class Settings(BaseSettings):
         "long a job being scored or selected, or a dataset being validated, may show no live "
         "lease and no progress, while a worker on its queue is up and runs "
         "nothing else, before the sweeper counts its tasks lost (a dead worker's, or lost by "
-        "the broker) and sends them again. Recovery then takes at most this plus "
+        "the broker) and sends them again; a job, while other work keeps the workers busy, "
+        "once the broker no longer holds its task messages either. Recovery then takes at "
+        "most this plus "
         "sweep_interval_seconds plus the re-sent work: 60 + 60 + under 60 s fits the stated "
         "3 minutes.",
     )

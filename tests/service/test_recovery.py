@@ -22,7 +22,7 @@ from zoopick.service.db import migrate
 from zoopick.service.db.models import Dataset, Job, ScoreLease, TrainingRun, WorkerHeartbeat
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.db.types import utcnow
-from zoopick.service.dispatch import Dispatcher
+from zoopick.service.dispatch import Dispatcher, job_task_ids
 from zoopick.service.queue import worker_argv
 from zoopick.service.security import get_or_create_tenant
 
@@ -282,12 +282,24 @@ def beating(factory, queues: str) -> None:
                                     started_at=now, seen_at=now))  # fmt: skip
 
 
+def submitted(factory, dispatcher, jid) -> list[str]:
+    """Send job ``jid``'s canvas to the broker, its task ids recorded as the API does."""
+    with factory.begin() as session:  # its clock left as it was (no progress)
+        job = session.get(Job, jid)
+        ids = job_task_ids(job)
+        session.execute(
+            update(Job).where(Job.id == jid).values(task_ids=ids, updated_at=Job.updated_at)
+        )
+    dispatcher.submit_job(row(factory, jid))
+    return ids
+
+
 def test_scoring_jobs_no_task_attends_are_resent_within_the_grace(env):
     """A scoring job whose shared scoring lease lapsed and that made no progress for the grace
     is lost, as a dead worker or a broker that lost its messages leave it, once a gpu worker
     is up and idle; one whose models are all scored gets its selection again (the canvas:
-    settled models return at once). Not while any job's task holds a live lease: its tasks
-    may be queued behind that work."""
+    settled models return at once). Not while any job's task holds a live lease and the
+    broker still holds their tasks: they are queued behind that work."""
     settings, factory, tenant = env
     settings = settings.model_copy(update={"recovery_grace_seconds": GRACE})
     now = utcnow()
@@ -306,7 +318,9 @@ def test_scoring_jobs_no_task_attends_are_resent_within_the_grace(env):
     beating(factory, "cpu")
     assert recovery.sweep(factory, dispatcher, settings) == []  # none on the gpu queue
     beating(factory, "cpu,gpu")
-    assert recovery.sweep(factory, dispatcher, settings) == []  # busy: they may be queued
+    for jid in (lost, scored, exhausted, recent):
+        submitted(factory, dispatcher, jid)
+    assert recovery.sweep(factory, dispatcher, settings) == []  # busy, and their tasks queued
     with factory.begin() as session:  # the busy job's task ends
         session.execute(update(Job).where(Job.id == busy).values(status="succeeded"))
     validating = add_dataset(factory, tenant, "validating", 0)  # a worker validates it
@@ -352,13 +366,14 @@ def test_a_model_whose_task_died_is_resent_while_the_others_are_still_scored(env
     shared = {"lease_owner": "score:j", "lease_expires_at": now + timedelta(seconds=GRACE)}
     jid = add_job(factory, tenant, status="scoring", **shared)  # progress a moment ago
     idle = add_job(factory, tenant, age=GRACE + 10, status="scoring")  # nothing attends it
+    dispatcher = Dispatcher(settings)
+    submitted(factory, dispatcher, idle)  # ... but its tasks wait in the broker
     with factory.begin() as session:
         session.add(ScoreLease(job_id=jid, model_id="m1", lease_owner=f"{jid}-score-0",
                                lease_expires_at=now + timedelta(seconds=GRACE)))  # fmt: skip
         session.add(ScoreLease(job_id=jid, model_id="m2", lease_owner=f"{jid}-score-1",
                                lease_expires_at=now + timedelta(seconds=1)))  # fmt: skip
     beating(factory, "cpu,gpu")
-    dispatcher = Dispatcher(settings)
     assert recovery.sweep(factory, dispatcher, settings) == []  # both models' tasks alive
 
     later = now + timedelta(seconds=2)  # m2's task stopped renewing; m1's goes on
@@ -371,13 +386,54 @@ def test_a_model_whose_task_died_is_resent_while_the_others_are_still_scored(env
     assert job.recoveries == 1 and job.status == "scoring"
     fresh = [f"{jid}-r1-score-0", f"{jid}-r1-score-1", f"{jid}-r1-select"]
     assert job.task_ids == fresh
-    assert {t for _, _, t in queued_tasks(settings)} == set(fresh[:2])  # select: the chord's
+    sent = {t for _, _, t in queued_tasks(settings) if t.startswith(str(jid))}
+    assert sent == set(fresh[:2])  # select: the chord's
     with factory() as session:  # the dead lease is gone (the new task takes it), m1's stays
         leases = {s.model_id: s.lease_owner for s in session.scalars(select(ScoreLease))}
     assert leases == {"m1": f"{jid}-score-0"}
-    # the loss is counted once; the idle job waits: m1's live task may hold it back
+    # the loss is counted once; the idle job waits: m1's live task holds back its queued tasks
     assert recovery.sweep(factory, dispatcher, settings, now=later) == []
     assert row(factory, idle).recoveries == 0
+
+
+def test_a_job_the_broker_lost_is_resent_while_the_workers_are_busy(env):
+    """A job with no live lease and no progress for the grace, while another job's task keeps
+    the only gpu worker busy (as an hours-long fine-tune does): the sweeper asks the broker.
+    While its tasks are still queued it waits for the work ahead of it; once the broker no
+    longer holds them (lost while queued, e.g. a Redis restarted without persistence) it is
+    re-sent at the next sweep, not after the stall. Issue 43: before, only the stall (6 h by
+    default) found it."""
+    settings, factory, tenant = env
+    settings = settings.model_copy(update={"recovery_grace_seconds": GRACE})
+    now = utcnow()
+    training = {"status": "training", "chosen_model": "m1", "lease_owner": "ft:1",
+                "lease_expires_at": now + timedelta(seconds=GRACE)}  # fmt: skip
+    add_job(factory, tenant, finetune=True, **training)  # the busy gpu worker's work
+    waiting = add_job(factory, tenant, age=GRACE + 10, status="queued")
+    beating(factory, "cpu,gpu")
+    dispatcher = Dispatcher(settings)
+    ids = submitted(factory, dispatcher, waiting)
+    assert recovery.sweep(factory, dispatcher, settings) == []  # queued behind the fine-tune
+    assert row(factory, waiting).recoveries == 0
+
+    client = redis.Redis.from_url(settings.broker_url)  # the broker loses the job's messages
+    client.delete(settings.redis_key_prefix + "gpu")
+    (action,) = recovery.sweep(factory, dispatcher, settings)
+    assert (action.job_id, action.action) == (waiting, "requeued")
+    assert "the broker holds none of its 3 task messages" in action.reason
+    job = row(factory, waiting)
+    assert job.recoveries == 1 and job.status == "queued"
+    fresh = [f"{waiting}-r1-score-0", f"{waiting}-r1-score-1", f"{waiting}-r1-select"]
+    assert job.task_ids == [*ids, *fresh]
+    assert {t for _, _, t in queued_tasks(settings)} == set(fresh[:2])
+    # re-sent, and queued behind the same work again: it waits, however long that takes
+    later = utcnow() + timedelta(seconds=GRACE + 5)
+    with factory.begin() as session:
+        session.execute(update(WorkerHeartbeat).values(seen_at=later))
+        session.execute(update(Job).where(Job.status == "training")
+                        .values(lease_expires_at=later + timedelta(seconds=GRACE)))  # fmt: skip
+    assert recovery.sweep(factory, dispatcher, settings, now=later) == []
+    assert row(factory, waiting).recoveries == 1
 
 
 def add_dataset(factory, tenant, status: str, age: float) -> uuid.UUID:
