@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
+from pathlib import Path
 
 import pytest
 import redis
@@ -23,8 +26,9 @@ from zoopick.service.db.models import Dataset, Job, ScoreLease, TrainingRun, Wor
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.db.types import utcnow
 from zoopick.service.dispatch import Dispatcher, job_task_ids
-from zoopick.service.queue import worker_argv
+from zoopick.service.queue import broker_options, worker_argv
 from zoopick.service.security import get_or_create_tenant
+from zoopick.service.settings import EMBEDDED_BROKER
 
 STALL = 3600
 
@@ -396,15 +400,33 @@ def test_a_model_whose_task_died_is_resent_while_the_others_are_still_scored(env
     assert row(factory, idle).recoveries == 0
 
 
-def test_a_job_the_broker_lost_is_resent_while_the_workers_are_busy(env):
+def gpu_messages(settings) -> dict[str, Callable[[], None]]:
+    """Task id -> how to lose it, of every message waiting on the gpu queue of ``settings``'
+    broker: Redis' list, or the embedded broker's files."""
+    if settings.embedded_broker:
+        folder = Path(broker_options(settings)["data_folder_in"])
+        files = list(folder.glob("*.gpu.msg"))
+        return {json.loads(f.read_bytes())["headers"]["id"]: f.unlink for f in files}
+    client = redis.Redis.from_url(settings.broker_url)
+    key = settings.redis_key_prefix + "gpu"
+    return {
+        json.loads(raw)["headers"]["id"]: partial(client.lrem, key, 1, raw)
+        for raw in client.lrange(key, 0, -1)
+    }
+
+
+@pytest.mark.parametrize("broker", ["redis", "files"])
+def test_a_job_the_broker_lost_is_resent_while_the_workers_are_busy(env, broker):
     """A job with no live lease and no progress for the grace, while another job's task keeps
     the only gpu worker busy (as an hours-long fine-tune does): the sweeper asks the broker.
     While its tasks are still queued it waits for the work ahead of it; once the broker no
-    longer holds them (lost while queued, e.g. a Redis restarted without persistence) it is
-    re-sent at the next sweep, not after the stall. Issue 43: before, only the stall (6 h by
-    default) found it."""
+    longer holds any of them (lost while queued, e.g. a Redis restarted without persistence)
+    it is re-sent at the next sweep, not after the stall. Issue 43: before, only the stall
+    (6 h by default) found it. On Redis and on the embedded broker's folder."""
     settings, factory, tenant = env
     settings = settings.model_copy(update={"recovery_grace_seconds": GRACE})
+    if broker == "files":  # the embedded broker (its chords' results still in Redis)
+        settings = settings.model_copy(update={"broker_url": EMBEDDED_BROKER})
     now = utcnow()
     training = {"status": "training", "chosen_model": "m1", "lease_owner": "ft:1",
                 "lease_expires_at": now + timedelta(seconds=GRACE)}  # fmt: skip
@@ -416,8 +438,11 @@ def test_a_job_the_broker_lost_is_resent_while_the_workers_are_busy(env):
     assert recovery.sweep(factory, dispatcher, settings) == []  # queued behind the fine-tune
     assert row(factory, waiting).recoveries == 0
 
-    client = redis.Redis.from_url(settings.broker_url)  # the broker loses the job's messages
-    client.delete(settings.redis_key_prefix + "gpu")
+    queued = gpu_messages(settings)
+    assert set(queued) == set(ids[:2])
+    queued[ids[0]]()  # one lost: the other still runs once the fine-tune is done
+    assert recovery.sweep(factory, dispatcher, settings) == []
+    gpu_messages(settings)[ids[1]]()  # both lost (a Redis restarted without persistence)
     (action,) = recovery.sweep(factory, dispatcher, settings)
     assert (action.job_id, action.action) == (waiting, "requeued")
     assert "the broker holds none of its 3 task messages" in action.reason
@@ -425,7 +450,7 @@ def test_a_job_the_broker_lost_is_resent_while_the_workers_are_busy(env):
     assert job.recoveries == 1 and job.status == "queued"
     fresh = [f"{waiting}-r1-score-0", f"{waiting}-r1-score-1", f"{waiting}-r1-select"]
     assert job.task_ids == [*ids, *fresh]
-    assert {t for _, _, t in queued_tasks(settings)} == set(fresh[:2])
+    assert set(gpu_messages(settings)) == set(fresh[:2])
     # re-sent, and queued behind the same work again: it waits, however long that takes
     later = utcnow() + timedelta(seconds=GRACE + 5)
     with factory.begin() as session:
