@@ -38,7 +38,9 @@ METRICS = ["sms", "isms", "logme"]
 @pytest.fixture(scope="module")
 def stack(new_pg_database, redis_url, tmp_path_factory, s3_server):
     """The API and a cpu worker (a gpu worker on first need) on PostgreSQL and Redis, keeping
-    the fine-tuned models in an S3 store (SeaweedFS: the AWS variables reach each process)."""
+    the fine-tuned models in an S3 store (SeaweedFS: the AWS variables reach each process).
+    Issue 40: each process has its own ``ZOOPICK_DATA_DIR`` (``machines``: api, cpu, gpu), as
+    on separate machines, so whatever one of them reads from another's folder fails here."""
     pytest.importorskip("zoopick.selection.extract", reason="selection engine")
     from zoopick.service.db import migrate
     from zoopick.service.settings import Settings
@@ -60,11 +62,12 @@ def stack(new_pg_database, redis_url, tmp_path_factory, s3_server):
         _, user = create_api_key(session, tenant="e2e", name="e2e")
         _, admin = create_api_key(session, tenant="ops", name="ops", admin=True)
 
+    machines = {name: on_machine(settings, data / name) for name in ("api", "cpu", "gpu")}
     procs = []
     try:
-        api, base = start_api(settings, data, extra)
+        api, base = start_api(machines["api"], data, extra)
         procs.append(api)
-        cpu = start_worker(settings, "cpu", data, extra)
+        cpu = start_worker(machines["cpu"], "cpu", data, extra)
         procs.append(cpu)
         client = httpx.Client(
             base_url=base + API, headers={"Authorization": f"Bearer {user}"}, timeout=30
@@ -86,6 +89,7 @@ def stack(new_pg_database, redis_url, tmp_path_factory, s3_server):
         wait_worker_ready(cpu)
         yield {
             "settings": settings,
+            "machines": machines,
             "client": client,
             "factory": factory,
             "procs": procs,
@@ -98,6 +102,14 @@ def stack(new_pg_database, redis_url, tmp_path_factory, s3_server):
         for p in procs:
             p.stop()
         engine.dispose()
+
+
+def on_machine(settings, folder: Path):
+    """``settings`` as a process on another machine has them: the same database, broker, key
+    prefix and store, but its own data folder (and the storage and cache folders under it)."""
+    local = {"data_dir", "storage_dir", "cache_dir"}
+    same = {k: getattr(settings, k) for k in type(settings).model_fields if k not in local}
+    return type(settings)(**same, data_dir=folder)
 
 
 def _stored_checkpoint(s3_server, data: Path) -> str:
@@ -117,7 +129,8 @@ def _stored_checkpoint(s3_server, data: Path) -> str:
 def gpu_worker(stack):
     """The gpu worker, started on first need (the queued-cancel test needs it absent)."""
     if "gpu" not in stack:
-        stack["gpu"] = start_worker(stack["settings"], "gpu", stack["dir"], stack["extra"])
+        gpu = start_worker(stack["machines"]["gpu"], "gpu", stack["dir"], stack["extra"])
+        stack["gpu"] = gpu
         stack["procs"].append(stack["gpu"])
     return stack["gpu"]
 
@@ -206,7 +219,7 @@ def test_queued_job_cancelled_then_scoring_job_succeeds(stack):
     assert job["chosen_model"] == ranking[0]["model"]
     assert all(set(r["scores"]) == set(METRICS) and "forward" in r["seconds"] for r in ranking)
     # the stored checkpoint was scored from the worker's object cache, fetched once
-    (copy,) = (stack["dir"] / "objects" / "s3").rglob(f"{STORED}.safetensors")
+    (copy,) = (stack["machines"]["gpu"].data_dir / "objects" / "s3").rglob(f"{STORED}.safetensors")
     assert copy.stat().st_size > 1000
 
     # PostgreSQL holds exactly one score per (model, metric)
@@ -397,6 +410,14 @@ def _the_model_is_served_from_the_store(stack, jid: str, model: httpx.Response) 
     assert onnx.status_code == 200, onnx.text
     assert onnx.headers["ETag"] == f'"{hashlib.sha256(onnx.content).hexdigest()}"'
     assert store.size(f"tenants/{tenant}/jobs/{jid}/model.onnx") == len(onnx.content)
+    # each process kept to its own folder: the gpu worker trained in its own, the cpu worker
+    # made the export from its own copy of the store's model, the API holds none of the job
+    machines = stack["machines"]
+    assert (machines["gpu"].storage_dir / "jobs" / jid / "train" / "checkpoint.pt").is_file()
+    made = machines["cpu"].storage_dir / "jobs" / jid / "train" / "export" / "model.safetensors"
+    assert made.read_bytes() == model.content
+    assert not (machines["cpu"].storage_dir / "jobs" / jid / "train" / "checkpoint.pt").exists()
+    assert not (machines["api"].storage_dir / "jobs" / jid).exists()
 
 
 def _digits_npz() -> bytes:
@@ -514,7 +535,7 @@ def _long_finetune_at_work(stack, ft: dict, seed: int):
     jid = client.post(
         "/jobs", json={"dataset_id": dataset, "models": ["tiny-resnet"], "finetune": ft}
     ).json()["id"]
-    run_dir = stack["settings"].storage_dir / "jobs" / jid / "train"
+    run_dir = stack["machines"]["gpu"].storage_dir / "jobs" / jid / "train"
     job = poll(
         lambda: _job(client, jid),
         lambda j: (
@@ -635,7 +656,7 @@ def test_a_failing_rank_fails_the_job_with_its_error(stack):
     assert job["chosen_model"] == "tiny-resnet" and job["ranking"]  # scoring went through
     training = job["training"]
     assert training["status"] == "failed" and "not finite" in training["error"]
-    assert trainer_processes(stack["settings"].storage_dir / "jobs" / jid) == []
+    assert trainer_processes(stack["machines"]["gpu"].storage_dir / "jobs" / jid) == []
 
 
 def test_a_lost_training_job_is_requeued_and_finished(stack):
@@ -718,11 +739,7 @@ def test_a_fine_tune_lost_with_its_machine_resumes_on_another_from_the_store(sta
     before = [e["epoch"] for e in _job(client, jid)["training"]["epochs"]]
 
     other = tmp_path / "other-machine"
-    there = type(settings)(  # the stack's settings, but for the data folder and its parts
-        data_dir=other,
-        **{k: getattr(settings, k) for k in ("database_url", "broker_url", "redis_key_prefix")},
-        storage_url=settings.storage_url,
-    )
+    there = on_machine(settings, other)
     b = start_worker(there, "gpu", tmp_path, stack["extra"])
     try:
         wait_worker_ready(b)
