@@ -387,7 +387,7 @@ def trainer_run(
     with every other option at its default; its final test accuracy, recipe and compute.
     ``arm``: "fixed", "auto", or "auto-<rules>" (:data:`RULES`)."""
     from zoopick.training.config import METRICS, FinetuneConfig
-    from zoopick.training.finetune import run
+    from zoopick.training.finetune import Diverged, run
 
     recipe = arm.partition("-")[0]
     cfg = FinetuneConfig(
@@ -402,8 +402,21 @@ def trainer_run(
         seed=seed,
     )
     t0 = time.perf_counter()
-    with rules_of(arm):
-        final = run(cfg)
+    try:
+        with rules_of(arm):
+            final = run(cfg)
+    except Diverged:  # the trainer writes no model: the user gets nothing, counted as 0
+        return {
+            "test_acc": 0.0,
+            "lr": 0.01 if recipe == "fixed" else float("nan"),
+            "lr_source": "diverged, no model",
+            "trials": [],
+            "steps": None,
+            "best_step": None,
+            "stopped_early": False,
+            "images": float("nan"),
+            "seconds": time.perf_counter() - t0,
+        }
     seconds = time.perf_counter() - t0
     meta = json.loads((out / "model.json").read_text())
     choices = meta["recipe"]
@@ -502,7 +515,8 @@ def summarise(r: dict) -> dict:
         r["arms"][arm] = {
             "acc": acc,
             "ratio": acc / truth,
-            "compute": float(np.mean([x["images"] for x in runs])) / field_images,
+            # a diverged run's compute is unknown (nan): the mean of the others'
+            "compute": float(np.nanmean([x["images"] for x in runs])) / field_images,
             "lrs": [f"{x['lr']:.2g} ({x['lr_source']})" for x in runs],
             "early": sum(bool(x["stopped_early"]) for x in runs),
         }
@@ -562,7 +576,9 @@ def report(results: list[dict], path: Path) -> None:
                 else f"**{x['ratio']:.3f}**"
                 + (f" ({x['early']} stopped early)" if x["early"] else "")
             )
-            cells.append("" if x is None else f"{x['compute']:.2f}x")
+            cells.append(
+                "" if x is None or not math.isfinite(x["compute"]) else f"{x['compute']:.2f}x"
+            )
         lrs = "; ".join(
             f"{a}: {', '.join(r['arms'][a]['lrs'])}"
             for a in arms
