@@ -10,6 +10,10 @@ of another in the store; newest wins (the next put replaces it). The follow loop
 on the store: the thread does the upload, one at a time, and a store that fails costs that
 checkpoint only (logged), never the run.
 
+A race's candidates keep theirs the same way (:func:`race_key`): each rung's checkpoint is put
+there before the rung is settled, so a later rung or the winner's fine-tune taken by a gpu
+worker on another machine continues from it instead of from the zoo's weights.
+
 A delivery whose run folder has no checkpoint first :func:`fetch`-es the store's into it, so
 the trainer's ``--resume`` continues where the lost run stopped (its epoch, optimizer and
 recipe state: ``training.finetune._restore``). A store that is down is tried again
@@ -46,6 +50,21 @@ nothing else is packed, and nothing else is unpacked."""
 def stored_key(tenant_id: uuid.UUID, job_id: uuid.UUID) -> str:
     """Where a job's run checkpoint is kept: beside its log, under the job's prefix."""
     return storage.tenant_key(tenant_id, "jobs", str(job_id), "train", OBJECT_NAME)
+
+
+def candidate_folder(model_id: str) -> str:
+    """The folder name of a race candidate's run (fixed per model, so every rung resumes it)."""
+    import hashlib
+
+    return hashlib.sha256(model_id.encode()).hexdigest()[:16]
+
+
+def race_key(tenant_id: uuid.UUID, job_id: uuid.UUID, model_id: str) -> str:
+    """Where a race candidate's last checkpoint is kept, under the job's prefix: a later rung,
+    or the winner's fine-tune, taken by a worker on another machine starts from it."""
+    return storage.tenant_key(
+        tenant_id, "jobs", str(job_id), "race", candidate_folder(model_id), OBJECT_NAME
+    )
 
 
 def members(folder: Path) -> list[Path]:

@@ -583,6 +583,7 @@ def finetune(self, job_id: str) -> str:
         out = run_dir(cfg, jid)
         options = FinetuneOptions.stored(job.finetune or {})
         winner = race_dir(cfg, jid, job.chosen_model) / CHECKPOINT if job.race else None
+        won = run_checkpoints.race_key(job.tenant_id, jid, row.id) if job.race else None
         storage_path = ds.storage_path
         tenant, saved = job.tenant_id, run_checkpoints.stored_key(job.tenant_id, jid)
     # the zoo's checkpoint and the dataset are fetched from the store (once per machine) with
@@ -595,6 +596,9 @@ def finetune(self, job_id: str) -> str:
         # a run lost on another machine continues from its checkpoint in the store (the
         # local backend's: Ray Train keeps its own in its storage path)
         fetched = local and run_checkpoints.fetch(files, saved, out)
+        if winner is not None and won is not None and not (out / CHECKPOINT).exists():
+            # the race's winner trained on another machine: its checkpoint from the store
+            run_checkpoints.fetch(files, won, winner.parent)
     except storage.StoreUnavailable as exc:  # tried again already: fail naming the store
         log.error("job %s: %s", jid, exc)
         with session_scope(factory()) as session:
@@ -738,11 +742,10 @@ def _dispatcher() -> Any:
 
 
 def race_dir(cfg: Settings, job_id: uuid.UUID, model_id: str) -> Path:
-    """A candidate's run folder, fixed per (job, model): every rung resumes it."""
-    import hashlib
-
-    key = hashlib.sha256(model_id.encode()).hexdigest()[:16]
-    return cfg.storage_dir / "jobs" / str(job_id) / "race" / key
+    """A candidate's run folder on this machine, fixed per (job, model): every rung resumes it
+    (from the store's copy, ``run_checkpoints.race_key``, where another machine ran the last)."""
+    folder = run_checkpoints.candidate_folder(model_id)
+    return cfg.storage_dir / "jobs" / str(job_id) / "race" / folder
 
 
 @shared_task(
@@ -789,10 +792,10 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
                     comm_triton=cfg.comm_triton,
                     **store.run_data(ds.storage_path, cfg),
                 )
-                entry_id = entry.id
+                entry_id, saved = entry.id, run_checkpoints.race_key(job.tenant_id, jid, row.id)
                 outcome = "train"
     if outcome == "train":
-        outcome = _run_rung(jid, entry_id, run_cfg, owner, shared, cfg)
+        outcome = _run_rung(jid, entry_id, run_cfg, owner, shared, cfg, saved)
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if job is None:
@@ -815,13 +818,29 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
 
 
 def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str, shared: str,
-              cfg: Settings) -> str:  # fmt: skip
+              cfg: Settings, saved: str) -> str:  # fmt: skip
     """One candidate's rung through the configured backend; the entry is settled with what
-    the trainer counted (steps, validation accuracy) or why it failed."""
+    the trainer counted (steps, validation accuracy) or why it failed. With the local backend
+    the candidate's checkpoint goes through the store (``saved``): a rung whose folder has
+    none here resumes the store's (the last rung ran on another machine), and each one the
+    trainer writes is put there, the last before the entry is settled."""
     import time
 
     last: list[EpochRecord] = []
     started = time.monotonic()
+    out = Path(run_cfg.out)
+    files = storage.open_store(cfg.storage_url)
+    local = cfg.train_backend == "local"
+    if local and not (out / CHECKPOINT).exists():
+        try:  # no transaction open: the entry's claim is committed
+            if run_checkpoints.fetch(files, saved, out):
+                run_cfg = run_cfg.model_copy(update={"resume": True})
+                run_checkpoints.rebase(out, run_cfg.model_dump(mode="json"))
+        except storage.StoreUnavailable as exc:  # tried again already: fail naming the store
+            with session_scope(factory()) as session:
+                error = f"the candidate's checkpoint could not be fetched: {exc}"
+                races.settle(session, entry_id, "failed", error=error)
+            return "failed"
 
     def reached(steps: int) -> None:
         """How far the rung has got, for the API, the dashboard and the job's progress."""
@@ -850,16 +869,24 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
     def timed_out(session: Session) -> None:
         races.settle(session, entry_id, "failed", error="the rung exceeded its time limit")
 
-    result = training_runner.follow_run(
-        lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
-        factory(),
-        jid,
-        renew=renew,
-        on_time_limit=timed_out,
-        on_record=on_record,
-        on_event=on_event,
-        poll=min(5.0, cfg.lease_seconds / 4),  # renewed well before it runs out
-    )
+    uploads = run_checkpoints.Uploader(files, saved, out)
+    if local:
+        uploads.start()
+    try:
+        result = training_runner.follow_run(
+            lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
+            factory(),
+            jid,
+            renew=renew,
+            on_time_limit=timed_out,
+            on_record=on_record,
+            on_event=on_event,
+            poll=min(5.0, cfg.lease_seconds / 4),  # renewed well before it runs out
+        )
+    finally:
+        uploads.close()
+    if local and not result.lease_lost:
+        uploads.check()  # the rung's last checkpoint, before the entry says it is done
     seconds = time.monotonic() - started
     if result.lease_lost:
         # the entry belongs to the task the sweeper sent (it resumes the checkpoint):

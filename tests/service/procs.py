@@ -87,6 +87,14 @@ class Proc:
         self._fh.close()
 
 
+def on_machine(settings: Settings, folder: Path) -> Settings:
+    """``settings`` as a process on another machine has them: the same database, broker, key
+    prefix and store, but its own data folder (and the storage and cache folders under it)."""
+    local = {"data_dir", "storage_dir", "cache_dir"}
+    same = {k: getattr(settings, k) for k in type(settings).model_fields if k not in local}
+    return type(settings)(**same, data_dir=folder)
+
+
 def start_worker(
     settings: Settings, queues: str, log_dir: Path, extra: dict[str, str] | None = None
 ) -> Proc:

@@ -21,7 +21,14 @@ import pytest
 from sqlalchemy import select
 
 from tests.service.datafiles import not_a_dataset_zip_bytes, npz_bytes
-from tests.service.procs import deliveries, poll, start_api, start_worker, wait_worker_ready
+from tests.service.procs import (
+    deliveries,
+    on_machine,
+    poll,
+    start_api,
+    start_worker,
+    wait_worker_ready,
+)
 from zoopick.service.db.models import Job, Score, Tenant
 from zoopick.service.db.session import make_engine, make_sessionmaker
 from zoopick.service.db.types import utcnow
@@ -102,14 +109,6 @@ def stack(new_pg_database, redis_url, tmp_path_factory, s3_server):
         for p in procs:
             p.stop()
         engine.dispose()
-
-
-def on_machine(settings, folder: Path):
-    """``settings`` as a process on another machine has them: the same database, broker, key
-    prefix and store, but its own data folder (and the storage and cache folders under it)."""
-    local = {"data_dir", "storage_dir", "cache_dir"}
-    same = {k: getattr(settings, k) for k in type(settings).model_fields if k not in local}
-    return type(settings)(**same, data_dir=folder)
 
 
 def _stored_checkpoint(s3_server, data: Path) -> str:

@@ -24,7 +24,7 @@ import torch
 from sqlalchemy import select
 
 from tests.service.datafiles import npz_bytes
-from tests.service.procs import poll, start_api, start_worker, wait_worker_ready
+from tests.service.procs import on_machine, poll, start_api, start_worker, wait_worker_ready
 from tests.service.test_e2e import trainer_processes
 from zoopick.service.db.models import RaceEntry, TrainingRun
 from zoopick.service.db.session import make_engine, make_sessionmaker
@@ -131,17 +131,29 @@ def _wait(stack, jid, until, timeout=300, what="the job"):
 
 
 def _race_dir(stack, jid) -> object:
-    return stack["settings"].storage_dir / "jobs" / jid / "race"
+    """The race's folder on the machine of the gpu worker now running."""
+    return stack.get("gpu_settings", stack["settings"]).storage_dir / "jobs" / jid / "race"
 
 
-def _steps_on_disk(stack, jid, steps_per_epoch: int) -> dict[str, int]:
-    """Optimizer steps each candidate's checkpoint holds, read from the files."""
-    found = {}
-    for folder in _race_dir(stack, jid).iterdir():
-        blob = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=False)
-        model = blob["config"]["model"]
-        found[model] = blob["epoch"] * steps_per_epoch + blob.get("step", 0)
-    return found
+def _stored_checkpoints(stack, jid, into: Path) -> list[dict]:
+    """Each candidate's last checkpoint as the store keeps it (what a rung or the fine-tune
+    on another machine starts from)."""
+    from zoopick.service import run_checkpoints
+    from zoopick.service.storage import open_store
+
+    store = open_store(stack["settings"].storage_url)
+    keys = [k for k in store.list("tenants") if f"/jobs/{jid}/race/" in k]
+    blobs = []
+    for i, key in enumerate(keys):
+        tar = store.get_to_file(key, into / f"{i}.tar")
+        run_checkpoints.unpack(tar, into / str(i))
+        blobs.append(torch.load(into / str(i) / CHECKPOINT, map_location="cpu", weights_only=False))
+    return blobs
+
+
+def _steps(blobs: list[dict], steps_per_epoch: int) -> dict[str, int]:
+    """Optimizer steps each candidate's checkpoint holds."""
+    return {b["config"]["model"]: b["epoch"] * steps_per_epoch + b.get("step", 0) for b in blobs}
 
 
 def _best(entries, order, keep):
@@ -155,12 +167,13 @@ def _running_in_last_rung(job) -> bool:
 
 
 def test_a_race_runs_its_rungs_within_budget_survives_a_killed_worker_and_seeds_the_fine_tune(
-    stack,
+    stack, tmp_path
 ):
     """Two rungs; while a candidate trains in the second, its gpu worker is killed (SIGKILL to
     its process group: the trainer dies with it). Once the leases run out the sweeper
-    re-queues it, a new worker resumes its first-rung checkpoint, the race ends within its
-    budget, and the fine-tune starts from the winner's race checkpoint."""
+    re-queues it, a new worker on another machine (its own data folder, the same store)
+    resumes its first-rung checkpoint from the store, the race ends within its budget with
+    every candidate's checkpoint in the store, and the fine-tune starts from the winner's."""
     from zoopick.service import recovery
     from zoopick.service.dispatch import Dispatcher
 
@@ -185,9 +198,10 @@ def test_a_race_runs_its_rungs_within_budget_survives_a_killed_worker_and_seeds_
         ).all()
         assert running, "no candidate was training when its worker was killed"
         killed = running[0].model_id
-    new = start_worker(settings, "gpu", stack["dir"])
+    there = on_machine(settings, stack["dir"] / "gpu-2")  # shares no folder with the first
+    new = start_worker(there, "gpu", stack["dir"])
     stack["procs"].append(new)
-    stack["gpu"] = new
+    stack["gpu"], stack["gpu_settings"] = new, there
     # once the dead task's leases (job and candidate) run out, a sweep re-queues the
     # candidate (the new worker's own sweep at start may get there first)
     dispatcher = Dispatcher(settings)
@@ -227,18 +241,19 @@ def test_a_race_runs_its_rungs_within_budget_survives_a_killed_worker_and_seeds_
     assert race["why"].startswith(f"{winner} won the last rung")
 
     # the budget, counted from the checkpoints the candidates left: 3 x 9 + 2 x 13 = 53
-    on_disk = _steps_on_disk(stack, jid, race["steps_per_epoch"])
+    stored = _stored_checkpoints(stack, jid, tmp_path)
+    on_disk = _steps(stored, race["steps_per_epoch"])
     assert sorted(on_disk.values()) == [9, 22, 22]
     assert race["spent_steps"] == sum(on_disk.values()) <= race["budget_steps"]
     # every rung annealed (the killed candidate's too, resumed mid-rung): a checkpoint's last
     # step ran at lr (1 + cos(pi (n - 1) / n)) / 2 of its rung's n steps (9, then 13 from 9)
-    for folder in _race_dir(stack, jid).iterdir():
-        blob = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=False)
+    for blob in stored:
         n = {9: 9, 22: 13}[on_disk[blob["config"]["model"]]]
         want = FINETUNE["lr"] * (1 + math.cos(math.pi * (n - 1) / n)) / 2
         assert blob["optimizer"]["param_groups"][0]["lr"] == pytest.approx(want)
 
-    # the killed candidate's rung ran twice and resumed its first-rung checkpoint
+    # the killed candidate's rung ran twice and resumed its first-rung checkpoint, which the
+    # new machine had only from the store
     entry = next(e for e in last["entries"] if e["model"] == killed)
     assert entry["attempts"] >= 2 and job["recoveries"] >= 1  # more under heavy load
     folder = next(
@@ -256,6 +271,7 @@ def test_a_race_runs_its_rungs_within_budget_survives_a_killed_worker_and_seeds_
         start = run.config["init_from"]
     blob = torch.load(start, map_location="cpu", weights_only=False)
     assert blob["config"]["model"] == winner and start.endswith(CHECKPOINT)
+    assert start.startswith(str(there.storage_dir))  # this machine's copy of the winner's
     assert [e["epoch"] for e in job["training"]["epochs"]] == [1]
 
 
