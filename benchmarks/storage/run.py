@@ -230,10 +230,11 @@ def report(result: dict[str, Any]) -> str:
         f"({result['dataset_bytes']:,} bytes), {a['repeats']} repetitions after a warm-up "
         "round, the two deployments interleaved.",
         "",
-        f"**Taken under load**: the benchmark ran at nice {result['nice']} on a machine "
-        "shared with other sessions; 1-minute load average "
+        f"Run at nice {result['nice']}; 1-minute load average "
         f"{result['load']['min']:.2f} to {result['load']['max']:.2f} over the run "
-        f"({result['cpus']} cores). Compare the two columns within the run, not with other runs.",
+        f"({result['cpus']} cores; the run's own two deployments and store count in it, "
+        f"{'over' if result['load']['max'] > result['cpus'] else 'within'} the cores). "
+        "Compare the two columns within the run, not with other runs.",
         "",
         "| phase | local folder, median s (min-max) | S3, median s (min-max) | S3 / local "
         "(medians) | S3 / local in each repetition (their median) |",
