@@ -14,7 +14,10 @@ from zoopick.service.settings import Settings
 
 
 def send(dispatcher: Dispatcher, name: str, task_id: str, **options) -> None:
-    dispatcher._sig(name, "job", task_id=task_id).apply_async(**options)
+    """A task message as the dispatcher sends it, with the task's own arguments (a process
+    where the worker's tasks are imported checks them: the suite's order decides that)."""
+    args = ("job", "model") if name == SCORE else ("job",)
+    dispatcher._sig(name, *args, task_id=task_id).apply_async(**options)
 
 
 def test_redis_queued_and_reserved_messages_are_held_and_taken_ones_are_not(redis_url, tmp_path):
