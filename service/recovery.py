@@ -457,22 +457,13 @@ def sweep(
         tracking.resend_stale(factory, dispatcher, settings)
     except Exception:  # noqa: BLE001 - the jobs' sweep must still run
         log.exception("re-sending lost MLflow loggings")
-    for job in jobs:
-        try:
-            action = _recover(factory, dispatcher, settings, job, now)
-        except Exception:  # one bad row must not stop the sweep
-            log.exception("recovering job %s", job.id)
-            continue
-        if action is not None:
-            actions.append(action)
-            if action.action != "requeued":
-                log.warning("%s lost job %s: %s", action.action, job.id, action.reason)
     try:
         unheld = _unheld(behind, settings)
     except Exception:  # noqa: BLE001 - the other jobs' actions stand
         log.exception("asking the broker which tasks it holds")
         unheld = []
-    for job, reason in unheld:
+    # the lost jobs (their rows tell why), then those the broker no longer holds
+    for job, reason in [*((job, None) for job in jobs), *unheld]:
         try:
             action = _recover(factory, dispatcher, settings, job, now, unheld=reason)
         except Exception:  # one bad row must not stop the sweep
