@@ -12,7 +12,10 @@ checkpoint only (logged), never the run.
 
 A race's candidates keep theirs the same way (:func:`race_key`): each rung's checkpoint is put
 there before the rung is settled, so a later rung or the winner's fine-tune taken by a gpu
-worker on another machine continues from it instead of from the zoo's weights.
+worker on another machine continues from it instead of from the zoo's weights. On the Ray
+backend a candidate's rungs continue from Ray Train's storage beside it
+(:func:`candidate_prefix`), and a winner's fine-tune there names this object to its workers,
+which fetch it on their own machines (``service.ray_inputs``).
 
 A delivery whose run folder has no checkpoint first :func:`fetch`-es the store's into it, so
 the trainer's ``--resume`` continues where the lost run stopped (its epoch, optimizer and
@@ -59,12 +62,17 @@ def candidate_folder(model_id: str) -> str:
     return hashlib.sha256(model_id.encode()).hexdigest()[:16]
 
 
+def candidate_prefix(tenant_id: uuid.UUID, job_id: uuid.UUID, model_id: str) -> str:
+    """A race candidate's folder in the store, under the job's prefix: its last checkpoint
+    (:func:`race_key`) and, on the Ray backend, its run's storage (``<prefix>/ray``, which
+    every rung continues)."""
+    return storage.tenant_key(tenant_id, "jobs", str(job_id), "race", candidate_folder(model_id))
+
+
 def race_key(tenant_id: uuid.UUID, job_id: uuid.UUID, model_id: str) -> str:
     """Where a race candidate's last checkpoint is kept, under the job's prefix: a later rung,
     or the winner's fine-tune, taken by a worker on another machine starts from it."""
-    return storage.tenant_key(
-        tenant_id, "jobs", str(job_id), "race", candidate_folder(model_id), OBJECT_NAME
-    )
+    return f"{candidate_prefix(tenant_id, job_id, model_id)}/{OBJECT_NAME}"
 
 
 def members(folder: Path) -> list[Path]:

@@ -492,9 +492,10 @@ class Settings(BaseSettings):
 
     def training_backend(self, run_key: str | None = None) -> Backend:
         """Where this deployment's fine-tunes run. ``run_key``: the run's folder in the store
-        (the job's), where a ``ray`` run keeps its checkpoints (Ray Train's storage), so a
-        re-delivered run continues from them wherever it starts again; with an S3 store the
-        Ray nodes share no folder with the gpu worker for them."""
+        (the job's, or a race candidate's), where a ``ray`` run keeps its checkpoints (Ray
+        Train's storage), so a re-delivered run, or a candidate's next rung, continues from
+        them wherever it starts again; with an S3 store the Ray nodes share no folder with
+        the gpu worker for them."""
         place = None
         if self.train_backend == "ray" and run_key:
             from zoopick.service.storage import open_store

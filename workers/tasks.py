@@ -60,6 +60,7 @@ from zoopick.service.queue import (
     WORKFLOW_FAILED,
 )
 from zoopick.service.settings import Settings, get_settings
+from zoopick.training.backends import Backend
 from zoopick.training.config import (
     CHECKPOINT,
     FINAL_CONFIG,
@@ -596,7 +597,10 @@ def finetune(self, job_id: str) -> str:
         # a run lost on another machine continues from its checkpoint in the store (the
         # local backend's: Ray Train keeps its own in its storage path)
         fetched = local and run_checkpoints.fetch(files, saved, out)
-        if winner is not None and won is not None and not (out / CHECKPOINT).exists():
+        seed = None  # a Ray run's: the store's key of the winner's checkpoint, which each
+        if won is not None and not local:  # of its workers fetches on its own machine
+            seed = won if storage.retrying(lambda: files.exists(won)) else None
+        elif winner is not None and won is not None and not (out / CHECKPOINT).exists():
             # the race's winner trained on another machine: its checkpoint from the store
             run_checkpoints.fetch(files, won, winner.parent)
     except storage.StoreUnavailable as exc:  # tried again already: fail naming the store
@@ -615,8 +619,9 @@ def finetune(self, job_id: str) -> str:
         model=row.id,
         out=str(out),
         resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
-        # the race winner's training is where this run starts: no step is thrown away
-        init_from=str(winner) if winner is not None and winner.is_file() else None,
+        # the race winner's training is where this run starts: no step is thrown away (a
+        # Ray run's workers name their own copies: ray_inputs.place)
+        init_from=str(winner) if local and winner is not None and winner.is_file() else None,
         dataset_limits=dataclasses.asdict(cfg.dataset_limits()),  # what validated it
         comm_triton=cfg.comm_triton,  # the deployment's switch, wherever the run is
         **data,
@@ -667,10 +672,12 @@ def finetune(self, job_id: str) -> str:
         )
 
     # a Ray run keeps its checkpoints under the job's prefix (deleted with it), and each of its
-    # workers fetches the dataset and the zoo checkpoint from the store on its own machine
+    # workers fetches the dataset, the zoo checkpoint and the race winner's from the store on
+    # its own machine
     backend = cfg.training_backend(storage.tenant_key(tenant, "jobs", str(jid), "train"))
     if not local:
-        backend = dataclasses.replace(backend, inputs=ray_inputs.document(cfg, row, storage_path))
+        inputs = ray_inputs.document(cfg, row, storage_path, init_from=seed)
+        backend = dataclasses.replace(backend, inputs=inputs)
     # each checkpoint the trainer writes goes to the store too, from a thread of its own, and
     # the log with it: a machine that resumes from it has the lost run's lines up to there
     uploads = run_checkpoints.Uploader(files, saved, out, on_put=lambda _: logs.final())
@@ -793,9 +800,11 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
                     **store.run_data(ds.storage_path, cfg),
                 )
                 entry_id, saved = entry.id, run_checkpoints.race_key(job.tenant_id, jid, row.id)
+                where = run_checkpoints.candidate_prefix(job.tenant_id, jid, row.id)
+                backend = _rung_backend(cfg, where, row, ds.storage_path)
                 outcome = "train"
     if outcome == "train":
-        outcome = _run_rung(jid, entry_id, run_cfg, owner, shared, cfg, saved)
+        outcome = _run_rung(jid, entry_id, run_cfg, owner, shared, cfg, saved, backend)
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if job is None:
@@ -817,20 +826,35 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
     return f"{outcome}; {step.action}"
 
 
+def _rung_backend(cfg: Settings, where: str, row: ZooModel, storage_path: str) -> Backend:
+    """Where a candidate's rung runs: the deployment's backend. On Ray, the candidate's run
+    keeps its checkpoints in its folder of the store, ``where`` (Ray Train's storage,
+    ``<where>/ray``: every rung continues the run there, whichever gpu worker and nodes take
+    it), and its workers fetch the dataset and the zoo checkpoint on their own machines
+    (``ray_inputs``)."""
+    backend = cfg.training_backend(where)
+    if backend.kind == "local":
+        return backend
+    inputs = ray_inputs.document(cfg, row, storage_path)
+    return dataclasses.replace(backend, inputs=inputs)
+
+
 def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str, shared: str,
-              cfg: Settings, saved: str) -> str:  # fmt: skip
-    """One candidate's rung through the configured backend; the entry is settled with what
-    the trainer counted (steps, validation accuracy) or why it failed. With the local backend
-    the candidate's checkpoint goes through the store (``saved``): a rung whose folder has
-    none here resumes the store's (the last rung ran on another machine), and each one the
-    trainer writes is put there, the last before the entry is settled."""
+              cfg: Settings, saved: str, backend: Backend) -> str:  # fmt: skip
+    """One candidate's rung on ``backend``; the entry is settled with what the trainer counted
+    (steps, validation accuracy) or why it failed. The candidate's checkpoint goes through the
+    store (``saved``): with the local backend a rung whose folder has none here resumes the
+    store's (the last rung ran on another machine), and each one the trainer writes is put
+    there; on Ray the run continues from its own storage and its last checkpoint comes back
+    to this folder. The rung's last is put there before the entry is settled: the winner's
+    fine-tune starts from it."""
     import time
 
     last: list[EpochRecord] = []
     started = time.monotonic()
     out = Path(run_cfg.out)
     files = storage.open_store(cfg.storage_url)
-    local = cfg.train_backend == "local"
+    local = backend.kind == "local"
     if local and not (out / CHECKPOINT).exists():
         try:  # no transaction open: the entry's claim is committed
             if run_checkpoints.fetch(files, saved, out):
@@ -856,6 +880,9 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
             reached(record.steps)
 
     def on_event(event: RunEvent) -> None:
+        if event.event == "resumed":
+            log.info("job %s: %s resumes its checkpoint of epoch %s", jid, run_cfg.model,
+                     event.epoch)  # fmt: skip
         # progress lines say the step reached within an epoch: epochs before it were whole
         if event.event == "progress" and event.epoch and event.steps and event.step is not None:
             reached((event.epoch - 1) * event.steps + event.step)
@@ -874,7 +901,7 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
         uploads.start()
     try:
         result = training_runner.follow_run(
-            lambda: training_runner.spawn(run_cfg, cfg.training_backend()),
+            lambda: training_runner.spawn(run_cfg, backend),
             factory(),
             jid,
             renew=renew,
@@ -885,7 +912,7 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
         )
     finally:
         uploads.close()
-    if local and not result.lease_lost:
+    if not result.lease_lost:
         uploads.check()  # the rung's last checkpoint, before the entry says it is done
     seconds = time.monotonic() - started
     if result.lease_lost:

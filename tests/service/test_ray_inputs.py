@@ -73,3 +73,49 @@ def test_a_node_places_the_run_on_its_own_paths_and_rebases_a_restored_checkpoin
         placed.zoo, placed.data, str(folder), 3
     )  # fmt: skip
     assert node.is_dir()  # the node's own folder, from its environment
+
+
+def test_a_node_fetches_the_checkpoint_its_run_starts_from(tmp_path, monkeypatch):
+    """A race winner's fine-tune: the document names the store's packed checkpoint
+    (``run_checkpoints.race_key``), each worker unpacks it into its private folder and starts
+    from there; a worker that resumes its own run fetches none; one that finds it gone fails
+    rather than start from the zoo's weights."""
+    import torch
+
+    from zoopick.service import run_checkpoints
+    from zoopick.service.storage import open_store
+
+    settings = Settings(data_dir=tmp_path / "gpu")
+    monkeypatch.setenv("ZOOPICK_DATA_DIR", str(tmp_path / "node"))
+    race = tmp_path / "race"
+    race.mkdir()
+    torch.save({"config": {"model": "tiny"}, "epoch": 2}, race / CHECKPOINT)
+    run_checkpoints.pack(race, tmp_path / "winner.tar")
+    key = "tenants/t/jobs/j/race/c/checkpoint.tar"
+    open_store(settings.storage_url).put_file(key, tmp_path / "winner.tar")
+    data = tmp_path / "shapes.npz"  # a dataset from before the store: read where it is
+    data.write_bytes(b"x")
+    spec = hook_of(ray_inputs.document(settings, _row(), str(data), init_from=key))[2]
+    assert spec["init_from"] == key  # the store's key: no path of the gpu worker's
+    cfg = FinetuneConfig.for_run(
+        FinetuneOptions(), zoo="/gpu/zoo.json", model="tiny", data="/gpu/x.npz", out="/o"
+    )
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    placed = ray_inputs.place(cfg, spec, fresh)
+    assert placed.init_from == str(fresh / ray_inputs.INIT_FROM / CHECKPOINT)
+    assert torch.load(placed.init_from, weights_only=False)["epoch"] == 2
+
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    torch.save({"config": {"init_from": "/elsewhere/checkpoint.pt"}}, resumed / CHECKPOINT)
+    placed = ray_inputs.place(cfg, spec, resumed)
+    assert not (resumed / ray_inputs.INIT_FROM).exists()  # its own run: nothing fetched
+    saved = torch.load(resumed / CHECKPOINT, weights_only=False)["config"]
+    assert saved["init_from"] == placed.init_from  # the same run, wherever it restarts
+
+    gone = {**spec, "init_from": "tenants/t/jobs/j/race/other/checkpoint.tar"}
+    (tmp_path / "late").mkdir()
+    with pytest.raises(FileNotFoundError, match="other/checkpoint.tar"):
+        ray_inputs.place(cfg, gone, tmp_path / "late")
