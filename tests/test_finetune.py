@@ -303,6 +303,54 @@ def test_auto_recipe_searches_returns_its_best_checkpoint_and_never_reads_the_te
     assert epochs[-1]["val_acc"] == pytest.approx(final["best_val_accuracy"])
 
 
+def _run_refit(rank: int, world: int, configs: list[dict]) -> list[dict]:
+    """:func:`_run_many` with the recipe's refit rule on for any split (rules 6)."""
+    from zoopick.training import recipe
+
+    recipe.REFIT_BELOW = 10**6
+    return _run_many(rank, world, configs)
+
+
+def test_a_refit_run_chooses_its_rate_on_the_share_then_trains_on_every_image(
+    tiny_zoo, tiny_npz, tmp_path
+):
+    """Rules 6: the rate is searched on the validation share, then every training image
+    trains (an epoch is the file's 24 images' 6 steps, not the kept images' 4) and the last
+    weights are returned; the test labels play no part (a permuted test file gives the same
+    choices and weights); a resumed finished run neither searches nor trains again."""
+    from safetensors.torch import load_file
+
+    data = np.load(tiny_npz)
+    tests = {}
+    for name, labels in (("real", data["y"]), ("permuted", np.roll(data["y"], 8))):
+        tests[name] = tmp_path / f"test-{name}.npz"
+        np.savez(tests[name], x=data["x"], y=labels, class_names=data["class_names"])
+    common = {"compressor": "dense", "recipe": "auto", "lr": None, "optimizer": None}
+    configs = [
+        _cfg(tiny_zoo, tiny_npz, tmp_path / name, test_data=str(path), epochs=70, **common)
+        for name, path in tests.items()
+    ]
+    configs.append(configs[0] | {"resume": True})
+    launch(_run_refit, 1, configs)
+
+    real, permuted = tmp_path / "real", tmp_path / "permuted"
+    [chosen], [chosen_b] = _recipe_events(real), _recipe_events(permuted)
+    assert chosen["plan"]["refit"] and chosen["plan"]["lr_source"] == "search"
+    assert len(chosen["trials"]) >= 3 and chosen["plan"]["validation_fraction"] > 0
+    for c in (chosen, chosen_b):
+        c.pop("search_seconds")
+    assert chosen == chosen_b
+    curve = _epoch_lines(real)
+    assert [r["steps"] for r in curve[:2]] == [6, 12]  # 24 images at batch 4: every image
+    assert curve[-1]["steps"] == chosen["plan"]["steps"] == 420  # no early stop
+    assert all(r.get("val_acc") is None for r in curve)  # no checks after the search
+    final = json.loads((real / FINAL_CONFIG).read_text())["recipe"]
+    assert final["best_step"] is None and not final["stopped_early"]
+    w_real, w_perm = load_file(real / FINAL_WEIGHTS), load_file(permuted / FINAL_WEIGHTS)
+    assert all(torch.equal(w_real[k], w_perm[k]) for k in w_real)
+    assert len(_recipe_events(real)) == 1 and len(_epoch_lines(real)) == len(curve)
+
+
 def test_the_trainer_loads_its_data_under_the_runs_dataset_limits(tiny_zoo, tiny_npz, tmp_path):
     """A job's run carries the deployment's dataset limits (the ones that validated the
     dataset), and the trainer loads under them, not the library's defaults."""

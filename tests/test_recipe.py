@@ -221,3 +221,20 @@ def test_the_search_trusts_only_trials_that_learned(monkeypatch):
     assert [x.lr for x in trials] == pytest.approx(
         [3e-4, 1e-3, 3e-3, 3e-3 * recipe.LR_STEP, 3e-3 * recipe.LR_STEP**2]
     )
+
+
+def test_a_small_split_is_refit_after_its_search(monkeypatch):
+    """Rules 6 (PREREGISTRATION.md): below ``REFIT_BELOW`` images the validation share
+    chooses the rate only; the plan then keeps no checkpoint and never stops early. Off
+    (None), or without a share, or for a rung, nothing is refit."""
+    monkeypatch.setattr(recipe, "REFIT_BELOW", 1000)
+    assert recipe.refits(999, 0.2) and not recipe.refits(1000, 0.1)
+    assert not recipe.refits(300, None)  # no share held out: nothing to put back
+    monkeypatch.setattr(recipe, "REFIT_BELOW", None)
+    assert not recipe.refits(300, 0.2)
+    refit = recipe.plan(FinetuneConfig(**WHERE), steps_per_epoch=9, validation=0.2, refit=True)
+    assert refit.refit and refit.lr_source == "search" and refit.trial_steps == 32
+    assert (refit.keep_best, refit.eval_every, refit.patience) == (False, 0, 0)
+    assert refit.validation_fraction == 0.2 and refit.steps == 400
+    kept = recipe.plan(FinetuneConfig(**WHERE), steps_per_epoch=9, validation=0.2)
+    assert not kept.refit and kept.keep_best and kept.patience == recipe.PATIENCE

@@ -197,19 +197,27 @@ class _Run:
         self.cfg, self.model, self.ddp, self.state = cfg, model, ddp, state
         self.device, self.amp, self.data_config = device, amp, data_config
         self.rank, self.world = rank, world
-        (self.x_train, self.y_train), self.test, self.val = data
-        # every rank runs the same number of equally sized batches (DDP needs it); the last
-        # partial batch is dropped (a batch of one breaks batch norm)
-        self.per_rank = len(self.y_train) // world
-        if self.per_rank < 2:
-            raise ValueError(f"{len(self.y_train)} training images cannot feed {world} workers")
-        self.batch = min(cfg.batch_size, self.per_rank)
-        self.steps = self.per_rank // self.batch  # per epoch
+        train, self.test, self.val = data
+        self.train_on(*train)
+        self.every_image: tuple[torch.Tensor, torch.Tensor] | None = None
+        """The training split with the validation share put back, for a refit run (the
+        recipe's ``refit``): what it trains on once the rate is chosen."""
         self.plan: recipe.Plan | None = None
         self.floor: float | None = None
         """What a trial of the search must beat on the validation split to count."""
         self.n_val = 0
         """The validation split's images, every rank's shards together (0: none)."""
+
+    def train_on(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Train on ``(x, y)`` (every rank holds all of it and takes its share of each
+        epoch's order): every rank runs the same number of equally sized batches (DDP needs
+        it); the last partial batch is dropped (a batch of one breaks batch norm)."""
+        self.x_train, self.y_train = x, y
+        self.per_rank = len(y) // self.world
+        if self.per_rank < 2:
+            raise ValueError(f"{len(y)} training images cannot feed {self.world} workers")
+        self.batch = min(self.cfg.batch_size, self.per_rank)
+        self.steps = self.per_rank // self.batch  # per epoch
 
     @property
     def limit(self) -> int:
@@ -423,14 +431,24 @@ def _setup(
     state, hook = build(cfg.compressor, cfg.comm_hook())  # validated when launch read cfg
     ddp.register_comm_hook(state, hook)
     r = _Run(cfg, model, ddp, state, device, amp, data_config, data, rank, world)
+    share = None
     if val is not None:
         r.floor = recipe.chance_floor(list(val.class_counts().values()))
         r.n_val = len(val)
+        share = _validation_share(train, val)
+    refit = cfg.max_steps is None and recipe.refits(len(train) + r.n_val, share)
+    steps_per_epoch = r.steps
+    if refit:  # the run's length counts the images it trains on once the rate is chosen
+        x_val, y_val = _tensors(val, data_config)
+        r.every_image = (torch.cat([r.x_train, x_val]), torch.cat([r.y_train, y_val]))
+        per_rank = len(r.every_image[1]) // world
+        steps_per_epoch = per_rank // min(cfg.batch_size, per_rank)
     r.plan = recipe.plan(
         cfg,
-        steps_per_epoch=r.steps,
-        validation=None if val is None else _validation_share(train, val),
+        steps_per_epoch=steps_per_epoch,
+        validation=share,
         rung=cfg.max_steps is not None,
+        refit=refit,
     )
     return entry, train, r
 
@@ -457,6 +475,8 @@ def _start(r: _Run, out: Path, report: Reporter) -> _Progress:
             _log(RunEvent("recipe", recipe=choices.to_dict()), out)
     else:
         choices = recipe.Choices(**choices)
+    if r.plan.refit:  # the rate is chosen: every training image from here on
+        r.train_on(*r.every_image)
     opt = _optimizer(model, r.plan, choices.lr)
     if resumed:
         opt.load_state_dict(saved["optimizer"])

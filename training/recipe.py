@@ -111,6 +111,11 @@ MAX_VALIDATION = 2000
 MIN_VALIDATION_CLASS = 5
 """A class needs this many training images for the recipe to hold some out: below it the run
 keeps every image for training, uses :data:`DEFAULT_LR` and returns its last weights."""
+REFIT_BELOW: int | None = None
+"""A training split of fewer images than this is **refit**: its validation share chooses the
+rate only, and the run then trains on every training image (the share included) and
+returns its last weights, with no checks and no early stop (:func:`refits`). None: never
+(the rule before it). See ``benchmarks/finetune/PREREGISTRATION.md``, rules 6."""
 EVALUATIONS = 10
 PATIENCE = 4
 BAND_STANDARD_ERRORS = 1.0
@@ -146,6 +151,8 @@ class Plan:
     """Steps between validation checks (0: only per epoch as the fixed recipe did)."""
     patience: int = 0
     keep_best: bool = False
+    refit: bool = False
+    """The validation share chose the rate; the run trains on every image (:func:`refits`)."""
     cosine: bool = True
     """Per-step warm-up and cosine (False: a constant rate, the fixed recipe)."""
 
@@ -229,17 +236,32 @@ def validation_fraction(class_counts: Sequence[int]) -> float | None:
     return min(share, MAX_VALIDATION / n)
 
 
+def refits(n_train: int, validation: float | None) -> bool:
+    """Whether a run on a training split of ``n_train`` images (before any hold-out) with the
+    validation share ``validation`` (None: none) is refit on every image after its rate
+    search (:data:`REFIT_BELOW`).
+
+    Why: on a small split the hold-out costs the run a fifth of its images, and the checks it
+    buys are too noisy to tell its checkpoints apart (a hundred images give a noise band of
+    several points); on the transfer suite's small targets training on the held-out images
+    too was worth 2 to 6 points at the same rate (``benchmarks/finetune``, the ablation)."""
+    return validation is not None and REFIT_BELOW is not None and n_train < REFIT_BELOW
+
+
 def plan(
     options: Any,
     *,
     steps_per_epoch: int,
     validation: float | None,
     rung: bool = False,
+    refit: bool = False,
 ) -> Plan:
     """The run's plan. ``options``: the run's :class:`~zoopick.training.config.FinetuneConfig`
-    (or options); ``validation``: the share held out for the recipe (None: none); ``rung``: a
-    race's rung (``max_steps``: its length and schedule are the race's, no search, no
-    validation of its own)."""
+    (or options); ``steps_per_epoch``: an epoch of the images the run trains on;
+    ``validation``: the share held out for the recipe (None: none); ``rung``: a race's rung
+    (``max_steps``: its length and schedule are the race's, no search, no validation of its
+    own); ``refit``: the share only chooses the rate, the run trains on every image
+    (:func:`refits`)."""
     get = lambda name: value(options, name)  # noqa: E731
     optimizer = get("optimizer")
     common = {
@@ -289,9 +311,10 @@ def plan(
         candidates=candidates,
         trial_steps=trial,
         validation_fraction=validation,
-        eval_every=max(1, math.ceil(steps / EVALUATIONS)),
-        patience=PATIENCE,
-        keep_best=True,
+        eval_every=0 if refit else max(1, math.ceil(steps / EVALUATIONS)),
+        patience=0 if refit else PATIENCE,
+        keep_best=not refit,
+        refit=refit,
     )
 
 

@@ -101,6 +101,40 @@ def suite_pairs() -> list[Pair]:
     ]
 
 
+FRESH6_DRAW_SEED = 40
+RULES6_SUITE_PAIR = "fonts:face2-resnet-e3/chars62"
+"""Drawn for the suite check and never run there (the loader refused its class names): no
+result of it was read, so it counts in rules 6's verdict too."""
+
+
+def fresh6_pairs() -> list[Pair]:
+    """Rules 6's fresh pairs (PREREGISTRATION.md, "Rules 6"), drawn by a rule that reads no
+    result: of the zoos ``base``, ``fonts`` and ``synth``, the pretrained models of a
+    ``test_*`` architecture without a 1,000-class source, less the models
+    :func:`suite_pairs` drew; the targets permuted, then two models a zoo, alternating
+    zoos, each taking the next target."""
+    used = {p.model for p in suite_pairs()}
+    rng = np.random.default_rng(FRESH6_DRAW_SEED)
+    targets = [str(t) for t in rng.permutation(list(tasks.TARGETS))]
+    chosen = []
+    for name in ("base", "fonts", "synth"):
+        eligible = [
+            m
+            for m in zoos.ZOOS[name].models
+            if m.source is not None
+            and m.arch.startswith("test_")
+            and "head1000" not in m.tags
+            and m.id not in used
+        ]
+        picks = sorted(int(i) for i in rng.choice(len(eligible), 2, replace=False))
+        chosen.append([(name, eligible[i]) for i in picks])
+    models = [zm for pair in zip(*chosen, strict=True) for zm in pair]
+    return [
+        Pair(f"{name}:{m.id}/{t}", m.id, t, m.size, role="fresh6", zoo=name)
+        for (name, m), t in zip(models, targets, strict=False)
+    ]
+
+
 PAIRS = {
     p.name: p
     for p in (
@@ -139,6 +173,8 @@ PAIRS = {
         Pair("random-convnext3/fmnist4", "test_convnext3", "fmnist4", 32, role="fresh5"),
         # rules 5 on the suite's held-out zoos (PREREGISTRATION.md), drawn before any ran
         *suite_pairs(),
+        # rules 6's fresh pairs (PREREGISTRATION.md), drawn before any of them ran
+        *fresh6_pairs(),
     )
 }
 
@@ -147,13 +183,24 @@ RULES = {
     "rules4": {"BAND_STANDARD_ERRORS": 1.0, "SMALL_SPLIT_VALIDATION": 100},
     "search": {"CHANCE_STANDARD_ERRORS": 2.0},
     "nosearch": {"CHANCE_STANDARD_ERRORS": None},
+    # the ablation of the recipe's parts on the suite pairs (PREREGISTRATION.md, "Ablation")
+    "nosmooth": {"LABEL_SMOOTHING": 0.0},
+    "nowd": {"ADAMW_WEIGHT_DECAY": 0.0},
+    "nowarmup": {"WARMUP_SHARE": 0.0},
+    "nohold": {"MIN_VALIDATION_CLASS": 10**9},
+    "truthlr": {},
+    "refit": {"REFIT_BELOW": 1000},
 }
 """Versions of the recipe's rules an ``auto-<a>+<b>`` arm runs under, set on
 ``training.recipe`` for that run only (this process runs the trainer in-process): rules 3,
 the maximum of the checks on a flat tenth of the training split; rules 4, the pre-registered
 noise band and the larger share for a small split; ``search`` (rules 5), the rate search
-trusting only trials that learned something, ``nosearch`` without it. Parts not named stay
-as the recipe ships them."""
+trusting only trials that learned something, ``nosearch`` without it; the ablation's parts:
+no label smoothing, no weight decay, no warm-up, no validation hold-out (every image trains,
+no search, the last weights), and ``truthlr``: the body's rate given as the field truth's best
+rate (so the rest of the recipe is judged apart from its rate search); ``refit`` (rules 6): a
+split under 1,000 images chooses its rate on the hold-out, then trains on every image. Parts
+not named stay as the recipe ships them."""
 ARMS = (
     "auto",
     "auto-rules3",
@@ -162,6 +209,15 @@ ARMS = (
     "auto-rules4+search",
     "auto-search",
     "auto-nosearch",
+    "auto-refit",
+    "auto-refit+nosmooth",
+    "auto-truthlr",
+    "auto-truthlr+nohold",
+    "auto-truthlr+nosmooth",
+    "auto-truthlr+nowd",
+    "auto-truthlr+nohold+nosmooth+nowd+nowarmup",
+    "auto-truthlr+nohold+nosmooth",
+    "auto-truthlr+nohold+nowarmup",
     "fixed",
 )
 """What runs against the truth: the trainer with every option at its default ("auto": the
@@ -178,6 +234,20 @@ def n_train(path: Path) -> int:
         return len(d["y_train"] if "y_train" in d else d["y"])
 
 
+def majority_share(path: Path) -> float:
+    """The test split's largest class share: the accuracy of always answering that class."""
+    with np.load(path) as d:
+        y = d["y_test"] if "y_test" in d else d["y"]
+    return float(np.bincount(y).max() / len(y))
+
+
+def degenerate(r: dict) -> bool:
+    """A pair whose field truth is under twice its test split's majority share (rules 6's
+    pre-registered rule): the model learned next to nothing there at any rate, so a ratio to
+    the truth measures noise; reported apart, not in rules 6's verdict."""
+    return "chance" in r and r["truth_acc"] < 2 * r["chance"]
+
+
 def pair_inputs(pair: Pair, args: argparse.Namespace) -> tuple[Path, Path, Path]:
     """The pair's zoo manifest, training file and test file. A suite pair's come from its zoo
     as ``build_zoo`` builds it (only the pair's checkpoint, built if missing); the others'
@@ -189,8 +259,33 @@ def pair_inputs(pair: Pair, args: argparse.Namespace) -> tuple[Path, Path, Path]
         train, test = (out / "targets" / f"{pair.target}-{s}.npz" for s in ("train", "test"))
         if not all(p.exists() for p in (out / "ckpt" / f"{pair.model}.safetensors", train, test)):
             build_zoo.build(zoos.ZOOS[pair.zoo], out, fmnist=str(args.fmnist), only=[pair.model])
-        return out / "zoo.json", train, test
+        return out / "zoo.json", *(distinct_case(p, args.work) for p in (train, test))
+    return out_of_work(pair, args)
+
+
+def distinct_case(path: Path, work: Path) -> Path:
+    """``path`` (x, y, class_names), or a copy in ``work`` whose class names no longer differ
+    only in letter case: zoopick's loader refuses such names (one folder on a case-insensitive
+    file system), so the suite's ``chars62`` (``A`` and ``a``) is loaded with each lower-case
+    name that has an upper-case twin spelled ``a (lower case)``. The images and labels are
+    the file's own; only the names change, which no training or accuracy reads."""
+    with np.load(path) as d:
+        names = [str(n) for n in d["class_names"]]
+        folded = [n.casefold() for n in names]
+        if len(set(folded)) == len(names):
+            return path
+        upper = {n.casefold() for n in names if n != n.casefold()}
+        renamed = [f"{n} (lower case)" if n == n.casefold() and n in upper else n for n in names]
+        assert len({n.casefold() for n in renamed}) == len(names), renamed
+        copy = work / f"distinct-case-{path.parent.parent.name}-{path.name}"
+        np.savez_compressed(copy, x=d["x"], y=d["y"], class_names=np.array(renamed))
+    return copy
+
+
+def out_of_work(pair: Pair, args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    """This script's own pair's zoo manifest and data (made in ``args.work``)."""
     work = args.work
+    work.mkdir(parents=True, exist_ok=True)
     data = target_data(pair.target, args.fmnist, work)
     zoo = work / f"zoo-{pair.model}-{pair.side}.json"
     zoo.write_text(json.dumps({"models": [zoo_entry(pair.model, pair.side, args.fmnist, work)]}))
@@ -381,11 +476,19 @@ def rules_of(arm: str):
 
 
 def trainer_run(
-    zoo: Path, model: str, data: Path, test_data: Path, out: Path, arm: str, seed: int
+    zoo: Path,
+    model: str,
+    data: Path,
+    test_data: Path,
+    out: Path,
+    arm: str,
+    seed: int,
+    lr: float | None = None,
 ) -> dict:
     """One run of zoopick's trainer (one worker, dense: what the recipe does, not the wire)
     with every other option at its default; its final test accuracy, recipe and compute.
-    ``arm``: "fixed", "auto", or "auto-<rules>" (:data:`RULES`)."""
+    ``arm``: "fixed", "auto", or "auto-<rules>" (:data:`RULES`); ``lr``: the body's rate
+    given (None: the recipe's)."""
     from zoopick.training.config import METRICS, FinetuneConfig
     from zoopick.training.finetune import Diverged, run
 
@@ -400,6 +503,7 @@ def trainer_run(
         compressor="dense",
         recipe=recipe,
         seed=seed,
+        lr=lr,
     )
     t0 = time.perf_counter()
     try:
@@ -425,10 +529,11 @@ def trainer_run(
     epochs = [r for r in records if "event" not in r]
     trained = epochs[-1]["steps"] * BATCH
     trial_images = len(choices["trials"]) * plan["trial_steps"] * BATCH
-    evals = sum(1 for _ in range(0, epochs[-1]["steps"], plan["eval_every"] or 10**9))
+    evals = len(range(0, epochs[-1]["steps"], plan["eval_every"])) if plan["eval_every"] else 0
     val_images = 0.0
-    if plan.get("validation_fraction"):
-        val_images = evals * n_train(data) * plan["validation_fraction"] / 3
+    if plan.get("validation_fraction"):  # the checks and each trial's look at the share
+        val_images = (evals + len(choices["trials"])) * n_train(data)
+        val_images *= plan["validation_fraction"] / 3
     return {
         "test_acc": final["test_acc"],
         "lr": choices["lr"],
@@ -451,6 +556,7 @@ def run_pair(pair: Pair, args: argparse.Namespace) -> dict:
         "pair": pair.name,
         "role": pair.role,
         "train_images": n,
+        "chance": majority_share(test_data),
         "field_steps": field_steps(n),
         "truth": {},
         "runs": {arm: [] for arm in args.arms},
@@ -482,7 +588,11 @@ def run_pair(pair: Pair, args: argparse.Namespace) -> dict:
             out = work / "runs" / pair.name.replace("/", "_") / f"{arm}-{seed}"
             if out.exists():
                 shutil.rmtree(out)
-            r = trainer_run(zoo, pair.model, data, test_data, out, arm, seed)
+            lr = None
+            if "truthlr" in arm.partition("-")[2].split("+"):
+                means = {k: float(np.mean(v)) for k, v in result["truth"].items()}
+                lr = float(max(means, key=means.get))
+            r = trainer_run(zoo, pair.model, data, test_data, out, arm, seed, lr)
             result["runs"][arm].append(r)
             print(
                 f"{pair.name} {arm} seed {seed}: {r['test_acc']:.4f} lr {r['lr']:.3g} "
@@ -601,6 +711,21 @@ def report(results: list[dict], path: Path) -> None:
         "Verdicts (goals: 0.99 of the truth on average, 0.97 on every pair, at most 1.5x):",
         "",
     ]
+    judged6 = [r for r in results if r["role"] == "fresh6" or r["pair"] == RULES6_SUITE_PAIR]
+    if judged6:
+        kept = [r for r in judged6 if not degenerate(r)]
+        for arm in arms:
+            lines += _verdict(
+                kept, arm, "rules 6's fresh pairs and chars62 (drawn before they ran)"
+            )
+        for r in judged6:
+            if degenerate(r):
+                ratios = ", ".join(f"{a} {x['ratio']:.3f}" for a, x in r["arms"].items())
+                lines.append(
+                    f"- degenerate, left out of rules 6's verdict: {r['pair']} (truth "
+                    f"{r['truth_acc']:.3f} under twice the majority share {r['chance']:.3f}; "
+                    f"{ratios})"
+                )
     for role, label in (
         ("suite", "the transfer suite's held-out zoos (fonts, synth; drawn before they ran)"),
         ("fresh5", "rules 5's fresh pairs (named before they ran)"),
