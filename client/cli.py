@@ -815,6 +815,7 @@ def _print_results(job: Job) -> None:
             f"recipe {plan.get('recipe')}: {plan.get('optimizer')} "
             f"at lr {_number(chosen.get('lr'))} ({plan.get('lr_source')}), "
             f"{plan.get('steps')} steps"
+            + (", then trained on every image" if plan.get("refit") else "")
             + (f", best validation step {best}" if best is not None else ""),
             highlight=False,
         )

@@ -189,6 +189,10 @@ def test_describe_says_what_was_chosen():
     )
     text = recipe.describe(chosen.to_dict())
     assert "adamw at lr 0.003 (search), 400 steps" in text and "best validation step 360" in text
+    assert "every training image" not in text
+    refit = recipe.plan(FinetuneConfig(**WHERE), steps_per_epoch=9, validation=0.2, refit=True)
+    text = recipe.describe(recipe.Choices(plan=refit.to_dict(), lr=1e-3).to_dict())
+    assert text.endswith("on every training image (the validation share put back), last weights")
 
 
 def test_the_search_trusts_only_trials_that_learned(monkeypatch):

@@ -450,6 +450,8 @@ def describe(choices: Mapping[str, Any]) -> str:
         f"recipe {plan_.get('recipe', '?')}: {plan_.get('optimizer', '?')} at lr "
         f"{choices.get('lr'):.3g} ({how}), {plan_.get('steps', '?')} steps"
     )
+    if plan_.get("refit"):
+        text += ", then on every training image (the validation share put back), last weights"
     if choices.get("best_step") is not None:
         acc = choices.get("best_val_accuracy")
         text += f", best validation step {choices['best_step']}"

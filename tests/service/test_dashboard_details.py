@@ -129,6 +129,25 @@ def test_the_run_page_says_what_the_recipe_chose_with_the_search_curve(service_a
     assert [r[1] for r in rows] == ["0.0003000", "0.001000", "0.003000", "0.009487"], rows
     assert [bool(r[0]) for r in rows] == [False, False, True, False]
     assert "recipe auto, length from the data" in page.text
+    assert "every training image" not in section
+    # a small dataset's refit run (rules 6): the page says the run trained on every image
+    refit = recipe.plan(FinetuneOptions(), steps_per_epoch=9, validation=0.2, refit=True)
+    refit_choices = recipe.Choices(plan=refit.to_dict(), lr=1e-3, trials=[vars(t) for t in trials])
+    with session_scope(service_app.state.sessionmaker) as session:
+        tenant = get_or_create_tenant(session, name)
+        job = Job(tenant_id=tenant.id, request={}, models=["a"], metrics=["logme"],
+                  select_by="logme", status=JobStatus.succeeded.value, chosen_model="a",
+                  finetune=FinetuneOptions().model_dump(mode="json"))  # fmt: skip
+        session.add(job)
+        session.flush()
+        session.add(TrainingRun(job_id=job.id, model_id="a", config={}, world_size=1,
+                                output_dir="/nowhere", status="succeeded",
+                                recipe=refit_choices.to_dict()))  # fmt: skip
+        refit_id = job.id
+    section = b.get(f"/jobs/{refit_id}").text
+    section = section[section.index('id="recipe"') :]
+    assert "the run trained on every training image" in section, section[:800]
+    assert "best validation checkpoint" not in section
 
 
 def test_the_job_list_shows_the_chosen_models_score(service_app, make_key):
