@@ -626,6 +626,9 @@ def finetune(self, job_id: str) -> str:
         comm_triton=cfg.comm_triton,  # the deployment's switch, wherever the run is
         **data,
     )
+    if won is not None and seed is None and run_cfg.init_from is None and not run_cfg.resume:
+        log.warning("job %s: the race winner's checkpoint is in neither this machine's folder "
+                    "nor the store: its fine-tune starts from the zoo's weights", jid)  # fmt: skip
     if fetched:  # another machine's run: its files' names become this machine's
         run_checkpoints.rebase(out, run_cfg.model_dump(mode="json"))
         run_log.restore(files, run_log.stored_key(tenant, jid), out)  # its log goes on

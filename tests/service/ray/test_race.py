@@ -75,6 +75,7 @@ def _adam_steps(blob: dict) -> int:
     return max(int(s["step"]) for s in blob["optimizer"]["state"].values())
 
 
+@pytest.mark.timeout(600)  # six Ray runs: 158 s and 219 s on this 2-core machine at load 7-10
 def test_a_race_on_the_pool_shares_no_folder(cluster, s3_server, isolated_settings, tmp_path):
     """Three candidates, two rungs, then the winner's fine-tune. Gpu worker A scores and
     trains the first rung; once every first-rung candidate is taken it stops (warm: its rungs
