@@ -159,3 +159,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             by_module.setdefault(module, module)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(by_module[item.nodeid.split("::", 1)[0]]))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        groups: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            groups.setdefault(by_module[item.nodeid.split("::", 1)[0]], []).append(item)
+        items[:] = [item for group in sorted(groups, key=lambda g: _rank(g, groups[g]))
+                    for item in groups[group]]  # fmt: skip
+
+
+STACK_ORDER = ("ray-cluster", "s3-store", "live-stack")
+"""The shared stacks from the longest (the Ray group: minutes of runs on the cluster)."""
+
+
+def _rank(group: str, items: list[pytest.Item]) -> tuple[int, int, int]:
+    """The order xdist hands the groups out in (``--dist loadgroup`` gives a worker the next
+    group when it is nearly done, in the order of the collection): the longest first, so
+    that what is left for the end are short modules that the two workers share out evenly,
+    not a minutes-long one that keeps one worker busy while the other has ended. The shared
+    stacks, then the modules of tests/service (each starts real processes), then the other
+    modules, most tests first (xdist's own order, which ``pytest_configure`` turns off)."""
+    if group in STACK_ORDER:
+        return (0, STACK_ORDER.index(group), 0)
+    if group.startswith("tests/service/"):
+        return (1, 0, 0)
+    return (2, 0, -len(items))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist's --loadscope-reorder (on by default) would sort the groups by their number of
+    # tests, putting a module of one long test last: keep the order chosen above
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
