@@ -28,6 +28,10 @@ def test_serve_runs_a_job_with_no_external_service(tmp_path):
     serve, port = start_serve(
         tmp_path,
         *("--concurrency", "1"),
+        # at the API's CPU priority: in the suite the other xdist worker's tests take the
+        # cores from a worker (and its trainers) at the default nice 10, for a minute or more;
+        # the nice itself is test_serve_signals'
+        *("--worker-nice", "0"),
         ZOOPICK_DATA_DIR=str(data),
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
