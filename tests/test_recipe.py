@@ -202,7 +202,8 @@ def test_the_search_trusts_only_trials_that_learned(monkeypatch):
     monkeypatch.setattr(recipe, "CHANCE_STANDARD_ERRORS", 2.0)
     # four balanced classes of 20: m = 0.25, se = sqrt(.25 * .75 / 80) = 0.0484; floor 0.3468
     floor = recipe.chance_floor([20, 20, 20, 20])
-    assert floor == pytest.approx(0.25 + 2 * math.sqrt(0.25 * 0.75 / 80))
+    assert floor.loss is None
+    assert floor.accuracy == pytest.approx(0.25 + 2 * math.sqrt(0.25 * 0.75 / 80))
     chance = [t(3e-4, 0.25, 1.387), t(1e-3, 0.25, 1.398), t(3e-3, 0.25, 1.394)]
     # nothing learned: the lowest loss (3e-4) is noise; the search goes up, not down
     assert recipe.next_rate(chance, None) == pytest.approx(3e-4 / recipe.LR_STEP)
@@ -242,3 +243,34 @@ def test_a_small_split_is_refit_after_its_search(monkeypatch):
     assert refit.validation_fraction == 0.2 and refit.steps == 400
     kept = recipe.plan(FinetuneConfig(**WHERE), steps_per_epoch=9, validation=0.2)
     assert not kept.refit and kept.keep_best and kept.patience == recipe.PATIENCE
+
+
+def test_rules_7_judges_learning_by_the_loss_against_the_class_prior(monkeypatch):
+    """Rules 7: a trial learned when its validation loss is under the class prior's loss
+    (by hand: four balanced classes, ln 4 = 1.3863; trained on shares 1/2, 1/6, 1/6, 1/6 and
+    checked on balanced labels, -(ln 1/2 + 3 ln 1/6) / 4 = 1.5171) by the margin's share.
+    The letters case that prompted it: a trial at 0.003 with the lowest loss but an
+    accuracy under rules 5's floor counts, and the search goes on past it."""
+    t = recipe.Trial
+    monkeypatch.setattr(recipe, "LEARNED_LOSS_MARGIN", 0.02)
+    assert recipe.prior_loss([30, 30, 30, 30], [10, 10, 10, 10]) == pytest.approx(math.log(4))
+    assert recipe.prior_loss([60, 20, 20, 20], [5, 5, 5, 5]) == pytest.approx(
+        -(math.log(1 / 2) + 3 * math.log(1 / 6)) / 4
+    )
+    floor = recipe.chance_floor([8] * 8, [32] * 8)
+    assert floor.accuracy is None and floor.loss == pytest.approx(0.98 * math.log(8))
+    trials = [t(3e-4, 0.109, 2.065), t(1e-3, 0.219, 1.917), t(3e-3, 0.188, 1.806)]
+    assert [recipe.learned(x, floor) for x in trials] == [False, True, True]
+    assert recipe.pick(trials, floor) == 3e-3
+    assert recipe.next_rate(trials, floor) == pytest.approx(3e-3 * recipe.LR_STEP)
+    # rules 5 on the same trials: 0.003's accuracy is under m + 2 se, so 0.001 wins and stops
+    monkeypatch.setattr(recipe, "LEARNED_LOSS_MARGIN", None)
+    old = recipe.chance_floor([8] * 8, [32] * 8)
+    assert old.loss is None and recipe.pick(trials, old) == 1e-3
+    assert recipe.next_rate(trials, old) is None
+    # chance-level losses (within 1 % of ln 4: rules 5's lcnet case) learned nothing
+    monkeypatch.setattr(recipe, "LEARNED_LOSS_MARGIN", 0.02)
+    flat = recipe.chance_floor([20] * 4, [80] * 4)
+    chance = [t(3e-4, 0.25, 1.387), t(1e-3, 0.25, 1.380), t(3e-3, 0.25, 1.394)]
+    assert not any(recipe.learned(x, flat) for x in chance)
+    assert recipe.next_rate(chance, flat) == pytest.approx(3e-3 * recipe.LR_STEP)

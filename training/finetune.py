@@ -203,7 +203,7 @@ class _Run:
         """The training split with the validation share put back, for a refit run (the
         recipe's ``refit``): what it trains on once the rate is chosen."""
         self.plan: recipe.Plan | None = None
-        self.floor: float | None = None
+        self.floor: recipe.Floor | None = None
         """What a trial of the search must beat on the validation split to count."""
         self.n_val = 0
         """The validation split's images, every rank's shards together (0: none)."""
@@ -433,7 +433,9 @@ def _setup(
     r = _Run(cfg, model, ddp, state, device, amp, data_config, data, rank, world)
     share = None
     if val is not None:
-        r.floor = recipe.chance_floor(list(val.class_counts().values()))
+        r.floor = recipe.chance_floor(
+            list(val.class_counts().values()), list(train.class_counts().values())
+        )
         r.n_val = len(val)
         share = _validation_share(train, val)
     refit = cfg.max_steps is None and recipe.refits(len(train) + r.n_val, share)
@@ -710,7 +712,8 @@ def _choose(r: _Run, report: Reporter) -> recipe.Choices:
         plan=plan.to_dict(),
         lr=chosen,
         trials=[vars(t) for t in trials],
-        search_floor=r.floor,
+        search_floor=r.floor.accuracy if r.floor else None,
+        search_loss_floor=r.floor.loss if r.floor else None,
         search_seconds=time.perf_counter() - t0,
     )
 

@@ -95,6 +95,10 @@ CHANCE_STANDARD_ERRORS: float | None = 2.0
 majority-class share by more than this many binomial standard errors of that share
 (:func:`chance_floor`); the search trusts only trials that learned (:func:`pick`,
 :func:`next_rate`). None: every trial is trusted (the rule before it)."""
+LEARNED_LOSS_MARGIN: float | None = None
+"""Rules 7 (``benchmarks/finetune/PREREGISTRATION.md``; None: off, rules 5's accuracy
+floor): a trial learned when its validation loss is below the loss of predicting the
+training split's class shares by more than this share of it (:func:`chance_floor`)."""
 DEFAULT_LR = {"adamw": 1e-3, "adam": 1e-3, "sgd": 1e-2}
 """The rate where no search runs (a race rung, a dataset too small to hold out a split)."""
 TRIAL_SHARE = 0.08
@@ -180,7 +184,10 @@ class Choices:
     best_step: int | None = None
     best_val_accuracy: float | None = None
     search_floor: float | None = None
-    """The validation accuracy a trial had to beat to count (None: every trial counted)."""
+    """The validation accuracy a trial had to beat to count (None: every trial counted, or
+    the loss was the gate)."""
+    search_loss_floor: float | None = None
+    """The validation loss a trial had to get under to count (rules 7; None: not this gate)."""
     stopped_early: bool = False
     search_seconds: float | None = None
 
@@ -334,27 +341,66 @@ def lr_factor(step: int, steps: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * t / span))
 
 
-def chance_floor(class_counts: Sequence[int]) -> float | None:
-    """The validation accuracy a trial must beat to have learned something: the split's
-    majority-class share ``m`` plus :data:`CHANCE_STANDARD_ERRORS` of ``sqrt(m (1 - m) / n)``
-    (None: the rule is off, or there is no split).
+@dataclass(frozen=True)
+class Floor:
+    """What a trial of the search must beat to count as having learned something: a
+    validation accuracy above ``accuracy`` (rules 5), or a validation loss below ``loss``
+    (rules 7, :data:`LEARNED_LOSS_MARGIN`)."""
+
+    accuracy: float | None = None
+    loss: float | None = None
+
+
+def chance_floor(
+    class_counts: Sequence[int], train_counts: Sequence[int] | None = None
+) -> Floor | None:
+    """What a trial must beat to have learned something (None: the rule is off, or there is
+    no split). ``class_counts``: the validation split's classes; ``train_counts``: the
+    training split's, in the same order.
+
+    With :data:`LEARNED_LOSS_MARGIN` set (rules 7): a validation loss below the loss of
+    always predicting the training split's class shares (:func:`prior_loss`) by that share
+    of it. Else (rules 5): a validation accuracy above the split's majority-class share ``m``
+    by :data:`CHANCE_STANDARD_ERRORS` of ``sqrt(m (1 - m) / n)``.
 
     Why: a short trial of a model from random weights can end at chance at every rate, and
     the lowest loss among chance-level trials is noise; followed past an end of the grid it
-    sent a run to 3e-5 (benchmarks/finetune/PREREGISTRATION.md, rules 5)."""
-    if CHANCE_STANDARD_ERRORS is None or not class_counts or sum(class_counts) < 1:
+    sent a run to 3e-5 (benchmarks/finetune/PREREGISTRATION.md, rules 5). Why the loss
+    (rules 7): an accuracy on 60-120 images is too coarse a gate; it discarded a trial
+    whose loss was the search's lowest, and the run took a rate 10 times too small."""
+    if not class_counts or sum(class_counts) < 1:
+        return None
+    if LEARNED_LOSS_MARGIN is not None and train_counts:
+        return Floor(loss=(1.0 - LEARNED_LOSS_MARGIN) * prior_loss(train_counts, class_counts))
+    if CHANCE_STANDARD_ERRORS is None:
         return None
     n = sum(class_counts)
     m = max(class_counts) / n
-    return m + CHANCE_STANDARD_ERRORS * math.sqrt(m * (1.0 - m) / n)
+    return Floor(accuracy=m + CHANCE_STANDARD_ERRORS * math.sqrt(m * (1.0 - m) / n))
 
 
-def learned(trial: Trial, floor: float | None) -> bool:
-    """Whether ``trial`` learned something (above :func:`chance_floor`'s ``floor``)."""
-    return floor is None or trial.val_accuracy > floor
+def prior_loss(train_counts: Sequence[int], class_counts: Sequence[int]) -> float:
+    """The cross-entropy on a split with ``class_counts`` of always predicting the training
+    split's class shares (``train_counts``, same order): what a model that learned nothing
+    but the class frequencies scores (``ln K`` for ``K`` balanced classes)."""
+    n_train, n = sum(train_counts), sum(class_counts)
+    return -sum(
+        c / n * math.log(max(t, 1) / n_train)
+        for t, c in zip(train_counts, class_counts, strict=True)
+        if c
+    )
 
 
-def pick(trials: Sequence[Trial], floor: float | None = None) -> float:
+def learned(trial: Trial, floor: Floor | None) -> bool:
+    """Whether ``trial`` learned something (beyond :func:`chance_floor`'s ``floor``)."""
+    if floor is None:
+        return True
+    if floor.loss is not None:
+        return trial.val_loss < floor.loss
+    return floor.accuracy is None or trial.val_accuracy > floor.accuracy
+
+
+def pick(trials: Sequence[Trial], floor: Floor | None = None) -> float:
     """The searched rate: the lowest validation loss among the trials that learned something
     (:func:`learned`; all of them without a ``floor``); ties to the higher accuracy, then to
     the smaller rate (the safer one). A trial whose loss is not finite never wins. When no
@@ -377,7 +423,7 @@ def pick(trials: Sequence[Trial], floor: float | None = None) -> float:
 def search(
     candidates: Sequence[float],
     trial: Callable[[float], Trial],
-    floor: float | None = None,
+    floor: Floor | None = None,
 ) -> list[Trial]:
     """Run the rate search: ``trial(lr)`` at each candidate, then on past an end while the best
     is there (:func:`next_rate`). Returns every trial, in the order run."""
@@ -390,7 +436,7 @@ def search(
     return trials
 
 
-def next_rate(trials: Sequence[Trial], floor: float | None = None) -> float | None:
+def next_rate(trials: Sequence[Trial], floor: Floor | None = None) -> float | None:
     """The search's next rate after ``trials`` (the first candidates tried, in order): one
     :data:`LR_STEP` past the end where the best so far is the highest or lowest rate tried,
     while fewer than :data:`MAX_TRIALS` ran; when no trial learned anything (``floor``), one

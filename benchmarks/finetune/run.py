@@ -102,19 +102,18 @@ def suite_pairs() -> list[Pair]:
 
 
 FRESH6_DRAW_SEED = 40
+FRESH7_DRAW_SEED = 41
 RULES6_SUITE_PAIR = "fonts:face2-resnet-e3/chars62"
 """Drawn for the suite check and never run there (the loader refused its class names): no
 result of it was read, so it counts in rules 6's verdict too."""
 
 
-def fresh6_pairs() -> list[Pair]:
-    """Rules 6's fresh pairs (PREREGISTRATION.md, "Rules 6"), drawn by a rule that reads no
-    result: of the zoos ``base``, ``fonts`` and ``synth``, the pretrained models of a
-    ``test_*`` architecture without a 1,000-class source, less the models
-    :func:`suite_pairs` drew; the targets permuted, then two models a zoo, alternating
-    zoos, each taking the next target."""
-    used = {p.model for p in suite_pairs()}
-    rng = np.random.default_rng(FRESH6_DRAW_SEED)
+def drawn_pairs(seed: int, role: str, exclude: set[str]) -> list[Pair]:
+    """Six pairs drawn by a rule that reads no result: of the zoos ``base``, ``fonts`` and
+    ``synth``, the pretrained models of a ``test_*`` architecture without a 1,000-class
+    source, less ``exclude``; with ``default_rng(seed)`` the targets permuted, then two models
+    a zoo in spec order, alternating zoos, each taking the next target."""
+    rng = np.random.default_rng(seed)
     targets = [str(t) for t in rng.permutation(list(tasks.TARGETS))]
     chosen = []
     for name in ("base", "fonts", "synth"):
@@ -124,15 +123,28 @@ def fresh6_pairs() -> list[Pair]:
             if m.source is not None
             and m.arch.startswith("test_")
             and "head1000" not in m.tags
-            and m.id not in used
+            and m.id not in exclude
         ]
         picks = sorted(int(i) for i in rng.choice(len(eligible), 2, replace=False))
         chosen.append([(name, eligible[i]) for i in picks])
     models = [zm for pair in zip(*chosen, strict=True) for zm in pair]
     return [
-        Pair(f"{name}:{m.id}/{t}", m.id, t, m.size, role="fresh6", zoo=name)
+        Pair(f"{name}:{m.id}/{t}", m.id, t, m.size, role=role, zoo=name)
         for (name, m), t in zip(models, targets, strict=False)
     ]
+
+
+def fresh6_pairs() -> list[Pair]:
+    """Rules 6's fresh pairs (PREREGISTRATION.md, "Rules 6"): :func:`drawn_pairs` with seed
+    40, less the models :func:`suite_pairs` drew."""
+    return drawn_pairs(FRESH6_DRAW_SEED, "fresh6", {p.model for p in suite_pairs()})
+
+
+def fresh7_pairs() -> list[Pair]:
+    """Rules 7's fresh pairs (PREREGISTRATION.md, "Rules 7"): :func:`drawn_pairs` with seed
+    41, less the models the suite check and rules 6 drew."""
+    used = {p.model for p in (*suite_pairs(), *fresh6_pairs())}
+    return drawn_pairs(FRESH7_DRAW_SEED, "fresh7", used)
 
 
 PAIRS = {
@@ -175,6 +187,8 @@ PAIRS = {
         *suite_pairs(),
         # rules 6's fresh pairs (PREREGISTRATION.md), drawn before any of them ran
         *fresh6_pairs(),
+        # rules 7's fresh pairs (PREREGISTRATION.md), drawn before any of them ran
+        *fresh7_pairs(),
     )
 }
 
@@ -190,6 +204,7 @@ RULES = {
     "nohold": {"MIN_VALIDATION_CLASS": 10**9},
     "truthlr": {},
     "refit": {"REFIT_BELOW": 1000},
+    "lossfloor": {"LEARNED_LOSS_MARGIN": 0.02},
 }
 """Versions of the recipe's rules an ``auto-<a>+<b>`` arm runs under, set on
 ``training.recipe`` for that run only (this process runs the trainer in-process): rules 3,
@@ -211,6 +226,7 @@ ARMS = (
     "auto-nosearch",
     "auto-refit",
     "auto-refit+nosmooth",
+    "auto-refit+lossfloor",
     "auto-truthlr",
     "auto-truthlr+nohold",
     "auto-truthlr+nosmooth",
@@ -246,6 +262,13 @@ def degenerate(r: dict) -> bool:
     pre-registered rule): the model learned next to nothing there at any rate, so a ratio to
     the truth measures noise; reported apart, not in rules 6's verdict."""
     return "chance" in r and r["truth_acc"] < 2 * r["chance"]
+
+
+def hopeless(r: dict) -> bool:
+    """Rules 7's degenerate pairs (PREREGISTRATION.md): the field truth removes less than a
+    tenth of chance's error, ``(truth - m) / (1 - m) < 0.1`` with ``m`` the test split's
+    majority share; rules 6's rule (:func:`degenerate`) let a 62-class pair at 0.07 through."""
+    return "chance" in r and (r["truth_acc"] - r["chance"]) / (1 - r["chance"]) < 0.1
 
 
 def pair_inputs(pair: Pair, args: argparse.Namespace) -> tuple[Path, Path, Path]:
@@ -630,8 +653,20 @@ def summarise(r: dict) -> dict:
             "lrs": [f"{x['lr']:.2g} ({x['lr_source']})" for x in runs],
             "early": sum(bool(x["stopped_early"]) for x in runs),
         }
-    r.update(truth_acc=truth, truth_lr=float(best_lr))
+    r.update(truth_acc=truth, truth_lr=float(best_lr), noise=noise(r["truth"], best_lr))
     return r
+
+
+def noise(truth: dict[str, list[float]], best_lr: str) -> float:
+    """One standard error of a ratio to this truth from seed-to-seed noise alone: the
+    standard deviation of the truth's seeds at its rate (an estimate from as few as two)
+    times ``sqrt(2 / seeds)`` (the difference of two means of that many seeds, the recipe's
+    assumed as spread as the loop's), over the truth. A pair where this is several points
+    cannot show a recipe at 0.97 apart from one at 1.0 (nan: one seed)."""
+    runs = truth[best_lr]
+    if len(runs) < 2:
+        return float("nan")
+    return float(np.std(runs, ddof=1) * math.sqrt(2 / len(runs)) / np.mean(runs))
 
 
 def merge(results: list[dict]) -> list[dict]:
@@ -673,8 +708,9 @@ def report(results: list[dict], path: Path) -> None:
     arms = [a for a in ARMS if any(a in r["arms"] for r in results)]
     head = " | ".join(f"{a} / truth | {a} compute" for a in arms)
     rows = [
-        f"| pair | role | train images | truth (best lr) | {head} | rates chosen |",
-        "|---|---|---|---|" + "---|---|" * len(arms) + "---|",
+        f"| pair | role | train images | truth (best lr) | noise (1 SE of a ratio) | {head} "
+        "| rates chosen |",
+        "|---|---|---|---|---|" + "---|---|" * len(arms) + "---|",
     ]
     for r in results:
         cells = []
@@ -696,7 +732,7 @@ def report(results: list[dict], path: Path) -> None:
         )
         rows.append(
             f"| {r['pair']} | {r['role']} | {r['train_images']} | {r['truth_acc']:.4f} "
-            f"({r['truth_lr']:g}) | {' | '.join(cells)} | {lrs} |"
+            f"({r['truth_lr']:g}) | {r['noise']:.3f} | {' | '.join(cells)} | {lrs} |"
         )
     lines = [
         "# Default fine-tune against the field truth (issue 39)",
@@ -704,7 +740,9 @@ def report(results: list[dict], path: Path) -> None:
         "Recipe, roles, arms and goals: `benchmarks/finetune/README.md`; produced by "
         "`benchmarks/finetune/run.py`. Ratios are of the mean over seeds to the truth; "
         "compute is images through forward and backward (the search included, a validation "
-        "image counted as 1/3) per field run's.",
+        "image counted as 1/3) per field run's. *Noise*: one standard error of a ratio to "
+        "the truth from seed-to-seed noise alone (the truth's seeds' spread at its rate; "
+        "estimated from two seeds, so itself rough).",
         "",
         *rows,
         "",
@@ -726,6 +764,18 @@ def report(results: list[dict], path: Path) -> None:
                     f"{r['truth_acc']:.3f} under twice the majority share {r['chance']:.3f}; "
                     f"{ratios})"
                 )
+    judged7 = [r for r in results if r["role"] == "fresh7"]
+    if judged7:
+        kept = [r for r in judged7 if not hopeless(r)]
+        for arm in arms:
+            lines += _verdict(kept, arm, "rules 7's fresh pairs (drawn before they ran)")
+        for r in judged7:
+            if hopeless(r):
+                ratios = ", ".join(f"{a} {x['ratio']:.3f}" for a, x in r["arms"].items())
+                lines.append(
+                    f"- degenerate, left out of rules 7's verdict: {r['pair']} (truth "
+                    f"{r['truth_acc']:.3f}, majority share {r['chance']:.3f}; {ratios})"
+                )
     for role, label in (
         ("suite", "the transfer suite's held-out zoos (fonts, synth; drawn before they ran)"),
         ("fresh5", "rules 5's fresh pairs (named before they ran)"),
@@ -745,6 +795,40 @@ def report(results: list[dict], path: Path) -> None:
     unseen = [r for r in results if r["role"] != "dev"]
     for arm in arms:
         lines += _verdict(unseen, arm, "every pair but the dev ones")
+    path.with_suffix(".md").write_text("\n".join(lines + [""]))
+
+
+def ablation_report(results: list[dict], path: Path) -> None:
+    """The ablation's table: per pair and arm, the test accuracy of each seed, their mean and
+    its ratio to the truth. No verdict: the pairs are dev pairs once ablated."""
+    path.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    arms = [a for a in ARMS if any(a in r["arms"] for r in results)]
+    lines = [
+        "# Ablation of the recipe's parts on the suite pairs (issue 39; dev pairs from now on)",
+        "",
+        "Produced by `benchmarks/finetune/run.py --merge ... --ablation`; the recipe with the "
+        "field truth's own best rate given (`truthlr`), then without its validation hold-out "
+        "(`nohold`: every image trains, the last weights), label smoothing (`nosmooth`), "
+        "weight decay (`nowd`) or warm-up (`nowarmup`). Cells: test accuracy per seed, then "
+        "the mean's ratio to the truth. The truth is the same plain loop's (five rates, two "
+        "seeds, reused from `finetune.json`).",
+        "",
+        "| arm | "
+        + " | ".join(f"{r['pair']} (truth {r['truth_acc']:.3f})" for r in results)
+        + " |",
+        "|---|" + "---|" * len(results),
+    ]
+    for a in arms:
+        cells = []
+        for r in results:
+            runs = r["runs"].get(a) or []
+            x = r["arms"].get(a)
+            cells.append(
+                ""
+                if x is None
+                else " / ".join(f"{v['test_acc']:.3f}" for v in runs) + f" (**{x['ratio']:.3f}**)"
+            )
+        lines.append(f"| {a} | " + " | ".join(cells) + " |")
     path.with_suffix(".md").write_text("\n".join(lines + [""]))
 
 
@@ -775,6 +859,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/finetune"))
     parser.add_argument("--merge", nargs="*", type=Path, help="merge these results' JSON files")
     parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="with --merge: write the ablation's table (each arm's accuracy per seed and its "
+        "ratio to the truth), no verdicts",
+    )
+    parser.add_argument(
         "--reuse-truth",
         nargs="*",
         type=Path,
@@ -793,7 +883,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(args.arms) - set(ARMS):
         parser.error(f"unknown arms: {', '.join(sorted(unknown))}")
     if args.merge:
-        report(merge([r for p in args.merge for r in json.loads(p.read_text())]), args.out)
+        merged = merge([r for p in args.merge for r in json.loads(p.read_text())])
+        (ablation_report if args.ablation else report)(merged, args.out)
         return 0
     torch.set_num_threads(args.threads)
     names = {"all": list(PAIRS), "suite": [p.name for p in suite_pairs()]}.get(
