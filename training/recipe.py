@@ -20,11 +20,11 @@ what the field's fine-tuning recipes agree on, with no user sweep:
   :data:`LR_CANDIDATES`, going on past an end where the best is there (:func:`next_rate`, at
   most :data:`MAX_TRIALS`), judged on a validation split by its loss (:func:`pick`): the
   race's rule (an annealed short run's end predicts the long run's), applied to rates
-  instead of models. Only trials that learned something count (above chance by
-  :data:`CHANCE_STANDARD_ERRORS`); when none did, the search tries higher rates and keeps
-  the highest that did not diverge. A run too short to give a trial :data:`MIN_TRIAL_STEPS`
-  (an explicit short ``epochs``) takes :data:`DEFAULT_LR` instead: the search never costs
-  more than its share;
+  instead of models. Only trials that learned something count (a validation loss under
+  the class prior's by :data:`LEARNED_LOSS_MARGIN` of it); when none did, the search tries
+  higher rates and keeps the highest that did not diverge. A run too short to give a trial
+  :data:`MIN_TRIAL_STEPS` (an explicit short ``epochs``) takes :data:`DEFAULT_LR` instead:
+  the search never costs more than its share;
 * **label smoothing** :data:`LABEL_SMOOTHING`; **augmentation** (random shifts of up to 1/8
   of the side, no flips) is off unless asked for (``augment``): within a budget of ten
   epochs it slowed fitting more than it regularised (on the benchmark's dev pairs a
@@ -33,8 +33,10 @@ what the field's fine-tuning recipes agree on, with no user sweep:
   a tenth, more for a small split, at most :data:`MAX_VALIDATION` images), evaluated
   :data:`EVALUATIONS` times; the model returned is the latest check within the noise band of
   the best one (:func:`keeps`), and a run whose last :data:`PATIENCE` checks past half its
-  schedule all fell below that band stops early. The test split never chooses anything: it
-  is only reported.
+  schedule all fell below that band stops early. A split under :data:`REFIT_BELOW` images
+  is **refit** instead: its share chooses the rate, then the run trains on every image and
+  returns its last weights (:func:`refits`). The test split never chooses anything: it is
+  only reported.
 
 ``fixed`` is the recipe before it (3 epochs, SGD at a constant 0.01, one parameter group, no
 augmentation, the last weights), kept so old runs can be reproduced; a job stored before the
@@ -43,7 +45,7 @@ field existed reads as ``fixed``.
 Every value a user sets is honoured; the recipe fills only what is unset. Torch-free: the API
 and the planner use it without the trainer. These rules were fixed from the literature before
 the benchmark (``benchmarks/finetune/PREREGISTRATION.md``) and are reported on data they were
-not chosen on.
+not chosen on: rules 7 (the refit and the loss gate) ship since 2026-11-29.
 """
 
 from __future__ import annotations
@@ -91,11 +93,12 @@ model wants a higher rate, a large pretrained one a lower)."""
 LR_STEP = 10**0.5
 MAX_TRIALS = 5
 CHANCE_STANDARD_ERRORS: float | None = 2.0
-"""A trial of the search **learned** when its validation accuracy is above the split's
-majority-class share by more than this many binomial standard errors of that share
-(:func:`chance_floor`); the search trusts only trials that learned (:func:`pick`,
-:func:`next_rate`). None: every trial is trusted (the rule before it)."""
-LEARNED_LOSS_MARGIN: float | None = None
+"""Rules 5's gate, used when :data:`LEARNED_LOSS_MARGIN` is None: a trial of the search
+**learned** when its validation accuracy is above the split's majority-class share by more
+than this many binomial standard errors of that share (:func:`chance_floor`); the search
+trusts only trials that learned (:func:`pick`, :func:`next_rate`). None as well: every
+trial is trusted (the rule before it)."""
+LEARNED_LOSS_MARGIN: float | None = 0.02
 """Rules 7 (``benchmarks/finetune/PREREGISTRATION.md``; None: off, rules 5's accuracy
 floor): a trial learned when its validation loss is below the loss of predicting the
 training split's class shares by more than this share of it (:func:`chance_floor`)."""
@@ -115,7 +118,7 @@ MAX_VALIDATION = 2000
 MIN_VALIDATION_CLASS = 5
 """A class needs this many training images for the recipe to hold some out: below it the run
 keeps every image for training, uses :data:`DEFAULT_LR` and returns its last weights."""
-REFIT_BELOW: int | None = None
+REFIT_BELOW: int | None = 1000
 """A training split of fewer images than this is **refit**: its validation share chooses the
 rate only, and the run then trains on every training image (the share included) and
 returns its last weights, with no checks and no early stop (:func:`refits`). None: never

@@ -205,6 +205,7 @@ RULES = {
     "truthlr": {},
     "refit": {"REFIT_BELOW": 1000},
     "lossfloor": {"LEARNED_LOSS_MARGIN": 0.02},
+    "rules5": {"REFIT_BELOW": None, "LEARNED_LOSS_MARGIN": None},
 }
 """Versions of the recipe's rules an ``auto-<a>+<b>`` arm runs under, set on
 ``training.recipe`` for that run only (this process runs the trainer in-process): rules 3,
@@ -227,6 +228,7 @@ ARMS = (
     "auto-refit",
     "auto-refit+nosmooth",
     "auto-refit+lossfloor",
+    "auto-rules5",
     "auto-truthlr",
     "auto-truthlr+nohold",
     "auto-truthlr+nosmooth",
