@@ -751,33 +751,22 @@ def report(results: list[dict], path: Path) -> None:
         "Verdicts (goals: 0.99 of the truth on average, 0.97 on every pair, at most 1.5x):",
         "",
     ]
-    judged6 = [r for r in results if r["role"] == "fresh6" or r["pair"] == RULES6_SUITE_PAIR]
-    if judged6:
-        kept = [r for r in judged6 if not degenerate(r)]
-        for arm in arms:
-            lines += _verdict(
-                kept, arm, "rules 6's fresh pairs and chars62 (drawn before they ran)"
+    judged = (
+        ("rules 6", lambda r: r["role"] == "fresh6" or r["pair"] == RULES6_SUITE_PAIR,
+         degenerate, "rules 6's fresh pairs and chars62 (drawn before they ran)"),
+        ("rules 7", lambda r: r["role"] == "fresh7", hopeless,
+         "rules 7's fresh pairs (drawn before they ran)"),
+    )  # fmt: skip
+    for rules, belongs, left_out, label in judged:
+        part = [r for r in results if belongs(r)]
+        for arm in arms if part else ():
+            lines += _verdict([r for r in part if not left_out(r)], arm, label)
+        for r in filter(left_out, part):
+            ratios = ", ".join(f"{a} {x['ratio']:.3f}" for a, x in r["arms"].items())
+            lines.append(
+                f"- degenerate, left out of {rules}'s verdict: {r['pair']} (truth "
+                f"{r['truth_acc']:.3f}, majority share {r['chance']:.3f}; {ratios})"
             )
-        for r in judged6:
-            if degenerate(r):
-                ratios = ", ".join(f"{a} {x['ratio']:.3f}" for a, x in r["arms"].items())
-                lines.append(
-                    f"- degenerate, left out of rules 6's verdict: {r['pair']} (truth "
-                    f"{r['truth_acc']:.3f} under twice the majority share {r['chance']:.3f}; "
-                    f"{ratios})"
-                )
-    judged7 = [r for r in results if r["role"] == "fresh7"]
-    if judged7:
-        kept = [r for r in judged7 if not hopeless(r)]
-        for arm in arms:
-            lines += _verdict(kept, arm, "rules 7's fresh pairs (drawn before they ran)")
-        for r in judged7:
-            if hopeless(r):
-                ratios = ", ".join(f"{a} {x['ratio']:.3f}" for a, x in r["arms"].items())
-                lines.append(
-                    f"- degenerate, left out of rules 7's verdict: {r['pair']} (truth "
-                    f"{r['truth_acc']:.3f}, majority share {r['chance']:.3f}; {ratios})"
-                )
     for role, label in (
         ("suite", "the transfer suite's held-out zoos (fonts, synth; drawn before they ran)"),
         ("fresh5", "rules 5's fresh pairs (named before they ran)"),
