@@ -88,12 +88,28 @@ def test_zoo_page_and_submit_form_reach_every_model_of_a_zoo_over_100(isolated_s
         assert f"which holds 118: a job scores at most {limit}" in form
 
 
-def test_the_run_page_says_what_the_recipe_chose_with_the_search_curve(service_app, make_key):
-    """A fine-tuned job's page shows the recipe's choices: the rate, how it was found, each
-    trial of the search (the chosen one marked) and the best validation step."""
+def _fine_tuned_job(service_app, tenant_name: str, choices) -> str:
+    """A succeeded job of ``tenant_name`` whose fine-tune's recipe chose ``choices``; its id."""
     from zoopick.service.db.models import Job, JobStatus, TrainingRun
     from zoopick.service.db.session import session_scope
     from zoopick.service.security import get_or_create_tenant
+
+    with session_scope(service_app.state.sessionmaker) as session:
+        tenant = get_or_create_tenant(session, tenant_name)
+        job = Job(tenant_id=tenant.id, request={}, models=["a"], metrics=["logme"],
+                  select_by="logme", status=JobStatus.succeeded.value, chosen_model="a",
+                  finetune=FinetuneOptions().model_dump(mode="json"))  # fmt: skip
+        session.add(job)
+        session.flush()
+        session.add(TrainingRun(job_id=job.id, model_id="a", config={}, world_size=2,
+                                output_dir="/nowhere", status="succeeded",
+                                recipe=choices.to_dict()))  # fmt: skip
+        return job.id
+
+
+def test_the_run_page_says_what_the_recipe_chose_with_the_search_curve(service_app, make_key):
+    """A fine-tuned job's page shows the recipe's choices: the rate, how it was found, each
+    trial of the search (the chosen one marked) and the best validation step."""
     from zoopick.training import recipe
 
     name = f"recipe-{uuid.uuid4().hex[:6]}"
@@ -108,18 +124,7 @@ def test_the_run_page_says_what_the_recipe_chose_with_the_search_curve(service_a
         best_step=360,
         best_val_accuracy=0.9889,
     )
-    with session_scope(service_app.state.sessionmaker) as session:
-        tenant = get_or_create_tenant(session, name)
-        job = Job(tenant_id=tenant.id, request={}, models=["a"], metrics=["logme"],
-                  select_by="logme", status=JobStatus.succeeded.value, chosen_model="a",
-                  finetune=FinetuneOptions().model_dump(mode="json"))  # fmt: skip
-        session.add(job)
-        session.flush()
-        session.add(TrainingRun(job_id=job.id, model_id="a", config={}, world_size=2,
-                                output_dir="/nowhere", status="succeeded",
-                                recipe=chosen.to_dict()))  # fmt: skip
-        jid = job.id
-    page = b.get(f"/jobs/{jid}")
+    page = b.get(f"/jobs/{_fine_tuned_job(service_app, name, chosen)}")
     assert page.status_code == 200, page.text
     section = page.text[page.text.index('id="recipe"') :]
     assert "adamw at learning rate 0.003" in section, section[:600]
@@ -133,18 +138,7 @@ def test_the_run_page_says_what_the_recipe_chose_with_the_search_curve(service_a
     # a small dataset's refit run (rules 6): the page says the run trained on every image
     refit = recipe.plan(FinetuneOptions(), steps_per_epoch=9, validation=0.2, refit=True)
     refit_choices = recipe.Choices(plan=refit.to_dict(), lr=1e-3, trials=[vars(t) for t in trials])
-    with session_scope(service_app.state.sessionmaker) as session:
-        tenant = get_or_create_tenant(session, name)
-        job = Job(tenant_id=tenant.id, request={}, models=["a"], metrics=["logme"],
-                  select_by="logme", status=JobStatus.succeeded.value, chosen_model="a",
-                  finetune=FinetuneOptions().model_dump(mode="json"))  # fmt: skip
-        session.add(job)
-        session.flush()
-        session.add(TrainingRun(job_id=job.id, model_id="a", config={}, world_size=1,
-                                output_dir="/nowhere", status="succeeded",
-                                recipe=refit_choices.to_dict()))  # fmt: skip
-        refit_id = job.id
-    section = b.get(f"/jobs/{refit_id}").text
+    section = b.get(f"/jobs/{_fine_tuned_job(service_app, name, refit_choices)}").text
     section = section[section.index('id="recipe"') :]
     assert "the run trained on every training image" in section, section[:800]
     assert "best validation checkpoint" not in section
