@@ -243,6 +243,17 @@ def _recipe_events(run) -> list[dict]:
     return [r["recipe"] for r in map(json.loads, lines) if r.get("event") == "recipe"]
 
 
+def _real_and_permuted(tiny_npz, tmp_path) -> dict:
+    """Two test files of the same images: the real labels and the labels rolled by 8 (what
+    must play no part in the recipe's choices)."""
+    data = np.load(tiny_npz)
+    tests = {}
+    for name, labels in (("real", data["y"]), ("permuted", np.roll(data["y"], 8))):
+        tests[name] = tmp_path / f"test-{name}.npz"
+        np.savez(tests[name], x=data["x"], y=labels, class_names=data["class_names"])
+    return tests
+
+
 def test_auto_recipe_searches_returns_its_best_checkpoint_and_never_reads_the_test_split(
     tiny_zoo, tiny_npz, tmp_path
 ):
@@ -250,7 +261,6 @@ def test_auto_recipe_searches_returns_its_best_checkpoint_and_never_reads_the_te
     choose the same rate and step and return the same weights; the model returned scores its
     recorded best validation accuracy on the validation split; a resumed finished run
     neither searches again nor changes the model."""
-    import numpy as np
     from safetensors.torch import load_file
 
     from zoopick.selection.data import load_dataset, split_dataset
@@ -258,11 +268,7 @@ def test_auto_recipe_searches_returns_its_best_checkpoint_and_never_reads_the_te
     from zoopick.selection.zoo import load_zoo
     from zoopick.training import recipe
 
-    data = np.load(tiny_npz)
-    tests = {}
-    for name, labels in (("real", data["y"]), ("permuted", np.roll(data["y"], 8))):
-        tests[name] = tmp_path / f"test-{name}.npz"
-        np.savez(tests[name], x=data["x"], y=labels, class_names=data["class_names"])
+    tests = _real_and_permuted(tiny_npz, tmp_path)
     common = {"compressor": "spardl", "recipe": "auto", "lr": None, "optimizer": None}
     # 70 epochs of 4 steps (18 training images, 6 held out): 280 steps, each trial gets 22
     configs = [
@@ -329,11 +335,7 @@ def test_a_refit_run_chooses_its_rate_on_the_share_then_trains_on_every_image(
     choices and weights); a resumed finished run neither searches nor trains again."""
     from safetensors.torch import load_file
 
-    data = np.load(tiny_npz)
-    tests = {}
-    for name, labels in (("real", data["y"]), ("permuted", np.roll(data["y"], 8))):
-        tests[name] = tmp_path / f"test-{name}.npz"
-        np.savez(tests[name], x=data["x"], y=labels, class_names=data["class_names"])
+    tests = _real_and_permuted(tiny_npz, tmp_path)
     common = {"compressor": "dense", "recipe": "auto", "lr": None, "optimizer": None}
     configs = [
         _cfg(tiny_zoo, tiny_npz, tmp_path / name, test_data=str(path), epochs=70, **common)
