@@ -188,6 +188,17 @@ def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
+def _epoch_shape(n: int, world: int, batch_size: int) -> tuple[int, int, int]:
+    """(images per rank, batch, steps per epoch) for ``n`` training images on ``world``
+    ranks: every rank runs the same number of equally sized batches (DDP needs it); the last
+    partial batch is dropped (a batch of one breaks batch norm)."""
+    per_rank = n // world
+    if per_rank < 2:
+        raise ValueError(f"{n} training images cannot feed {world} workers")
+    batch = min(batch_size, per_rank)
+    return per_rank, batch, per_rank // batch
+
+
 class _Run:
     """One rank's run: the model in DDP with its hook, the data on the host as uint8, and the
     plan; trains steps, evaluates, searches the rate. Every decision it takes comes from sums
@@ -209,15 +220,12 @@ class _Run:
         """The validation split's images, every rank's shards together (0: none)."""
 
     def train_on(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Train on ``(x, y)`` (every rank holds all of it and takes its share of each
-        epoch's order): every rank runs the same number of equally sized batches (DDP needs
-        it); the last partial batch is dropped (a batch of one breaks batch norm)."""
+        """Train on ``(x, y)``: every rank holds all of it and takes its share of each
+        epoch's order (:func:`_epoch_shape`)."""
         self.x_train, self.y_train = x, y
-        self.per_rank = len(y) // self.world
-        if self.per_rank < 2:
-            raise ValueError(f"{len(y)} training images cannot feed {self.world} workers")
-        self.batch = min(self.cfg.batch_size, self.per_rank)
-        self.steps = self.per_rank // self.batch  # per epoch
+        self.per_rank, self.batch, self.steps = _epoch_shape(
+            len(y), self.world, self.cfg.batch_size
+        )
 
     @property
     def limit(self) -> int:
@@ -443,8 +451,7 @@ def _setup(
     if refit:  # the run's length counts the images it trains on once the rate is chosen
         x_val, y_val = _tensors(val, data_config)
         r.every_image = (torch.cat([r.x_train, x_val]), torch.cat([r.y_train, y_val]))
-        per_rank = len(r.every_image[1]) // world
-        steps_per_epoch = per_rank // min(cfg.batch_size, per_rank)
+        steps_per_epoch = _epoch_shape(len(r.every_image[1]), world, cfg.batch_size)[2]
     r.plan = recipe.plan(
         cfg,
         steps_per_epoch=steps_per_epoch,
