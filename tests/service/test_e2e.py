@@ -719,7 +719,7 @@ def test_a_fine_tune_lost_with_its_machine_resumes_on_another_from_the_store(sta
 
     from sqlalchemy import update
 
-    from zoopick.service import recovery, run_checkpoints
+    from zoopick.service import recovery, run_checkpoints, run_log
     from zoopick.service.dispatch import Dispatcher
     from zoopick.service.storage import S3Store
     from zoopick.training.config import CHECKPOINT
@@ -733,6 +733,11 @@ def test_a_fine_tune_lost_with_its_machine_resumes_on_another_from_the_store(sta
     with mock.patch.dict(os.environ, stack["extra"]):
         store = S3Store(settings.storage_url)
     poll(lambda: store.exists(key), bool, timeout=30, what="the first checkpoint in the store")
+    # the log follows each checkpoint into the store (the uploader's on_put): the lost run's
+    # lines are there to be restored only once that push is done, so wait for it as well
+    log_key = run_log.stored_key(tenant, uuid.UUID(jid))
+    poll(lambda: store.exists(log_key) and b'"epoch": 1,' in b"".join(store.get(log_key)), bool,
+         timeout=30, what="the log pushed after the checkpoint")  # fmt: skip
     os.killpg(gpu.proc.pid, signal.SIGKILL)  # the machine is gone, mid-run
     gpu.proc.wait()
     del stack["gpu"]
