@@ -103,16 +103,20 @@ def suite_pairs() -> list[Pair]:
 
 FRESH6_DRAW_SEED = 40
 FRESH7_DRAW_SEED = 41
+FRESH8_DRAW_SEED = 42
 RULES6_SUITE_PAIR = "fonts:face2-resnet-e3/chars62"
 """Drawn for the suite check and never run there (the loader refused its class names): no
 result of it was read, so it counts in rules 6's verdict too."""
 
 
-def drawn_pairs(seed: int, role: str, exclude: set[str]) -> list[Pair]:
+def drawn_pairs(
+    seed: int, role: str, exclude: set[str], any_arch: bool = False
+) -> list[Pair]:
     """Six pairs drawn by a rule that reads no result: of the zoos ``base``, ``fonts`` and
-    ``synth``, the pretrained models of a ``test_*`` architecture without a 1,000-class
-    source, less ``exclude``; with ``default_rng(seed)`` the targets permuted, then two models
-    a zoo in spec order, alternating zoos, each taking the next target."""
+    ``synth``, the pretrained models of a ``test_*`` architecture (``any_arch``: of any
+    architecture) without a 1,000-class source, less ``exclude``; with
+    ``default_rng(seed)`` the targets permuted, then two models a zoo in spec order,
+    alternating zoos, each taking the next target."""
     rng = np.random.default_rng(seed)
     targets = [str(t) for t in rng.permutation(list(tasks.TARGETS))]
     chosen = []
@@ -121,7 +125,7 @@ def drawn_pairs(seed: int, role: str, exclude: set[str]) -> list[Pair]:
             m
             for m in zoos.ZOOS[name].models
             if m.source is not None
-            and m.arch.startswith("test_")
+            and (any_arch or m.arch.startswith("test_"))
             and "head1000" not in m.tags
             and m.id not in exclude
         ]
@@ -145,6 +149,14 @@ def fresh7_pairs() -> list[Pair]:
     41, less the models the suite check and rules 6 drew."""
     used = {p.model for p in (*suite_pairs(), *fresh6_pairs())}
     return drawn_pairs(FRESH7_DRAW_SEED, "fresh7", used)
+
+
+def fresh8_pairs() -> list[Pair]:
+    """The fourth draw (PREREGISTRATION.md, "The fourth draw"): :func:`drawn_pairs` with seed
+    42 and any architecture (the zoos' ``test_*`` models were nearly all drawn: ``fonts``
+    has one left), less the models of every draw before."""
+    used = {p.model for p in (*suite_pairs(), *fresh6_pairs(), *fresh7_pairs())}
+    return drawn_pairs(FRESH8_DRAW_SEED, "fresh8", used, any_arch=True)
 
 
 PAIRS = {
@@ -189,6 +201,8 @@ PAIRS = {
         *fresh6_pairs(),
         # rules 7's fresh pairs (PREREGISTRATION.md), drawn before any of them ran
         *fresh7_pairs(),
+        # the fourth draw (PREREGISTRATION.md), drawn before any of them ran
+        *fresh8_pairs(),
     )
 }
 
