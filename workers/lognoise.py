@@ -8,11 +8,13 @@ wrong (the job is already ``cancelled``; its select task sees the flag). A filte
 backends' loggers turns exactly that record into one info line; every other chord error
 stays an error.
 
-Stopping a worker by its process group (``zoopick serve``'s local worker, at SIGTERM or
-Ctrl-C) signals its pool processes too, and each one's end by that signal was logged as
-``ERROR ... Process 'ForkPoolWorker-1' ... exited with 'signal 15 (SIGTERM)'``, one per
-process at every stop. Once the worker is shutting down, that record is an info line; a pool
-process killed while the worker runs stays an error.
+Stopping a worker by its process group (``zoopick serve``'s restart of a stalled worker, an
+operator's ``kill -- -PGID``) signals its pool processes too, and each one's end by that
+signal was logged as ``ERROR ... Process 'ForkPoolWorker-1' ... exited with 'signal 15
+(SIGTERM)'``, one per process at every stop. Once the worker is shutting down, that record is
+an info line; a pool process killed while the worker runs stays an error. (``serve``'s own
+stop signals the worker's main process alone, which stops its pool itself: a pool process
+that died of a group's signal before the main process ran its handler still read as lost.)
 """
 
 from __future__ import annotations
