@@ -348,6 +348,9 @@ def test_a_refit_run_chooses_its_rate_on_the_share_then_trains_on_every_image(
     [chosen], [chosen_b] = _recipe_events(real), _recipe_events(permuted)
     assert chosen["plan"]["refit"] and chosen["plan"]["lr_source"] == "search"
     assert len(chosen["trials"]) >= 3 and chosen["plan"]["validation_fraction"] > 0
+    # each trial's loss carries its paired standard error to the lowest one (0 for that one)
+    errors = sorted(t["loss_se"] for t in chosen["trials"])
+    assert errors[0] == 0.0 and all(e > 0 for e in errors[1:])
     for c in (chosen, chosen_b):
         c.pop("search_seconds")
     assert chosen == chosen_b
@@ -398,3 +401,27 @@ def test_the_trainer_reads_the_images_validation_decoded(tiny_zoo, tiny_imagefol
         )
     missing = cfg.model_copy(update={"decoded": str(tmp_path / "none")})
     assert _load_data(missing, 1)[0].digest == from_file[0].digest
+
+
+def _paired(rank: int, world: int, new: list[float], old: list[float]) -> dict:
+    """This rank's half of two trials' per-image losses through the trainer's pairing."""
+    from zoopick.training.finetune import _paired_errors
+
+    half = len(new) // world
+    mine = slice(rank * half, (rank + 1) * half)
+    mine_new, mine_old = (torch.tensor(v[mine], dtype=torch.float64) for v in (new, old))
+    return _paired_errors(mine_new, {1e-3: mine_old}, torch.device("cpu"))
+
+
+def test_the_searchs_paired_error_is_the_standard_error_of_the_per_image_differences():
+    """Two ranks each hold half of a validation share's per-image losses for two trials: the
+    error they agree on is numpy's ``std(d, ddof=1) / sqrt(n)`` of the 40 differences."""
+    rng = np.random.default_rng(3)
+    old = rng.gamma(2.0, 0.8, size=40)
+    new = old + rng.normal(0.1, 0.3, size=40)  # correlated, as two trials on the same images
+    results = launch(_paired, 2, new.tolist(), old.tolist())
+    d = new - old
+    expected = float(np.std(d, ddof=1) / np.sqrt(len(d)))
+    assert [r[1e-3] for r in results] == pytest.approx([expected, expected], rel=1e-9)
+    # unpaired, the error would be far larger: the pairing is what the rule counts on
+    assert expected < 0.5 * float(np.sqrt(np.var(new, ddof=1) / 40 + np.var(old, ddof=1) / 40))

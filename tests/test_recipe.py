@@ -274,3 +274,45 @@ def test_rules_7_judges_learning_by_the_loss_against_the_class_prior(monkeypatch
     chance = [t(3e-4, 0.25, 1.387), t(1e-3, 0.25, 1.380), t(3e-3, 0.25, 1.394)]
     assert not any(recipe.learned(x, flat) for x in chance)
     assert recipe.next_rate(chance, flat) == pytest.approx(3e-3 * recipe.LR_STEP)
+
+
+def test_rules_8_takes_the_highest_rate_within_the_noise_of_the_best(monkeypatch):
+    """Rules 8 (``HORIZON_STANDARD_ERRORS``): by hand. Losses 1.50 (1e-3), 1.54 (3e-3), 1.80
+    (1e-2); with a paired standard error of 0.05 between any two, 3e-3 is within one of the
+    best (0.04 <= 0.05) and 1e-2 is not (0.30): 3e-3. Off, or with errors of 0.01: 1e-3. A
+    higher trial within the noise that learned nothing (its loss over the floor) never wins."""
+    t = recipe.Trial
+    trials = [t(1e-3, 0.5, 1.50), t(3e-3, 0.5, 1.54), t(1e-2, 0.3, 1.80)]
+    wide, narrow = (lambda a, b: 0.05), (lambda a, b: 0.01)
+    monkeypatch.setattr(recipe, "HORIZON_STANDARD_ERRORS", None)
+    assert recipe.pick(trials, noise=wide) == 1e-3
+    monkeypatch.setattr(recipe, "HORIZON_STANDARD_ERRORS", 1.0)
+    assert recipe.pick(trials) == 1e-3  # no errors measured: the lowest loss
+    assert recipe.pick(trials, noise=wide) == 3e-3
+    assert recipe.pick(trials, noise=narrow) == 1e-3
+    # every trial within the noise: the highest that learned
+    huge = lambda a, b: 1.0  # noqa: E731
+    assert recipe.pick(trials, recipe.Floor(loss=1.7), noise=huge) == 3e-3
+    assert recipe.pick(trials, noise=huge) == 1e-2
+    # the errors are read between the best and each higher rate, not between neighbours
+    seen = []
+    recipe.pick(trials, noise=lambda a, b: seen.append((a.lr, b.lr)) or 0.0)
+    assert sorted(seen) == [(3e-3, 1e-3), (1e-2, 1e-3)]
+
+
+def test_rules_8_walks_on_up_when_the_noise_puts_the_pick_at_the_top(monkeypatch):
+    """With the lowest loss at 1e-3 and 3e-3 (the top of the first candidates) within the
+    noise, the pick is the top rate, so the search goes one step further up; that trial
+    (3e-3 x sqrt 10) is far worse and ends it, and the pick stays 3e-3."""
+    monkeypatch.setattr(recipe, "HORIZON_STANDARD_ERRORS", 1.0)
+    losses = {3e-4: 2.0, 1e-3: 1.50, 3e-3: 1.52}
+    trials = recipe.search(
+        [3e-4, 1e-3, 3e-3],
+        lambda lr: recipe.Trial(lr, 0.5, losses.get(lr, 3.0)),
+        noise=lambda a, b: 0.05,
+    )
+    assert [x.lr for x in trials] == pytest.approx([3e-4, 1e-3, 3e-3, 3e-3 * 10**0.5])
+    assert recipe.pick(trials, noise=lambda a, b: 0.05) == 3e-3
+    monkeypatch.setattr(recipe, "HORIZON_STANDARD_ERRORS", None)  # rules 7: no extension
+    assert [x.lr for x in recipe.search([3e-4, 1e-3, 3e-3], lambda lr: recipe.Trial(
+        lr, 0.5, losses[lr]), noise=lambda a, b: 0.05)] == [3e-4, 1e-3, 3e-3]  # fmt: skip

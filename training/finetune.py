@@ -125,18 +125,40 @@ class _CommTimer:
         return total
 
 
-def _evaluate(model, x, y, data_config, device, batch_size, amp) -> tuple[int, int, float]:
-    """(correct, count, summed cross-entropy) on this rank's shard."""
+def _evaluate(model, x, y, data_config, device, batch_size, amp) -> tuple[int, torch.Tensor]:
+    """(correct, each image's cross-entropy in float64 on the CPU) on this rank's shard."""
     model.eval()
-    correct, loss = 0, 0.0
+    correct, losses = 0, [torch.zeros(0, dtype=torch.float64)]
     with torch.inference_mode(), torch.autocast(device.type, torch.bfloat16, enabled=amp):
         for start in range(0, len(y), batch_size):
             xb = normalise(x[start : start + batch_size], data_config, device)
             yb = y[start : start + batch_size]
             logits = model(xb).float().cpu()
             correct += int((logits.argmax(1) == yb).sum())
-            loss += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
-    return correct, len(y), loss
+            losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="none").double())
+    return correct, torch.cat(losses)
+
+
+def _paired_errors(
+    new: torch.Tensor, earlier: dict[float, torch.Tensor], device: torch.device
+) -> dict[float, float]:
+    """For each earlier trial (its rate: this rank's per-image validation losses), the
+    standard error of the difference between its mean validation loss and the new trial's,
+    paired image by image over every rank's shard (the shards are the same images in every
+    trial): ``sd(d) / sqrt(n)`` of the per-image differences ``d``. One all-reduce."""
+    rates = list(earlier)
+    sums: list[float] = [float(len(new))]
+    for lr in rates:
+        d = new - earlier[lr]
+        sums += [float(d.sum()), float((d * d).sum())]
+    totals = _all_sum(sums, device)
+    n = totals[0]
+    errors = {}
+    for i, lr in enumerate(rates):
+        s1, s2 = totals[1 + 2 * i], totals[2 + 2 * i]
+        variance = (s2 - s1 * s1 / n) / (n - 1) if n > 1 else math.inf
+        errors[lr] = math.sqrt(max(variance, 0.0) / n) if n > 1 else math.inf
+    return errors
 
 
 def _all_sum(values: list[float], device: torch.device) -> list[float]:
@@ -218,6 +240,8 @@ class _Run:
         """What a trial of the search must beat on the validation split to count."""
         self.n_val = 0
         """The validation split's images, every rank's shards together (0: none)."""
+        self.noise: recipe.Noise | None = None
+        """The search's paired standard errors between its trials' losses (once it ran)."""
 
     def train_on(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Train on ``(x, y)``: every rank holds all of it and takes its share of each
@@ -286,12 +310,16 @@ class _Run:
 
     def evaluate(self, part) -> tuple[float, float]:
         """(accuracy, mean loss) on ``part`` (this rank's shard of it), summed over the ranks."""
+        return self.evaluate_images(part)[:2]
+
+    def evaluate_images(self, part) -> tuple[float, float, torch.Tensor]:
+        """:meth:`evaluate` and this rank's per-image losses (its shard's, in order)."""
         x, y = part
-        correct, n, loss = _evaluate(
+        correct, losses = _evaluate(
             self.model, x, y, self.data_config, self.device, self.cfg.batch_size * 2, self.amp
         )
-        c, n, loss = _all_sum([correct, n, loss], self.device)
-        return c / max(n, 1), loss / max(n, 1)
+        c, n, loss = _all_sum([correct, len(losses), float(losses.sum())], self.device)
+        return c / max(n, 1), loss / max(n, 1), losses
 
     def restart(self, weights: dict[str, torch.Tensor]) -> None:
         """Back to the run's starting point: its weights, and the hook's error feedback and
@@ -308,6 +336,8 @@ class _Run:
         start = _copy_weights(self.model)
         warm = recipe.warmup_steps(plan.trial_steps)
         tried = itertools.count(1)
+        losses: dict[float, torch.Tensor] = {}  # this rank's per-image losses of each trial
+        errors: dict[tuple[float, float], float] = {}
 
         def trial(lr: float) -> recipe.Trial:
             report.phase("choosing the learning rate", step=next(tried))
@@ -322,10 +352,19 @@ class _Run:
                     self.step(opt, *self.batch_at(order, s, gen))
                     done += 1
                 epoch += 1
-            acc, loss = self.evaluate(self.val)
+            acc, loss, mine = self.evaluate_images(self.val)
+            for other, se in _paired_errors(mine, losses, self.device).items():
+                errors[lr, other] = errors[other, lr] = se
+            losses[lr] = mine
             return recipe.Trial(lr, acc, loss if math.isfinite(loss) else math.inf)
 
-        trials = recipe.search(plan.candidates, trial, self.floor)
+        self.noise = lambda a, b: errors[a.lr, b.lr]
+        trials = recipe.search(plan.candidates, trial, self.floor, self.noise)
+        finite = [t for t in trials if math.isfinite(t.val_loss)]
+        if finite:  # the curve's error bars, for the record
+            lowest = min(finite, key=lambda t: t.val_loss)
+            for t in trials:
+                t.loss_se = 0.0 if t is lowest else errors.get((t.lr, lowest.lr))
         self.restart(start)
         return trials
 
@@ -610,9 +649,10 @@ def _epoch_record(
     cfg, world, steps, choices = r.cfg, r.world, r.steps, progress.choices
     used = (trained.step - trained.first) * r.batch
     report.phase("evaluating", epoch=epoch + 1, epochs=r.epochs)
-    test_correct, test_n, _ = _evaluate(
+    test_correct, test_losses = _evaluate(
         r.model, *r.test, r.data_config, r.device, cfg.batch_size * 2, r.amp
     )
+    test_n = len(test_losses)
     totals = _all_sum(
         [
             float(trained.loss_sum),
@@ -714,7 +754,7 @@ def _choose(r: _Run, report: Reporter) -> recipe.Choices:
         return recipe.Choices(plan=plan.to_dict(), lr=plan.lr)
     t0 = time.perf_counter()
     trials = r.search(report)
-    chosen = recipe.pick(trials, r.floor)
+    chosen = recipe.pick(trials, r.floor, r.noise)
     return recipe.Choices(
         plan=plan.to_dict(),
         lr=chosen,

@@ -102,6 +102,14 @@ LEARNED_LOSS_MARGIN: float | None = 0.02
 """Rules 7 (``benchmarks/finetune/PREREGISTRATION.md``; None: off, rules 5's accuracy
 floor): a trial learned when its validation loss is below the loss of predicting the
 training split's class shares by more than this share of it (:func:`chance_floor`)."""
+HORIZON_STANDARD_ERRORS: float | None = None
+"""Rules 8 under test (``benchmarks/finetune/PREREGISTRATION.md``; None: off): the searched
+rate is the **highest** rate whose trial learned and whose validation loss is within this
+many standard errors of the best trial's (the error of the two losses' difference, paired
+image by image on the same validation share: :data:`Noise`). Why: a short trial favours
+small rates over what a long run at the same rate reaches ("short-horizon bias", Wu et al.
+2018), and on 60-100 validation images two neighbouring rates' losses often differ by less
+than their noise; where the split cannot tell them apart, the bias says take the higher."""
 DEFAULT_LR = {"adamw": 1e-3, "adam": 1e-3, "sgd": 1e-2}
 """The rate where no search runs (a race rung, a dataset too small to hold out a split)."""
 TRIAL_SHARE = 0.08
@@ -123,6 +131,12 @@ REFIT_BELOW: int | None = 1000
 rate only, and the run then trains on every training image (the share included) and
 returns its last weights, with no checks and no early stop (:func:`refits`). None: never
 (the rule before it). See ``benchmarks/finetune/PREREGISTRATION.md``, rules 6."""
+REFIT_VALIDATION: float | None = None
+"""The share a split that is refit (:data:`REFIT_BELOW`) holds out for its rate search, at
+least (rules 8 under test, ``benchmarks/finetune/PREREGISTRATION.md``; None: the share of
+:func:`validation_fraction`'s other rules). Why more: the refit puts the share back, so it
+costs the model nothing; it only chooses the rate, and on 60-100 images the search's
+validation losses differ by less than their noise."""
 EVALUATIONS = 10
 PATIENCE = 4
 BAND_STANDARD_ERRORS = 1.0
@@ -174,6 +188,14 @@ class Trial:
     lr: float
     val_accuracy: float
     val_loss: float
+    loss_se: float | None = None
+    """The standard error of the difference between this trial's loss and the lowest loss
+    of the search (paired image by image; 0 for that trial; None: not measured)."""
+
+
+Noise = Callable[[Trial, Trial], float]
+"""The standard error of the difference of two trials' validation losses (paired image by
+image on the same validation share); what :data:`HORIZON_STANDARD_ERRORS` counts in."""
 
 
 @dataclass
@@ -243,6 +265,8 @@ def validation_fraction(class_counts: Sequence[int]) -> float | None:
         return None
     n = sum(class_counts)
     share = max(VALIDATION_FRACTION, min(MAX_VALIDATION_FRACTION, SMALL_SPLIT_VALIDATION / n))
+    if REFIT_VALIDATION is not None and REFIT_BELOW is not None and n < REFIT_BELOW:
+        share = max(share, REFIT_VALIDATION)  # a refit run puts the share back: it only chooses
     return min(share, MAX_VALIDATION / n)
 
 
@@ -403,7 +427,7 @@ def learned(trial: Trial, floor: Floor | None) -> bool:
     return floor.accuracy is None or trial.val_accuracy > floor.accuracy
 
 
-def pick(trials: Sequence[Trial], floor: Floor | None = None) -> float:
+def pick(trials: Sequence[Trial], floor: Floor | None = None, noise: Noise | None = None) -> float:
     """The searched rate: the lowest validation loss among the trials that learned something
     (:func:`learned`; all of them without a ``floor``); ties to the higher accuracy, then to
     the smaller rate (the safer one). A trial whose loss is not finite never wins. When no
@@ -413,33 +437,48 @@ def pick(trials: Sequence[Trial], floor: Floor | None = None) -> float:
     Why the loss and not the accuracy: a validation split of about a hundred images moves its
     accuracy in steps of a point and ties often after a short trial, while the cross-entropy
     averages a continuous quantity per image (on the dev pairs, ``benchmarks/finetune``, the
-    accuracy's pick was the worse rate by the field truth twice where the loss's was not)."""
+    accuracy's pick was the worse rate by the field truth twice where the loss's was not).
+
+    With ``noise`` and :data:`HORIZON_STANDARD_ERRORS` set (rules 8): the highest rate that
+    learned and whose loss is within that many of ``noise``'s standard errors of the best's."""
     finite = [t for t in trials if math.isfinite(t.val_loss)]
     if not finite:
         raise ValueError("every learning rate of the search diverged")
     informative = [t for t in finite if learned(t, floor)]
     if not informative:
         return max(t.lr for t in finite)
-    return min(informative, key=lambda t: (t.val_loss, -t.val_accuracy, t.lr)).lr
+    best = min(informative, key=lambda t: (t.val_loss, -t.val_accuracy, t.lr))
+    if noise is None or HORIZON_STANDARD_ERRORS is None:
+        return best.lr
+    within = [
+        t
+        for t in informative
+        if t.lr > best.lr and t.val_loss - best.val_loss <= HORIZON_STANDARD_ERRORS * noise(t, best)
+    ]
+    return max((t.lr for t in within), default=best.lr)
 
 
 def search(
     candidates: Sequence[float],
     trial: Callable[[float], Trial],
     floor: Floor | None = None,
+    noise: Noise | None = None,
 ) -> list[Trial]:
     """Run the rate search: ``trial(lr)`` at each candidate, then on past an end while the best
-    is there (:func:`next_rate`). Returns every trial, in the order run."""
+    is there (:func:`next_rate`). Returns every trial, in the order run. ``noise`` must know
+    every trial ``trial`` returned (the trainer's measures each as it ends)."""
     trials: list[Trial] = []
     pending = list(candidates)
     lr: float | None = pending.pop(0) if pending else None
     while lr is not None:
         trials.append(trial(lr))
-        lr = pending.pop(0) if pending else next_rate(trials, floor)
+        lr = pending.pop(0) if pending else next_rate(trials, floor, noise)
     return trials
 
 
-def next_rate(trials: Sequence[Trial], floor: Floor | None = None) -> float | None:
+def next_rate(
+    trials: Sequence[Trial], floor: Floor | None = None, noise: Noise | None = None
+) -> float | None:
     """The search's next rate after ``trials`` (the first candidates tried, in order): one
     :data:`LR_STEP` past the end where the best so far is the highest or lowest rate tried,
     while fewer than :data:`MAX_TRIALS` ran; when no trial learned anything (``floor``), one
@@ -452,7 +491,7 @@ def next_rate(trials: Sequence[Trial], floor: Floor | None = None) -> float | No
     top = max(trials, key=lambda t: t.lr)
     if not any(learned(t, floor) for t in finite):
         return top.lr * LR_STEP if math.isfinite(top.val_loss) else None
-    best = pick(trials, floor)
+    best = pick(trials, floor, noise)
     rates = sorted(t.lr for t in trials)
     if best == rates[-1]:
         return best * LR_STEP

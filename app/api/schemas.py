@@ -236,7 +236,8 @@ class TrainingOut(BaseModel):
         description="What the fine-tune recipe chose (training.recipe): plan (recipe, steps, "
         "warmup_steps, optimizer, weight_decay, label_smoothing, augment, head_lr_scale, "
         "lr_source, candidates, trial_steps, validation_fraction...), lr, trials (the learning "
-        "rate search's curve: lr, val_accuracy, val_loss each), and once the run ended "
+        "rate search's curve: lr, val_accuracy, val_loss and loss_se, the standard error of its "
+        "loss's difference from the lowest, paired per image), and once the run ended "
         "best_step, best_val_accuracy and stopped_early.",
     )
 
