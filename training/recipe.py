@@ -131,12 +131,6 @@ REFIT_BELOW: int | None = 1000
 rate only, and the run then trains on every training image (the share included) and
 returns its last weights, with no checks and no early stop (:func:`refits`). None: never
 (the rule before it). See ``benchmarks/finetune/PREREGISTRATION.md``, rules 6."""
-REFIT_VALIDATION: float | None = None
-"""The share a split that is refit (:data:`REFIT_BELOW`) holds out for its rate search, at
-least (rules 8 under test, ``benchmarks/finetune/PREREGISTRATION.md``; None: the share of
-:func:`validation_fraction`'s other rules). Why more: the refit puts the share back, so it
-costs the model nothing; it only chooses the rate, and on 60-100 images the search's
-validation losses differ by less than their noise."""
 EVALUATIONS = 10
 PATIENCE = 4
 BAND_STANDARD_ERRORS = 1.0
@@ -265,8 +259,6 @@ def validation_fraction(class_counts: Sequence[int]) -> float | None:
         return None
     n = sum(class_counts)
     share = max(VALIDATION_FRACTION, min(MAX_VALIDATION_FRACTION, SMALL_SPLIT_VALIDATION / n))
-    if REFIT_VALIDATION is not None and REFIT_BELOW is not None and n < REFIT_BELOW:
-        share = max(share, REFIT_VALIDATION)  # a refit run puts the share back: it only chooses
     return min(share, MAX_VALIDATION / n)
 
 

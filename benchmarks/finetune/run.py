@@ -220,7 +220,6 @@ RULES = {
     "refit": {"REFIT_BELOW": 1000},
     "lossfloor": {"LEARNED_LOSS_MARGIN": 0.02},
     "rules5": {"REFIT_BELOW": None, "LEARNED_LOSS_MARGIN": None},
-    "refval": {"REFIT_VALIDATION": 1 / 3},
     "horizon": {"HORIZON_STANDARD_ERRORS": 1.0},
 }
 """Versions of the recipe's rules an ``auto-<a>+<b>`` arm runs under, set on
@@ -245,9 +244,7 @@ ARMS = (
     "auto-refit+nosmooth",
     "auto-refit+lossfloor",
     "auto-rules5",
-    "auto-refval",
     "auto-horizon",
-    "auto-refval+horizon",
     "auto-truthlr",
     "auto-truthlr+nohold",
     "auto-truthlr+nosmooth",
