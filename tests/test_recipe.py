@@ -316,3 +316,18 @@ def test_rules_8_walks_on_up_when_the_noise_puts_the_pick_at_the_top(monkeypatch
     monkeypatch.setattr(recipe, "HORIZON_STANDARD_ERRORS", None)  # rules 7: no extension
     assert [x.lr for x in recipe.search([3e-4, 1e-3, 3e-3], lambda lr: recipe.Trial(
         lr, 0.5, losses[lr]), noise=lambda a, b: 0.05)] == [3e-4, 1e-3, 3e-3]  # fmt: skip
+
+
+def test_rules_8_takes_the_middle_rate_when_no_trial_learned(monkeypatch):
+    """Five trials at chance (every loss over the floor 2.25): rules 7 takes the highest
+    finite rate (3e-2), rules 8 the middle one (3e-3); with the top one diverged, the lower
+    of the two middles of the four left (1e-3). A trial that learned still wins as before."""
+    t = recipe.Trial
+    trials = [t(lr, 0.1, loss) for lr, loss in
+              [(3e-4, 2.31), (1e-3, 2.30), (3e-3, 2.31), (1e-2, 2.29), (3e-2, 2.33)]]  # fmt: skip
+    floor = recipe.Floor(loss=2.25)
+    assert recipe.pick(trials, floor) == 3e-2
+    monkeypatch.setattr(recipe, "MIDDLE_WHEN_NOTHING_LEARNED", True)
+    assert recipe.pick(trials, floor) == 3e-3
+    assert recipe.pick([*trials[:4], t(3e-2, 0.1, math.inf)], floor) == 1e-3
+    assert recipe.pick([*trials[:4], t(3e-2, 0.4, 2.0)], floor) == 3e-2

@@ -110,6 +110,14 @@ image by image on the same validation share: :data:`Noise`). Why: a short trial 
 small rates over what a long run at the same rate reaches ("short-horizon bias", Wu et al.
 2018), and on 60-100 validation images two neighbouring rates' losses often differ by less
 than their noise; where the split cannot tell them apart, the bias says take the higher."""
+MIDDLE_WHEN_NOTHING_LEARNED = False
+"""Rules 8 under test (False: rules 7, the highest finite rate): when no trial of the search
+learned anything, the searched rate is the middle of the finite rates it tried (the search
+has walked up past its candidates by then: 3e-3 of AdamW's 3e-4 ... 3e-2). Why: a model that
+learns nothing in a trial's few dozen steps is a slow starter (a ViT from a far source), not
+one that needs the highest rate; on the dev pairs the highest rate left such runs at chance
+(a ViT on digits: 0.15 where 3e-3 reaches 0.39), and no information says take the middle of
+what was explored, not its edge."""
 DEFAULT_LR = {"adamw": 1e-3, "adam": 1e-3, "sgd": 1e-2}
 """The rate where no search runs (a race rung, a dataset too small to hold out a split)."""
 TRIAL_SHARE = 0.08
@@ -432,13 +440,16 @@ def pick(trials: Sequence[Trial], floor: Floor | None = None, noise: Noise | Non
     accuracy's pick was the worse rate by the field truth twice where the loss's was not).
 
     With ``noise`` and :data:`HORIZON_STANDARD_ERRORS` set (rules 8): the highest rate that
-    learned and whose loss is within that many of ``noise``'s standard errors of the best's."""
+    learned and whose loss is within that many of ``noise``'s standard errors of the best's;
+    with :data:`MIDDLE_WHEN_NOTHING_LEARNED`, when no trial learned, the middle of the finite
+    rates tried (the lower of two middles)."""
     finite = [t for t in trials if math.isfinite(t.val_loss)]
     if not finite:
         raise ValueError("every learning rate of the search diverged")
     informative = [t for t in finite if learned(t, floor)]
     if not informative:
-        return max(t.lr for t in finite)
+        rates = sorted(t.lr for t in finite)
+        return rates[(len(rates) - 1) // 2] if MIDDLE_WHEN_NOTHING_LEARNED else rates[-1]
     best = min(informative, key=lambda t: (t.val_loss, -t.val_accuracy, t.lr))
     if noise is None or HORIZON_STANDARD_ERRORS is None:
         return best.lr

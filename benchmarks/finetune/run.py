@@ -221,6 +221,7 @@ RULES = {
     "lossfloor": {"LEARNED_LOSS_MARGIN": 0.02},
     "rules5": {"REFIT_BELOW": None, "LEARNED_LOSS_MARGIN": None},
     "horizon": {"HORIZON_STANDARD_ERRORS": 1.0},
+    "middle": {"MIDDLE_WHEN_NOTHING_LEARNED": True},
 }
 """Versions of the recipe's rules an ``auto-<a>+<b>`` arm runs under, set on
 ``training.recipe`` for that run only (this process runs the trainer in-process): rules 3,
@@ -245,6 +246,8 @@ ARMS = (
     "auto-refit+lossfloor",
     "auto-rules5",
     "auto-horizon",
+    "auto-middle",
+    "auto-middle+horizon",
     "auto-truthlr",
     "auto-truthlr+nohold",
     "auto-truthlr+nosmooth",
