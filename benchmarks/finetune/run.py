@@ -775,6 +775,8 @@ def report(results: list[dict], path: Path) -> None:
          degenerate, "rules 6's fresh pairs and chars62 (drawn before they ran)"),
         ("rules 7", lambda r: r["role"] == "fresh7", hopeless,
          "rules 7's fresh pairs (drawn before they ran)"),
+        ("the fourth draw", lambda r: r["role"] == "fresh8", hopeless,
+         "the fourth draw's pairs (drawn before they ran; any architecture)"),
     )  # fmt: skip
     for rules, belongs, left_out, label in judged:
         part = [r for r in results if belongs(r)]
@@ -786,6 +788,13 @@ def report(results: list[dict], path: Path) -> None:
                 f"- degenerate, left out of {rules}'s verdict: {r['pair']} (truth "
                 f"{r['truth_acc']:.3f}, majority share {r['chance']:.3f}; {ratios})"
             )
+        if rules == "the fourth draw" and part:
+            missing = [p.name for p in fresh8_pairs() if p.name not in {r["pair"] for r in part}]
+            if missing:
+                lines.append(
+                    f"- **incomplete**: {len(part)} of {len(part) + len(missing)} pairs of the "
+                    f"fourth draw ran; not run: {', '.join(missing)}"
+                )
     for role, label in (
         ("suite", "the transfer suite's held-out zoos (fonts, synth; drawn before they ran)"),
         ("fresh5", "rules 5's fresh pairs (named before they ran)"),
