@@ -197,6 +197,7 @@ def test_describe_says_what_was_chosen():
 
 def test_the_search_trusts_only_trials_that_learned(monkeypatch):
     t = recipe.Trial
+    monkeypatch.setattr(recipe, "MIDDLE_WHEN_NOTHING_LEARNED", False)  # rules 5-7's pick
     monkeypatch.setattr(recipe, "CHANCE_STANDARD_ERRORS", None)
     assert recipe.chance_floor([20, 20, 20, 20]) is None  # the rule off: every trial counts
     monkeypatch.setattr(recipe, "CHANCE_STANDARD_ERRORS", 2.0)
@@ -326,6 +327,7 @@ def test_rules_8_takes_the_middle_rate_when_no_trial_learned(monkeypatch):
     trials = [t(lr, 0.1, loss) for lr, loss in
               [(3e-4, 2.31), (1e-3, 2.30), (3e-3, 2.31), (1e-2, 2.29), (3e-2, 2.33)]]  # fmt: skip
     floor = recipe.Floor(loss=2.25)
+    monkeypatch.setattr(recipe, "MIDDLE_WHEN_NOTHING_LEARNED", False)
     assert recipe.pick(trials, floor) == 3e-2
     monkeypatch.setattr(recipe, "MIDDLE_WHEN_NOTHING_LEARNED", True)
     assert recipe.pick(trials, floor) == 3e-3
