@@ -109,9 +109,7 @@ RULES6_SUITE_PAIR = "fonts:face2-resnet-e3/chars62"
 result of it was read, so it counts in rules 6's verdict too."""
 
 
-def drawn_pairs(
-    seed: int, role: str, exclude: set[str], any_arch: bool = False
-) -> list[Pair]:
+def drawn_pairs(seed: int, role: str, exclude: set[str], any_arch: bool = False) -> list[Pair]:
     """Six pairs drawn by a rule that reads no result: of the zoos ``base``, ``fonts`` and
     ``synth``, the pretrained models of a ``test_*`` architecture (``any_arch``: of any
     architecture) without a 1,000-class source, less ``exclude``; with
@@ -219,9 +217,15 @@ RULES = {
     "truthlr": {},
     "refit": {"REFIT_BELOW": 1000},
     "lossfloor": {"LEARNED_LOSS_MARGIN": 0.02},
-    "rules5": {"REFIT_BELOW": None, "LEARNED_LOSS_MARGIN": None},
+    "rules5": {
+        "REFIT_BELOW": None,
+        "LEARNED_LOSS_MARGIN": None,
+        "HORIZON_STANDARD_ERRORS": None,
+        "MIDDLE_WHEN_NOTHING_LEARNED": False,
+    },
     "horizon": {"HORIZON_STANDARD_ERRORS": 1.0},
     "middle": {"MIDDLE_WHEN_NOTHING_LEARNED": True},
+    "rules7": {"HORIZON_STANDARD_ERRORS": None, "MIDDLE_WHEN_NOTHING_LEARNED": False},
 }
 """Versions of the recipe's rules an ``auto-<a>+<b>`` arm runs under, set on
 ``training.recipe`` for that run only (this process runs the trainer in-process): rules 3,
@@ -248,6 +252,7 @@ ARMS = (
     "auto-horizon",
     "auto-middle",
     "auto-middle+horizon",
+    "auto-rules7",
     "auto-truthlr",
     "auto-truthlr+nohold",
     "auto-truthlr+nosmooth",
