@@ -116,7 +116,21 @@ def wait_worker_ready(worker: Proc, timeout: float = 60) -> None:
 def start_api(
     settings: Settings, log_dir: Path, extra: dict[str, str] | None = None
 ) -> tuple[Proc, str]:
-    port = free_port()
+    """A uvicorn on a free port, up. The port is free when chosen, but another process may
+    take it before uvicorn binds (an outgoing connection's ephemeral port: seen once in a
+    full run): then the API starts again on another port, at most three times."""
+    for attempt in range(3):
+        try:
+            return _start_api_on(free_port(), settings, log_dir, extra)
+        except AssertionError as exc:
+            if "address already in use" not in str(exc) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_api_on(
+    port: int, settings: Settings, log_dir: Path, extra: dict[str, str] | None
+) -> tuple[Proc, str]:
     cmd = [
         sys.executable,
         "-m",
