@@ -33,6 +33,20 @@ def add_node(cluster: Any) -> Path:
     return folder
 
 
+def tenant_id(cfg: Any, name: str) -> str:
+    """The id of the tenant called ``name`` in ``cfg``'s database: the tests' keys in the store
+    sit under ``tenants/<id>/`` and the API hands out no tenant ids."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(cfg.database_url)
+    try:
+        with engine.connect() as conn:
+            query = text("select id from tenants where name = :name")
+            return str(conn.execute(query, {"name": name}).scalar())
+    finally:
+        engine.dispose()
+
+
 @contextmanager
 def local_cluster(nodes: int = 2) -> Iterator[Any]:
     from ray.cluster_utils import Cluster

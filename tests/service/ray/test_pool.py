@@ -15,7 +15,7 @@ import pytest
 from tests.service.checkpoints import write_checkpoint
 from tests.service.datafiles import npz_bytes
 from tests.service.procs import api_and_worker, create_token, poll
-from tests.service.ray.conftest import add_node
+from tests.service.ray.conftest import add_node, tenant_id
 from zoopick.service.storage import S3Store, open_store
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
@@ -99,7 +99,7 @@ def test_a_job_fine_tunes_across_two_nodes_of_the_pool(
         jid = resp.json()["id"]
         with mock.patch.dict(os.environ, env):
             store = S3Store(cfg.storage_url)
-        ray_run = f"tenants/{_tenant(cfg)}/jobs/{jid}/train/ray/"
+        ray_run = f"tenants/{tenant_id(cfg, 'pool')}/jobs/{jid}/train/ray/"
         poll(  # the first epoch's checkpoint is in the store, and Ray recorded it
             lambda: store.list(ray_run),
             lambda keys: (
@@ -134,7 +134,9 @@ def test_a_job_fine_tunes_across_two_nodes_of_the_pool(
         assert ready["checks"]["ray"].startswith("ok"), ready
         assert not (cfg.storage_dir / "jobs" / job["id"] / "train" / "ray").exists()
         with mock.patch.dict(os.environ, env):
-            keys = S3Store(cfg.storage_url).list(f"tenants/{_tenant(cfg)}/jobs/{job['id']}/train")
+            keys = S3Store(cfg.storage_url).list(
+                f"tenants/{tenant_id(cfg, 'pool')}/jobs/{job['id']}/train"
+            )
         assert any(k.endswith("/checkpoint.pt") and "/ray/" in k for k in keys), keys
         assert any(k.endswith("/comm-state-rank1.pt") for k in keys), keys
 
@@ -152,18 +154,6 @@ def test_a_job_fine_tunes_across_two_nodes_of_the_pool(
 def _files(folder) -> set[str]:
     """The files under a node's ``objects/`` (its cache of store objects)."""
     return {str(p) for p in (folder / "objects").rglob("*") if p.is_file()}
-
-
-def _tenant(cfg) -> str:
-    """The pool tenant's id."""
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(cfg.database_url)
-    try:
-        with engine.connect() as conn:
-            return str(conn.execute(text("select id from tenants where name = 'pool'")).scalar())
-    finally:
-        engine.dispose()
 
 
 def test_an_unreachable_cluster_fails_the_job_and_nothing_else(isolated_settings):

@@ -32,6 +32,7 @@ from tests.service.procs import (
     start_api,
     wait_worker_ready,
 )
+from tests.service.ray.conftest import tenant_id
 from zoopick.service.queue import worker_argv
 from zoopick.service.storage import S3Store
 
@@ -161,7 +162,7 @@ def test_a_race_on_the_pool_shares_no_folder(cluster, s3_server, isolated_settin
         log = second.log.read_text(errors="replace")
         for model in racers:
             assert f"{model} resumes its checkpoint of epoch 1" in log, second.tail(120)
-        tenant = _tenant(cfg)
+        tenant = tenant_id(cfg, "racer")
         keys = store.list(f"tenants/{tenant}/jobs/{jid}/race/")
         from zoopick.service import run_checkpoints
 
@@ -197,14 +198,3 @@ def test_a_race_on_the_pool_shares_no_folder(cluster, s3_server, isolated_settin
             http.close()
         for proc in reversed(procs):
             proc.stop()
-
-
-def _tenant(cfg) -> str:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(cfg.database_url)
-    try:
-        with engine.connect() as conn:
-            return str(conn.execute(text("select id from tenants where name = 'racer'")).scalar())
-    finally:
-        engine.dispose()
