@@ -2,6 +2,7 @@
 run continues the same run, and the final model loads with its data config."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -425,3 +426,8 @@ def test_the_searchs_paired_error_is_the_standard_error_of_the_per_image_differe
     assert [r[1e-3] for r in results] == pytest.approx([expected, expected], rel=1e-9)
     # unpaired, the error would be far larger: the pairing is what the rule counts on
     assert expected < 0.5 * float(np.sqrt(np.var(new, ddof=1) / 40 + np.var(old, ddof=1) / 40))
+
+
+def test_the_searchs_paired_error_over_one_image_is_infinite():
+    """One image has no spread to measure: no difference between two trials counts as real."""
+    assert launch(_paired, 1, [1.0], [0.5]) == [{1e-3: math.inf}]

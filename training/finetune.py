@@ -153,11 +153,13 @@ def _paired_errors(
         sums += [float(d.sum()), float((d * d).sum())]
     totals = _all_sum(sums, device)
     n = totals[0]
+    if n <= 1:  # no spread to measure: no difference is known to be real
+        return dict.fromkeys(rates, math.inf)
     errors = {}
     for i, lr in enumerate(rates):
         s1, s2 = totals[1 + 2 * i], totals[2 + 2 * i]
-        variance = (s2 - s1 * s1 / n) / (n - 1) if n > 1 else math.inf
-        errors[lr] = math.sqrt(max(variance, 0.0) / n) if n > 1 else math.inf
+        variance = (s2 - s1 * s1 / n) / (n - 1)
+        errors[lr] = math.sqrt(max(variance, 0.0) / n)
     return errors
 
 
