@@ -477,11 +477,12 @@ _BIDI_CONTROLS = frozenset(
 can display as another (``gnp.tac`` after U+202E shows as ``cat.png``)."""
 
 
-def _check_names(names: Sequence[str], where: str, limits: DatasetLimits) -> None:
+def _check_names(names: Sequence[str], where: str, limits: DatasetLimits, *, folders: bool) -> None:
     """Class names are shown and stored: bounded in length, free of control characters (a
     NUL that PostgreSQL's text refuses, escape sequences that reach a terminal), and each
     one a name a person can tell from the others (:func:`_check_name_looks`,
-    :func:`_check_lookalikes`). One place for folder names and an npz's ``class_names``."""
+    :func:`_check_lookalikes`). One place for folder names (``folders``) and an npz's (or
+    in-memory arrays') ``class_names``, which differ only in what a file system merges."""
     longest = max(names, key=len, default="")
     limits.check(
         "max_class_name_chars", len(longest), f"{where}: length of class name {longest[:40]!r}"
@@ -500,7 +501,7 @@ def _check_names(names: Sequence[str], where: str, limits: DatasetLimits) -> Non
                 "folder (or re-create the archive) with UTF-8 names"
             )
         _check_name_looks(name, where)
-    _check_lookalikes(names, where)
+    _check_lookalikes(names, where, folders=folders)
 
 
 def _check_name_looks(name: str, where: str) -> None:
@@ -523,38 +524,51 @@ def _check_name_looks(name: str, where: str) -> None:
         )
 
 
-def _lookalike_key(name: str) -> str:
-    """What a person sees of a name, and what a file system keeps of it: compatibility forms
-    folded (full-width ``ｃａｔ``, ligatures), letter case folded, invisible format characters
-    (zero-width space, joiner, BOM, soft hyphen: Unicode category Cf) dropped, and trailing
-    dots dropped (Windows strips them from a folder name)."""
-    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
+def _lookalike_key(name: str, *, folders: bool) -> str:
+    """What a person sees of a name: compatibility forms folded (full-width ``ｃａｔ``,
+    ligatures) and invisible format characters (zero-width space, joiner, BOM, soft hyphen:
+    Unicode category Cf) dropped. For a folder name (``folders``), also what a file system
+    keeps of it: letter case folded (macOS, Windows) and trailing dots dropped (Windows strips
+    them). An npz's names never become folders, and ``A``/``a`` or ``v1.``/``v1`` are
+    names a person tells apart (EMNIST's letters are classes ``A`` and ``a``)."""
+    folded = unicodedata.normalize("NFKC", name)
+    if folders:
+        folded = unicodedata.normalize("NFKC", folded.casefold())
     visible = "".join(ch for ch in folded if unicodedata.category(ch) != "Cf")
-    return visible.rstrip(".")
+    return visible.rstrip(".") if folders else visible
 
 
-def _check_lookalikes(names: Sequence[str], where: str) -> None:
-    """Two names that look alike are two classes a person cannot tell apart, and often one
-    folder: ``cat``/``Cat`` on a case-insensitive file system (macOS, Windows), where one
-    class's images land in the other's folder on extracting; ``cat.``/``cat`` on Windows.
-    Compared by :func:`_lookalike_key`; ordinary Unicode names (``猫``, ``café``) pass."""
+def _check_lookalikes(names: Sequence[str], where: str, *, folders: bool) -> None:
+    """Two names that look alike are two classes a person cannot tell apart, and two folder
+    names (``folders``) may be one folder: ``cat``/``Cat`` on a case-insensitive file system
+    (macOS, Windows), where one class's images land in the other's folder on extracting;
+    ``cat.``/``cat`` on Windows. An npz's (or arrays') ``class_names`` are never written as
+    files or folders (exports, thumbnails, counts and caches keep them as JSON text or by
+    label number), so there case and trailing dots are a difference, the other look-alikes
+    are not. Compared by :func:`_lookalike_key`; ordinary Unicode names (``猫``, ``café``)
+    pass."""
     seen: dict[str, str] = {}
     for name in names:
-        other = seen.setdefault(_lookalike_key(name), name)
+        other = seen.setdefault(_lookalike_key(name, folders=folders), name)
         if other == name:
             continue
         nfc = [unicodedata.normalize("NFC", n) for n in (other, name)]
         if nfc[0] == nfc[1]:
             how = "are the same name in two Unicode forms (composed and decomposed)"
-        elif nfc[0].casefold() == nfc[1].casefold():
+        elif folders and nfc[0].casefold() == nfc[1].casefold():
             how = (
                 "differ only in letter case, and are one folder on a case-insensitive file "
                 "system (macOS, Windows)"
             )
-        else:
+        elif folders:
             how = (
                 "look alike (they differ only in character width or compatibility form, "
                 "letter case, invisible characters or trailing dots)"
+            )
+        else:
+            how = (
+                "look alike (they differ only in character width or compatibility form, "
+                "or invisible characters)"
             )
         raise DatasetError(
             f"{where}: class names {other[:60]!r} and {name[:60]!r} {how}; merge or rename one"
@@ -562,15 +576,22 @@ def _check_lookalikes(names: Sequence[str], where: str) -> None:
 
 
 def _check_classes(
-    labels: np.ndarray, names: Sequence[str], where: str, limits: DatasetLimits = DEFAULT_LIMITS
+    labels: np.ndarray,
+    names: Sequence[str],
+    where: str,
+    limits: DatasetLimits = DEFAULT_LIMITS,
+    *,
+    folders: bool,
 ) -> None:
+    """At least 2 classes with images, within ``limits``, each name valid (``folders``: they
+    are an ImageFolder's folder names, :func:`_check_names`) and each class full enough."""
     counts = np.bincount(labels, minlength=len(names))
     present = np.flatnonzero(counts)
     if len(present) < 2:
         shown = [names[i] for i in present]
         raise DatasetError(f"{where}: need at least 2 classes with images, found {shown}")
     limits.check("max_classes", len(names), f"{where}: number of classes")
-    _check_names(names, where, limits)
+    _check_names(names, where, limits, folders=folders)
     _check_counts(counts, names, where, limits.min_per_class)
 
 
@@ -675,7 +696,7 @@ def _check_labels(
             )
         labels = y
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
-    _check_classes(labels, names, where, limits)
+    _check_classes(labels, names, where, limits, folders=False)
     return labels, names
 
 
@@ -1111,7 +1132,7 @@ def _load_folder(
         raise DatasetError(f"{where}: need at least 2 classes, found {class_names}")
     files = [f for c in class_names for f in classes[c]]
     labels = np.array([k for k, c in enumerate(class_names) for _ in classes[c]], dtype=np.int64)
-    _check_classes(labels, class_names, where, limits)
+    _check_classes(labels, class_names, where, limits, folders=True)
     keep = _subsample(labels, class_names, max_per_class, seed)
     files = [files[i] for i in keep]
     labels = labels[keep]

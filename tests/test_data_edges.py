@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from zoopick.selection.data import DatasetError, load_dataset, split_dataset, training_count
+from zoopick.selection.data import (
+    DatasetError,
+    TargetDataset,
+    load_dataset,
+    load_test_data,
+    split_dataset,
+    training_count,
+)
 from zoopick.selection.limits import DatasetLimits, LimitExceeded
 
 
@@ -406,7 +413,6 @@ def test_a_test_split_with_labels_training_never_has_is_refused_naming_them(tmp_
 
 
 LOOKALIKES = [
-    (["cat", "Cat"], ["'Cat'", "'cat'", "differ only in letter case"]),
     ([" cat", "dog"], ["' cat'", "begins or ends with a space"]),
     (["cat ", "dog"], ["'cat '", "begins or ends with a space"]),
     (["cat\xa0", "dog"], [r"'cat\xa0'", "begins or ends with a space"]),
@@ -419,24 +425,94 @@ LOOKALIKES = [
     (["cat", "ｃａｔ"], ["'ｃａｔ'", "look alike"]),  # full width
     (["cat", "ca\u200bt"], [r"'ca\u200bt'", "look alike"]),  # a zero-width space
     (["cat", "\ufeffcat"], ["look alike"]),  # a byte-order mark
+    (["ﬁsh", "fish"], ["'ﬁsh'", "'fish'"]),  # a ligature
+    (["ſ", "s"], ["'ſ'", "'s'"]),  # the long s: a compatibility form of s, and its case fold
+]
+"""Names refused in an ImageFolder and an npz alike: a person cannot tell them apart."""
+
+FOLDER_LOOKALIKES = [
+    (["cat", "Cat"], ["'Cat'", "'cat'", "differ only in letter case", "case-insensitive"]),
+    (["A", "a"], ["'A'", "'a'", "differ only in letter case"]),
     (["cat.", "cat"], ["'cat.'", "look alike"]),  # one folder on Windows
     (["ﬁsh", "FISH"], ["'ﬁsh'", "'FISH'"]),  # a ligature (case folding expands it)
 ]
+"""Names refused as folder names only: one folder on a case-insensitive file system (macOS,
+Windows), or on Windows, which drops a folder name's trailing dots. An npz's class_names
+never become folders, and there they are names a person tells apart (EMNIST's A and a)."""
+
+
+def _zip_named(path: Path, names: list[str]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name in names:
+            zf.writestr(f"{name}/0.png", _png(1))
+    return path
+
+
+def _refused(path: Path, needles: list[str]) -> None:
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(path)
+    for needle in needles:
+        assert needle in str(caught.value), (path.name, str(caught.value))
+
+
+@pytest.mark.parametrize(("names", "needles"), LOOKALIKES + FOLDER_LOOKALIKES)
+def test_lookalike_folder_names_are_refused_by_name(tmp_path, names, needles):
+    """Folder names: a zip made on Linux holds 'cat' and 'Cat'; extracted on macOS or
+    Windows they are one folder, and one class's images land in the other's."""
+    _refused(_zip_named(tmp_path / "d.zip", names), needles)
 
 
 @pytest.mark.parametrize(("names", "needles"), LOOKALIKES)
-def test_lookalike_class_names_are_refused_by_name(tmp_path, names, needles):
-    """Folder names (a zip made on Linux holds 'cat' and 'Cat'; extracted on macOS or
-    Windows they are one folder) and an npz's class_names alike."""
-    with zipfile.ZipFile(tmp_path / "d.zip", "w") as zf:
-        for name in names:
-            zf.writestr(f"{name}/0.png", _png(1))
-    _npz_named(tmp_path / "d.npz", names, (0, 1, 0, 1))
-    for path in (tmp_path / "d.zip", tmp_path / "d.npz"):
-        with pytest.raises(DatasetError) as caught:
-            load_dataset(path)
-        for needle in needles:
-            assert needle in str(caught.value), (path.name, str(caught.value))
+def test_lookalike_npz_class_names_are_refused_by_name(tmp_path, names, needles):
+    """Refused for what a person sees, never for letter case or trailing dots, which an
+    npz's names may differ in."""
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(_npz_named(tmp_path / "d.npz", names, (0, 1, 0, 1)))
+    text = str(caught.value)
+    assert all(needle in text for needle in needles), text
+    assert "letter case" not in text and "trailing dots" not in text, text
+    # arrays in memory are validated as an npz is
+    x = np.zeros((4, 4, 4), np.uint8)
+    with pytest.raises(DatasetError) as caught:
+        TargetDataset.from_arrays(x, np.array([0, 1, 0, 1]), names)
+    assert all(needle in str(caught.value) for needle in needles), str(caught.value)
+
+
+@pytest.mark.parametrize("names", [n for n, _ in FOLDER_LOOKALIKES])
+def test_npz_class_names_may_differ_in_case_or_trailing_dots(tmp_path, names):
+    """What only a file system merges is a difference in an npz's class_names."""
+    ds = load_dataset(_npz_named(tmp_path / "d.npz", names, (0, 1, 0, 1)))
+    assert ds.class_names == names
+    assert ds.class_counts() == {names[0]: 2, names[1]: 2}
+
+
+def test_npz_with_upper_and_lower_case_letters_maps_each_label_to_its_own_class(tmp_path):
+    """EMNIST-style classes: 'A' and 'a' (and 'B' and 'b') are four classes, each label
+    naming its own, each image kept with its label, in a file, its Keras test split and in
+    memory; subsampling picks each class's images on its own."""
+    names = ["A", "B", "a", "b"]
+    y = np.array([2, 0, 3, 1, 0, 2, 1, 3, 2, 0])
+    x = (np.arange(len(y), dtype=np.uint8) * 20)[:, None, None] * np.ones((1, 4, 4), np.uint8)
+    path = tmp_path / "letters.npz"
+    np.savez(path, x=x, y=y, class_names=np.array(names),
+             x_test=x[:4], y_test=y[:4])  # fmt: skip
+    ds = load_dataset(path)
+    assert ds.class_names == names
+    assert [ds.class_names[k] for k in ds.labels] == ["a", "A", "b", "B", "A", "a", "B", "b",
+                                                     "a", "A"]  # fmt: skip
+    assert ds.class_counts() == {"A": 3, "B": 2, "a": 3, "b": 2}
+    assert [int(np.asarray(ds.image(i)).flat[0]) for i in (0, 1)] == [0, 20]
+    test = load_test_data(path, path, ds.class_names)
+    assert [test.class_names[k] for k in test.labels] == ["a", "A", "b", "B"]
+    memory = TargetDataset.from_arrays(x, y, names)
+    assert memory.class_names == names and memory.digest == ds.digest
+    kept = load_dataset(path, max_per_class=1)
+    assert kept.class_counts() == {"A": 1, "B": 1, "a": 1, "b": 1}
+    # test data is mapped by the names as they are: its 'A' is not the training data's 'a'
+    other = tmp_path / "upper.npz"
+    np.savez(other, x=x[:2], y=np.array([0, 1]), class_names=np.array(["A", "b"]))
+    with pytest.raises(DatasetError, match=r"1 class\(es\) the training data never has: \['A'\]"):
+        load_test_data(other, path, ["a", "b"])
 
 
 def test_ordinary_unicode_class_names_load(tmp_path):

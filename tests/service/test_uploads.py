@@ -188,6 +188,40 @@ def test_npz_whose_test_split_has_labels_training_never_has_is_422(
     assert storage_files(service_settings) == before
 
 
+def test_npz_class_names_that_differ_only_in_case_are_classes_a_zip_folders_are_not(
+    client, alice, service_settings, loader
+):
+    """An npz's 'A' and 'a' (EMNIST's letters) are two classes: validated, counted and
+    given thumbnails each under its own name. Two folders 'cat' and 'Cat' in a zip are one
+    folder on macOS or Windows: a 422 naming them, and the file is not kept."""
+    import io
+
+    import numpy as np
+
+    from zoopick.service.datasets.store import thumbnails_of
+    from zoopick.service.db.models import Dataset
+
+    x = np.broadcast_to(np.repeat(np.array([0, 100, 200], np.uint8), 4)[:, None, None], (12, 8, 8))
+    y = np.repeat(np.arange(3), 4)
+    buf = io.BytesIO()
+    np.savez(buf, x=x, y=y, class_names=np.array(["A", "a", "b"]))
+    resp = upload(client, alice, "letters.npz", buf.getvalue())
+    assert resp.status_code == 201, resp.text
+    ds = resp.json()
+    assert ds["status"] == "ready" and ds["error"] is None
+    assert ds["classes"] == ["A", "a", "b"] and ds["counts"] == {"A": 4, "a": 4, "b": 4}
+    with client.app.state.sessionmaker() as session:
+        row = session.get(Dataset, uuid.UUID(ds["id"]))
+        thumbs = thumbnails_of(service_settings, row)
+    assert set(thumbs) == {"A", "a", "b"}
+    assert len({f for files in thumbs.values() for f in files}) == 12  # none overwrote another
+    before = storage_files(service_settings)
+    pets = imagefolder_zip_bytes(classes=("cat", "Cat"))
+    body = assert_problem(upload(client, alice, "pets.zip", pets), 422, "'cat'", "'Cat'")
+    assert "differ only in letter case" in body["detail"]
+    assert storage_files(service_settings) == before
+
+
 def test_dataset_list_pagination_and_delete(client, make_key, service_settings, loader):
     fay = make_key("fay")
     ids = [upload(client, fay, f"d{i}.npz", npz_bytes(seed=i)).json()["id"] for i in range(3)]
