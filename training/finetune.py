@@ -455,16 +455,17 @@ def _setup(
     model = entry.create_model(num_classes=len(train.class_names))
     data_config = entry.data_config(model)
 
-    def shard(dataset):
-        """This rank's contiguous shard of an evaluation set, as tensors."""
-        x, y = _tensors(dataset, data_config)
+    def shard(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's contiguous shard of an evaluation set's tensors (views of them)."""
         lo, hi = rank * len(y) // world, (rank + 1) * len(y) // world
         return x[lo:hi], y[lo:hi]
 
+    # the validation share once: a refit run trains on it too once the rate is chosen
+    every_val = _tensors(val, data_config) if val is not None else None
     data = (
         _tensors(train, data_config),
-        shard(test),
-        shard(val) if val is not None else None,
+        shard(*_tensors(test, data_config)),
+        shard(*every_val) if every_val is not None else None,
     )
 
     amp = device.type == "cuda"
@@ -490,7 +491,8 @@ def _setup(
     refit = cfg.max_steps is None and recipe.refits(len(train) + r.n_val, share)
     steps_per_epoch = r.steps
     if refit:  # the run's length counts the images it trains on once the rate is chosen
-        x_val, y_val = _tensors(val, data_config)
+        assert every_val is not None  # a refit needs a validation share (recipe.refits)
+        x_val, y_val = every_val
         r.every_image = (torch.cat([r.x_train, x_val]), torch.cat([r.y_train, y_val]))
         steps_per_epoch = _epoch_shape(len(r.every_image[1]), world, cfg.batch_size)[2]
     r.plan = recipe.plan(
