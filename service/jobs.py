@@ -58,9 +58,7 @@ def default_select_by(metrics: list[str]) -> str:
 
 
 JobName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-Tag = Annotated[
-    str, StringConstraints(strip_whitespace=True, pattern=r"^[^\s,\"\\]{1,40}$")
-]
+Tag = Annotated[str, StringConstraints(strip_whitespace=True, pattern=r"^[^\s,\"\\]{1,40}$")]
 Tags = Annotated[list[Tag], Field(max_length=20)]
 Notes = Annotated[str, StringConstraints(max_length=10_000)]
 TAGS_DESCRIPTION = (

@@ -501,11 +501,7 @@ def epoch_rows(session: Session, run_id: uuid.UUID) -> list[dict[str, Any]]:
     iterations an integer, as it did from the decoded JSON)."""
     columns = [getattr(EpochMetric, name) for name in EPOCH_SHOWN]
     extra = [EpochMetric.extra[key].as_float().label(key) for key in EPOCH_EXTRA_SHOWN]
-    stmt = (
-        select(*columns, *extra)
-        .where(EpochMetric.run_id == run_id)
-        .order_by(EpochMetric.epoch)
-    )
+    stmt = select(*columns, *extra).where(EpochMetric.run_id == run_id).order_by(EpochMetric.epoch)
     return [dict(row) for row in session.execute(stmt).mappings()]
 
 

@@ -109,7 +109,5 @@ VALUED = frozenset({"--limit", "--name"})
         (["--", "--json", "id"], 0, ["--", "--json", "id"]),
     ],
 )
-def test_rewrite_gives_json_the_word_after_it_unless_it_is_the_argument(
-    args, arguments, rewritten
-):
+def test_rewrite_gives_json_the_word_after_it_unless_it_is_the_argument(args, arguments, rewritten):
     assert fields.rewrite(args, arguments, VALUED) == rewritten

@@ -51,7 +51,7 @@ def test_defaults_read_as_they_are_typed():
     assert "| `ZOOPICK_UPLOAD_MAX_BYTES` | `2_147_483_648` |" in page
     assert "| `ZOOPICK_TRAIN_BACKEND` | `local` |" in page
     assert "| `ZOOPICK_METRICS_PUBLIC` | `false` |" in page
-    assert "| `ZOOPICK_REDIS_KEY_PREFIX` | `\"\"` |" in page
+    assert '| `ZOOPICK_REDIS_KEY_PREFIX` | `""` |' in page
 
 
 def test_readme_keeps_its_set_up_commands_and_ci_runs_its_test_command():

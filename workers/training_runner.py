@@ -139,8 +139,10 @@ def run(
             check = line is None or time.monotonic() - last_check >= poll
             if line is not None:
                 rec = parse_line(line)
-                if writer is not None and not result.stopped and not (
-                    isinstance(rec, RunEvent) and rec.event == "progress"
+                if (
+                    writer is not None
+                    and not result.stopped
+                    and not (isinstance(rec, RunEvent) and rec.event == "progress")
                 ):
                     writer.write("stdout", line)
                 if isinstance(rec, TrainerError):

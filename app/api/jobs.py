@@ -220,9 +220,7 @@ def list_jobs(
     tag: Annotated[
         str | None, Query(max_length=40, description="Jobs that carry this tag exactly.")
     ] = None,
-    order: Annotated[
-        str | None, Query(description="newest (the default) or oldest first.")
-    ] = None,
+    order: Annotated[str | None, Query(description="newest (the default) or oldest first.")] = None,
 ) -> dict:
     try:
         stmt = job_records.search(jobs.listing(caller.tenant_id, status), q, tag)

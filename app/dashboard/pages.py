@@ -330,9 +330,7 @@ def _heads(session, job: JobOut) -> dict[str, int]:
     scored = [r.model for r in job.ranking]
     if not scored:
         return {}
-    rows = session.execute(
-        select(ZooModel.id, ZooModel.num_classes).where(ZooModel.id.in_(scored))
-    )
+    rows = session.execute(select(ZooModel.id, ZooModel.num_classes).where(ZooModel.id.in_(scored)))
     return {mid: n for mid, n in rows}
 
 
@@ -444,7 +442,10 @@ def _download(request: Request, session, job_id: str, fmt: str, retry: bool, hea
 
 @router.get("/jobs/{job_id}/model")
 def job_model(
-    request: Request, job_id: str, session: SessionDep, format: str | None = None,  # noqa: A002
+    request: Request,
+    job_id: str,
+    session: SessionDep,
+    format: str | None = None,  # noqa: A002
     retry: bool = False,
 ) -> Response:
     """The model in the format asked. An export not made yet (the timm folder, ONNX: made

@@ -12,7 +12,9 @@ from tests.service.test_dashboard import _ready_dataset, _submit, csrf_of, sign_
 
 
 def test_metrics_are_picked_from_the_registry_and_coinciding_ones_are_said(
-    service_app, make_key, zoo  # noqa: F811
+    service_app,
+    make_key,
+    zoo,  # noqa: F811
 ):
     from zoopick.selection import metrics
     from zoopick.service import jobs, pipeline
@@ -45,7 +47,11 @@ def test_metrics_are_picked_from_the_registry_and_coinciding_ones_are_said(
 
 
 def test_jobs_carry_a_name_tags_and_notes_are_searched_edited_and_deleted(
-    service_app, client, make_key, zoo, tmp_path  # noqa: F811
+    service_app,
+    client,
+    make_key,
+    zoo,  # noqa: F811
+    tmp_path,
 ):
     """Through the form and the API: a name, tags and notes at submission, the list searched
     by them and ordered both ways, a PATCH, and deletes (a running job refused; a finished

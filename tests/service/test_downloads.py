@@ -145,7 +145,6 @@ def test_an_export_error_recorded_with_paths_is_shown_without_them(
     assert "HeaderTooLarge" in detail and "retry=true" in detail
 
 
-
 def test_a_model_in_a_store_that_is_down_answers_503_naming_no_store(
     client, service_app, make_key, tmp_path, monkeypatch
 ):

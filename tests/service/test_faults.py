@@ -258,9 +258,7 @@ def test_a_cpu_worker_killed_mid_validation_is_replaced_and_the_dataset_is_ready
     assert _deliveries(factory, f"validate:{uuid.UUID(ds)}") >= 2
 
 
-def test_the_database_stopped_mid_scoring_answers_503_and_the_job_succeeds(
-    dep, factory, pg_server
-):
+def test_the_database_stopped_mid_scoring_answers_503_and_the_job_succeeds(dep, factory, pg_server):
     if pg_server is None:
         pytest.skip(f"no private PostgreSQL server to stop: {private_pg.available()}")
     browser = signed_in(dep.base, dep.key)

@@ -43,4 +43,3 @@ def dense_hook(state: DenseState, bucket: dist.GradBucket) -> torch.futures.Futu
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
     return fut
-

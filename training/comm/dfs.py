@@ -47,9 +47,7 @@ class DFSState(HookState):
         """No: its block size is steered on the host."""
         return False
 
-    def __init__(
-        self, options: DFSOptions, process_group: dist.ProcessGroup | None = None
-    ) -> None:
+    def __init__(self, options: DFSOptions, process_group: dist.ProcessGroup | None = None) -> None:
         super().__init__(options, process_group)
         self.block_size = options.block_size
         self.max_block = options.max_block
@@ -144,4 +142,3 @@ def dfs_hook(state: DFSState, bucket: dist.GradBucket) -> torch.futures.Future[t
     """Block-energy top-k over all-gather (not the DFS paper's parameter-server streaming):
     whole blocks (ids + values), dynamic block size, bytes linear in P; error feedback."""
     return run_hook(state, bucket, _exchange)
-

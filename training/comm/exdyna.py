@@ -343,4 +343,3 @@ def exdyna_hook(state: ExDynaState, bucket: dist.GradBucket) -> torch.futures.Fu
     """ExDyna: exclusive rotating partitions, threshold selection, index all-gather + value
     all-reduce; error feedback."""
     return run_hook(state, bucket, _exchange)
-

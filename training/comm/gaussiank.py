@@ -9,7 +9,6 @@ largest ones when more pass, the rest stays in the residual), padded with index 
 size header is exchanged: no host sync in the steady state (see ``hostread``).
 """
 
-
 import torch
 import torch.distributed as dist
 
@@ -67,4 +66,3 @@ def gaussiank_hook(
 ) -> torch.futures.Future[torch.Tensor]:
     """GaussianK threshold selection of gradient + residual, all-gathered; error feedback."""
     return run_hook(state, bucket, _exchange)
-

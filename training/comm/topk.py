@@ -34,4 +34,3 @@ def _exchange(state: HookState, layout: BucketLayout, acc: torch.Tensor, density
 def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Exact local top-k of gradient + residual, all-gathered; error feedback."""
     return run_hook(state, bucket, _exchange)
-
