@@ -5,15 +5,21 @@ time, bounded sub-epoch points), the run's bounded log, and the chart axes' tick
 from __future__ import annotations
 
 import math
+import shutil
+import threading
+import time
+import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import torch
 
 from zoopick.app.dashboard.charts import nice_ticks
 from zoopick.app.dashboard.pages import duration, sig
-from zoopick.service import progress, run_log
-from zoopick.training.config import RunEvent, parse_line
+from zoopick.service import progress, run_checkpoints, run_log
+from zoopick.service.storage import LocalStore
+from zoopick.training.config import CHECKPOINT, RunEvent, parse_line
 from zoopick.training.progress import Reporter
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
@@ -152,6 +158,120 @@ def test_the_log_in_the_store_is_read_where_the_run_folder_is_not(tmp_path, monk
     monkeypatch.setattr(run_log.time, "monotonic", lambda: 1e12)  # long after
     due.maybe()
     assert LocalStore(later).size(key) == len(whole)
+
+
+class _HeldStore(LocalStore):
+    """The folder store, its first put slowed down on purpose: it reads its source (the log as
+    it is then) and waits for ``release`` before storing it, so the run's last lines are
+    written and its final push asked while that older push is in flight."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.read, self.release = threading.Event(), threading.Event()
+        self.puts = 0
+
+    def put(self, key, source, **kw):
+        self.puts += 1
+        if self.puts > 1:
+            return super().put(key, source, **kw)
+        data = b"".join(source)
+        self.read.set()
+        assert self.release.wait(30)
+        return super().put(key, [data], **kw)
+
+
+def _held_push(
+    tmp_path: Path, name: str, **kw
+) -> tuple[Path, _HeldStore, run_log.Pusher, threading.Thread]:
+    """A run's log with one line, pushed from a thread (the checkpoint uploader's) and held in
+    the store; the run's last two lines written after that push read the log."""
+    run = tmp_path / name
+    writer = run_log.LogWriter(run)
+    writer.write("stdout", "epoch 1")
+    store = _HeldStore(tmp_path / f"{name}-store")
+    pusher = run_log.Pusher(store, "t/train.log", run, every=0, **kw)  # each maybe() pushes
+    early = threading.Thread(target=pusher.maybe, daemon=True)
+    early.start()
+    assert store.read.wait(30)
+    writer.write("stdout", "epoch 2")
+    writer.write("stderr", "done")
+    writer.close()
+    return run, store, pusher, early
+
+
+def test_the_final_push_of_the_log_lands_after_one_in_flight(tmp_path):
+    """An older push of the log still in flight when the run's final push is asked (the
+    uploader's, after a checkpoint) never lands after it: the store ends with every line."""
+    run, store, pusher, early = _held_push(tmp_path, "run")
+    final = threading.Thread(target=pusher.final)
+    final.start()
+    deadline = time.monotonic() + 30  # until the final push is done or waits its turn
+    while final.is_alive() and getattr(pusher, "_asked", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    store.release.set()
+    final.join(30)
+    early.join(30)  # the older push done too: whichever landed last, the store has it
+    whole = b"".join(run_log.chunks(run))
+    assert whole.endswith(b"[stderr] done\n")
+    assert b"".join(store.get("t/train.log")) == whole
+    puts = store.puts
+    pusher.maybe()  # the run is over: nothing is pushed after its final push
+    assert store.puts == puts
+
+    # a store that holds the older push past the final's wait: the end of the run waits that
+    # long only, and the thread in flight pushes the log again once its push is done
+    run, store, pusher, early = _held_push(tmp_path, "slow", final_wait=0.2)
+    began = time.monotonic()
+    assert pusher.final() is False and time.monotonic() - began < 5
+    store.release.set()
+    early.join(30)
+    assert store.puts == 2
+    assert b"".join(store.get("t/train.log")) == b"".join(run_log.chunks(run))
+
+
+def test_a_run_resumed_from_the_stores_checkpoint_keeps_both_logs_once(tmp_path):
+    """This machine's run folder has a log of its own but no checkpoint (an attempt lost before
+    its first checkpoint was stored, only its first lines pushed); the run went on on another
+    machine from those lines and stored a checkpoint. Resumed here from that checkpoint, the
+    folder's log is the store's history with this attempt's unpushed lines in their place,
+    none twice; a folder whose lines were all pushed ends with the store's log exactly."""
+    store = LocalStore(tmp_path / "store")
+    tenant, job = uuid.uuid4(), uuid.uuid4()
+    key, saved = run_log.stored_key(tenant, job), run_checkpoints.stored_key(tenant, job)
+    here, there = tmp_path / "here", tmp_path / "there"
+    writer = run_log.LogWriter(here)
+    writer.write("stdout", "here 1")
+    writer.write("stdout", "here 2")
+    assert run_log.push(store, key, here)
+    shutil.copytree(here, tmp_path / "pushed")  # a folder whose lines are all in the store
+    writer.write("stderr", "here 3, never pushed")
+    writer.close()
+
+    assert run_log.restore(store, key, there)  # the other machine's folder: no log yet
+    writer = run_log.LogWriter(there)
+    writer.write("stdout", "there 1")
+    writer.close()
+    (there / CHECKPOINT).write_bytes(b"epoch 1")
+    uploads = run_checkpoints.Uploader(
+        store, saved, there, on_put=lambda _: run_log.push(store, key, there)
+    )
+    uploads._seen = None  # as if the trainer had just written it
+    assert uploads.check()
+    stored = b"".join(store.get(key)).decode().splitlines()
+    assert stored == ["[stdout] here 1", "[stdout] here 2", "[stdout] there 1"]
+    pushed = tmp_path / "pushed"
+    assert run_checkpoints.fetch(store, saved, pushed, waits=())
+    assert run_log.restore(store, key, pushed)
+    assert b"".join(run_log.chunks(pushed)).decode().splitlines() == stored
+
+    assert run_checkpoints.fetch(store, saved, here, waits=())
+    assert run_log.restore(store, key, here)
+    lines = b"".join(run_log.chunks(here)).decode().splitlines()
+    assert lines == [
+        "[stdout] here 1", "[stdout] here 2", "[stderr] here 3, never pushed", "[stdout] there 1",
+    ]  # fmt: skip
+    assert run_log.push(store, key, here)  # the next push keeps them all
+    assert b"".join(store.get(key)).decode().splitlines() == lines
 
 
 @pytest.mark.parametrize(

@@ -683,7 +683,7 @@ def finetune(self, job_id: str) -> str:
         backend = dataclasses.replace(backend, inputs=inputs)
     # each checkpoint the trainer writes goes to the store too, from a thread of its own, and
     # the log with it: a machine that resumes from it has the lost run's lines up to there
-    uploads = run_checkpoints.Uploader(files, saved, out, on_put=lambda _: logs.final())
+    uploads = run_checkpoints.Uploader(files, saved, out, on_put=lambda _: logs.now())
     if local:
         uploads.start()
     try:
