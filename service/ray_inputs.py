@@ -63,6 +63,14 @@ def document(
     return json.dumps({"hook": HOOK, "spec": spec})
 
 
+def unplaced(storage_path: str) -> dict[str, str | None]:
+    """The dataset as the config of a Ray run names it where the run is started (``data`` and
+    ``decoded``, as ``datasets.store.run_data`` gives them): the store's key, a file of no
+    machine. The gpu worker fetches nothing of it; each worker's :func:`place` names its
+    node's copy instead."""
+    return {"data": storage_path, "decoded": None}
+
+
 def node_settings(storage_url: str, limits: dict[str, Any] | None) -> Settings:
     """This node's settings for the fetches: its own ``ZOOPICK_DATA_DIR`` (scratch, object
     cache) and cache bound from its environment, the deployment's store, and the dataset
@@ -101,4 +109,4 @@ def place(cfg: FinetuneConfig, spec: dict[str, Any], folder: Path) -> FinetuneCo
     return placed
 
 
-__all__ = ["HOOK", "INIT_FROM", "document", "node_settings", "place"]
+__all__ = ["HOOK", "INIT_FROM", "document", "node_settings", "place", "unplaced"]

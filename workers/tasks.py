@@ -18,7 +18,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -787,27 +787,36 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
                 outcome = "failed"
             else:
                 out = race_dir(cfg, jid, model_id)
-                manifest = zoo_catalog.write_manifest([row], out / "zoo.json")
                 selection = SelectionOptions.stored(job.selection)
-                run_cfg = FinetuneConfig.for_run(
-                    races.race_options(job),
-                    zoo=str(manifest),
-                    model=row.id,
-                    out=str(out),
-                    resume=(out / CHECKPOINT).exists(),
-                    max_steps=entry.target_steps,
-                    decay_from=races.rung_start(job, level),
-                    validation_fraction=selection.validation_fraction,
-                    dataset_limits=dataclasses.asdict(cfg.dataset_limits()),
-                    comm_triton=cfg.comm_triton,
-                    **store.run_data(ds.storage_path, cfg),
-                )
-                entry_id, saved = entry.id, run_checkpoints.race_key(job.tenant_id, jid, row.id)
+                options, start = races.race_options(job), races.rung_start(job, level)
+                entry_id, steps = entry.id, entry.target_steps
+                saved = run_checkpoints.race_key(job.tenant_id, jid, row.id)
                 where = run_checkpoints.candidate_prefix(job.tenant_id, jid, row.id)
                 backend = _rung_backend(cfg, where, row, ds.storage_path)
+                storage_path = ds.storage_path
                 outcome = "train"
+    # committed: the entry's claim and the job's lease. Its input files are fetched from the
+    # store with no transaction open (seconds to minutes, or a store's outage), the leases
+    # renewed meanwhile
     if outcome == "train":
-        outcome = _run_rung(jid, entry_id, run_cfg, owner, shared, cfg, saved, backend)
+        files = partial(_rung_files, row, storage_path, out, cfg, backend)
+        fetched = _rung_inputs(jid, entry_id, owner, shared, cfg, files)
+        if isinstance(fetched, str):
+            outcome = fetched
+        else:
+            run_cfg = FinetuneConfig.for_run(
+                options,
+                model=row.id,
+                out=str(out),
+                resume=(out / CHECKPOINT).exists(),
+                max_steps=steps,
+                decay_from=start,
+                validation_fraction=selection.validation_fraction,
+                dataset_limits=dataclasses.asdict(cfg.dataset_limits()),
+                comm_triton=cfg.comm_triton,
+                **fetched,
+            )
+            outcome = _run_rung(jid, entry_id, run_cfg, owner, shared, cfg, saved, backend)
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
         if job is None:
@@ -840,6 +849,52 @@ def _rung_backend(cfg: Settings, where: str, row: ZooModel, storage_path: str) -
         return backend
     inputs = ray_inputs.document(cfg, row, storage_path)
     return dataclasses.replace(backend, inputs=inputs)
+
+
+def _rung_files(row: ZooModel, storage_path: str, out: Path, cfg: Settings,
+                backend: Backend) -> dict[str, Any]:  # fmt: skip
+    """The rung's input files as ``FinetuneConfig.for_run`` takes them: the zoo manifest (its
+    checkpoint fetched here) and the dataset. The local backend's trainer reads the dataset
+    on this machine: fetched here. A Ray run's workers fetch it on their own nodes
+    (``ray_inputs.place`` names their copies in the config): nothing of it is fetched here."""
+    manifest = zoo_catalog.write_manifest([row], out / "zoo.json")
+    if backend.kind == "local":
+        data = store.run_data(storage_path, cfg)  # its file and images decoded once, here
+    else:
+        data = ray_inputs.unplaced(storage_path)
+    return {"zoo": str(manifest), **data}
+
+
+def _rung_inputs(jid: uuid.UUID, entry_id: int, owner: str, shared: str, cfg: Settings,
+                 fetch: Callable[[], T]) -> T | str:  # fmt: skip
+    """``fetch()`` (the rung's files from the store, no transaction open) with the entry's
+    lease and the job's renewed meanwhile, as while the rung trains: a long fetch is no dead
+    candidate to the sweeper. A store that stayed unavailable through its retries settles the
+    entry as failed, naming the store, as ``_run_rung`` settles one whose checkpoint it could
+    not fetch: ``"failed"``; ``"lease lost"`` where a sweeper gave the candidate to a new task
+    meanwhile (the entry is that task's now: settled by it). Other errors pass, the claim left
+    to its lease (the task's failure fails the job: ``workflow_failed``)."""
+    lost = threading.Event()
+
+    def renew() -> None:
+        with session_scope(factory()) as session:
+            if not races.renew(session, entry_id, owner, cfg.lease_seconds):
+                lost.set()
+                return
+            pipeline.claim_lease(session, jid, shared, cfg.lease_seconds)
+
+    try:
+        with liveness.Renewal(renew, min(5.0, cfg.lease_seconds / 4)):
+            fetched = fetch()
+    except storage.StoreUnavailable as exc:  # tried again already: fail naming the store
+        log.error("job %s: %s", jid, exc)
+        if lost.is_set():
+            return "lease lost"
+        with session_scope(factory()) as session:
+            error = f"the rung's files could not be fetched: {exc}"
+            races.settle(session, entry_id, "failed", error=error)
+        return "failed"
+    return "lease lost" if lost.is_set() else fetched
 
 
 def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str, shared: str,

@@ -119,3 +119,23 @@ def test_a_node_fetches_the_checkpoint_its_run_starts_from(tmp_path, monkeypatch
     (tmp_path / "late").mkdir()
     with pytest.raises(FileNotFoundError, match="other/checkpoint.tar"):
         ray_inputs.place(cfg, gone, tmp_path / "late")
+
+
+def test_a_ray_rungs_config_names_the_store_key_until_its_node_places_it(tmp_path, monkeypatch):
+    """A Ray run's gpu worker fetches nothing of the dataset (``unplaced``: the store's key, a
+    config the driver reads as it is); each node names its own copy in place of it."""
+    store, node = tmp_path / "store", tmp_path / "node"
+    data = store / "old" / "shapes.npz"  # a dataset from before the store: read where it is
+    data.parent.mkdir(parents=True)
+    data.write_bytes(b"x")
+    monkeypatch.setenv("ZOOPICK_DATA_DIR", str(node))
+    key = "tenants/t/datasets/d/shapes.npz"
+    cfg = FinetuneConfig.for_run(
+        FinetuneOptions(), zoo="/gpu/zoo.json", model="tiny", out="/o", **ray_inputs.unplaced(key)
+    )
+    assert (cfg.data, cfg.decoded) == (key, None)
+    assert FinetuneConfig.from_json(cfg.to_json()) == cfg  # the driver's one validation
+    spec = json.loads(ray_inputs.document(Settings(data_dir=store), _row(), str(data)))["spec"]
+    (tmp_path / "private").mkdir()
+    placed = ray_inputs.place(cfg, spec, tmp_path / "private")
+    assert placed.data == str(data) and placed.data != key
