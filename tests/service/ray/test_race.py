@@ -79,7 +79,10 @@ def _adam_steps(blob: dict) -> int:
     return max(int(s["step"]) for s in blob["optimizer"]["state"].values())
 
 
-@pytest.mark.timeout(600)  # six Ray runs: 158 s and 219 s on this 2-core machine at load 7-10
+# six Ray runs: 158 s and 219 s on this 2-core machine at load 7-10; CI's run under the whole
+# suite's load took over 180 s for the scoring and the first two rungs alone (their Ray runs
+# side by side), so the waits are long bounds, not the expected times
+@pytest.mark.timeout(1200)
 def test_a_race_on_the_pool_shares_no_folder(cluster, s3_server, isolated_settings, tmp_path):
     """Three candidates, two rungs, then the winner's fine-tune. Gpu worker A scores and
     trains the first rung; once every first-rung candidate is taken it stops (warm: its rungs
@@ -139,11 +142,11 @@ def test_a_race_on_the_pool_shares_no_folder(cluster, s3_server, isolated_settin
         def job() -> dict:
             return http.get(f"/jobs/{jid}").json()
 
-        poll(job, _first_rung_taken, timeout=180, interval=0.2, what="the first rung taken")
+        poll(job, _first_rung_taken, timeout=420, interval=0.2, what="the first rung taken")
         os.kill(first.proc.pid, signal.SIGTERM)  # warm: A's rungs finish, it takes no more
         second = _gpu_worker(b_cfg, "gpu-b", tmp_path, env)
         procs.append(second)
-        done = poll(job, lambda j: j["status"] in FINISHED, timeout=300, interval=0.5,
+        done = poll(job, lambda j: j["status"] in FINISHED, timeout=600, interval=0.5,
                     what="the job")  # fmt: skip
         assert done["status"] == "succeeded", (done["error"], done["race"], second.tail())
         first.proc.wait(timeout=60)
