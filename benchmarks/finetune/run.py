@@ -104,6 +104,7 @@ def suite_pairs() -> list[Pair]:
 FRESH6_DRAW_SEED = 40
 FRESH7_DRAW_SEED = 41
 FRESH8_DRAW_SEED = 42
+FRESH9_DRAW_SEED = 43
 RULES6_SUITE_PAIR = "fonts:face2-resnet-e3/chars62"
 """Drawn for the suite check and never run there (the loader refused its class names): no
 result of it was read, so it counts in rules 6's verdict too."""
@@ -157,6 +158,13 @@ def fresh8_pairs() -> list[Pair]:
     return drawn_pairs(FRESH8_DRAW_SEED, "fresh8", used, any_arch=True)
 
 
+def fresh9_pairs() -> list[Pair]:
+    """The fifth draw (PREREGISTRATION.md, "Rules 9"): :func:`drawn_pairs` with seed 43 and
+    any architecture, less the models of every draw before."""
+    used = {p.model for p in (*suite_pairs(), *fresh6_pairs(), *fresh7_pairs(), *fresh8_pairs())}
+    return drawn_pairs(FRESH9_DRAW_SEED, "fresh9", used, any_arch=True)
+
+
 PAIRS = {
     p.name: p
     for p in (
@@ -201,6 +209,8 @@ PAIRS = {
         *fresh7_pairs(),
         # the fourth draw (PREREGISTRATION.md), drawn before any of them ran
         *fresh8_pairs(),
+        # the fifth draw (PREREGISTRATION.md, rules 9), drawn before any of them ran
+        *fresh9_pairs(),
     )
 }
 
@@ -226,6 +236,8 @@ RULES = {
     "horizon": {"HORIZON_STANDARD_ERRORS": 1.0},
     "middle": {"MIDDLE_WHEN_NOTHING_LEARNED": True},
     "rules7": {"HORIZON_STANDARD_ERRORS": None, "MIDDLE_WHEN_NOTHING_LEARNED": False},
+    # rules 9 (PREREGISTRATION.md): the run and its trials as the plain loop trains
+    "plain": {"LABEL_SMOOTHING": 0.0, "ADAMW_WEIGHT_DECAY": 0.0, "WARMUP_SHARE": 0.0},
 }
 """Versions of the recipe's rules an ``auto-<a>+<b>`` arm runs under, set on
 ``training.recipe`` for that run only (this process runs the trainer in-process): rules 3,
@@ -235,8 +247,9 @@ trusting only trials that learned something, ``nosearch`` without it; the ablati
 no label smoothing, no weight decay, no warm-up, no validation hold-out (every image trains,
 no search, the last weights), and ``truthlr``: the body's rate given as the field truth's best
 rate (so the rest of the recipe is judged apart from its rate search); ``refit`` (rules 6): a
-split under 1,000 images chooses its rate on the hold-out, then trains on every image. Parts
-not named stay as the recipe ships them."""
+split under 1,000 images chooses its rate on the hold-out, then trains on every image;
+``plain`` (rules 9): no label smoothing, no weight decay, no warm-up (one step at half the
+rate), in the search's trials and the run. Parts not named stay as the recipe ships them."""
 ARMS = (
     "auto",
     "auto-rules3",
@@ -260,6 +273,7 @@ ARMS = (
     "auto-truthlr+nohold+nosmooth+nowd+nowarmup",
     "auto-truthlr+nohold+nosmooth",
     "auto-truthlr+nohold+nowarmup",
+    "auto-plain",
     "fixed",
 )
 """What runs against the truth: the trainer with every option at its default ("auto": the
@@ -782,7 +796,10 @@ def report(results: list[dict], path: Path) -> None:
          "rules 7's fresh pairs (drawn before they ran)"),
         ("the fourth draw", lambda r: r["role"] == "fresh8", hopeless,
          "the fourth draw's pairs (drawn before they ran; any architecture)"),
+        ("the fifth draw", lambda r: r["role"] == "fresh9", hopeless,
+         "the fifth draw's pairs (drawn before they ran; any architecture)"),
     )  # fmt: skip
+    draws = {"the fourth draw": fresh8_pairs, "the fifth draw": fresh9_pairs}
     for rules, belongs, left_out, label in judged:
         part = [r for r in results if belongs(r)]
         for arm in arms if part else ():
@@ -793,12 +810,13 @@ def report(results: list[dict], path: Path) -> None:
                 f"- degenerate, left out of {rules}'s verdict: {r['pair']} (truth "
                 f"{r['truth_acc']:.3f}, majority share {r['chance']:.3f}; {ratios})"
             )
-        if rules == "the fourth draw" and part:
-            missing = [p.name for p in fresh8_pairs() if p.name not in {r["pair"] for r in part}]
+        if rules in draws and part:
+            ran = {r["pair"] for r in part}
+            missing = [p.name for p in draws[rules]() if p.name not in ran]
             if missing:
                 lines.append(
-                    f"- **incomplete**: {len(part)} of {len(part) + len(missing)} pairs of the "
-                    f"fourth draw ran; not run: {', '.join(missing)}"
+                    f"- **incomplete**: {len(part)} of {len(part) + len(missing)} pairs of "
+                    f"{rules} ran; not run: {', '.join(missing)}"
                 )
     for role, label in (
         ("suite", "the transfer suite's held-out zoos (fonts, synth; drawn before they ran)"),
