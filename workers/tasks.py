@@ -799,11 +799,12 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
     # store with no transaction open (seconds to minutes, or a store's outage), the leases
     # renewed meanwhile
     if outcome == "train":
-        files = partial(_rung_files, row, storage_path, out, cfg, backend)
+        files = partial(_rung_files, row, storage_path, out, cfg, backend, saved)
         fetched = _rung_inputs(jid, entry_id, owner, shared, cfg, files)
         if isinstance(fetched, str):
             outcome = fetched
         else:
+            inputs, restored = fetched
             run_cfg = FinetuneConfig.for_run(
                 options,
                 model=row.id,
@@ -814,8 +815,10 @@ def race_step(self, job_id: str, model_id: str, rung: str) -> str:
                 validation_fraction=selection.validation_fraction,
                 dataset_limits=dataclasses.asdict(cfg.dataset_limits()),
                 comm_triton=cfg.comm_triton,
-                **fetched,
+                **inputs,
             )
+            if restored:  # the store's checkpoint, written on another machine: placed here
+                run_checkpoints.rebase(out, run_cfg.model_dump(mode="json"))
             outcome = _run_rung(jid, entry_id, run_cfg, owner, shared, cfg, saved, backend)
     with session_scope(factory()) as session:
         job = session.get(Job, jid)
@@ -851,18 +854,21 @@ def _rung_backend(cfg: Settings, where: str, row: ZooModel, storage_path: str) -
     return dataclasses.replace(backend, inputs=inputs)
 
 
-def _rung_files(row: ZooModel, storage_path: str, out: Path, cfg: Settings,
-                backend: Backend) -> dict[str, Any]:  # fmt: skip
-    """The rung's input files as ``FinetuneConfig.for_run`` takes them: the zoo manifest (its
-    checkpoint fetched here) and the dataset. The local backend's trainer reads the dataset
-    on this machine: fetched here. A Ray run's workers fetch it on their own nodes
-    (``ray_inputs.place`` names their copies in the config): nothing of it is fetched here."""
+def _rung_files(row: ZooModel, storage_path: str, out: Path, cfg: Settings, backend: Backend,
+                saved: str) -> tuple[dict[str, Any], bool]:  # fmt: skip
+    """The rung's input files as ``FinetuneConfig.for_run`` takes them (the zoo manifest, its
+    checkpoint fetched here, and the dataset) and whether the candidate's checkpoint was
+    fetched from the store (``saved``). The local backend's trainer reads the dataset on this
+    machine: fetched here, and so is the candidate's last checkpoint where this folder has
+    none (the last rung ran on another machine). A Ray run's workers fetch the dataset on
+    their own nodes (``ray_inputs.place`` names their copies in the config) and continue the
+    candidate's run from Ray's storage: neither is fetched here."""
     manifest = zoo_catalog.write_manifest([row], out / "zoo.json")
-    if backend.kind == "local":
-        data = store.run_data(storage_path, cfg)  # its file and images decoded once, here
-    else:
-        data = ray_inputs.unplaced(storage_path)
-    return {"zoo": str(manifest), **data}
+    if backend.kind != "local":
+        return {"zoo": str(manifest), **ray_inputs.unplaced(storage_path)}, False
+    data = store.run_data(storage_path, cfg)  # its file and images decoded once, here
+    restored = run_checkpoints.fetch(storage.open_store(cfg.storage_url), saved, out)
+    return {"zoo": str(manifest), **data}, restored
 
 
 def _rung_inputs(jid: uuid.UUID, entry_id: int, owner: str, shared: str, cfg: Settings,
@@ -870,10 +876,11 @@ def _rung_inputs(jid: uuid.UUID, entry_id: int, owner: str, shared: str, cfg: Se
     """``fetch()`` (the rung's files from the store, no transaction open) with the entry's
     lease and the job's renewed meanwhile, as while the rung trains: a long fetch is no dead
     candidate to the sweeper. A store that stayed unavailable through its retries settles the
-    entry as failed, naming the store, as ``_run_rung`` settles one whose checkpoint it could
-    not fetch: ``"failed"``; ``"lease lost"`` where a sweeper gave the candidate to a new task
-    meanwhile (the entry is that task's now: settled by it). Other errors pass, the claim left
-    to its lease (the task's failure fails the job: ``workflow_failed``)."""
+    entry as failed, naming the store: ``"failed"`` (the rung never starts again from scratch
+    over a stored checkpoint it could not read); ``"lease lost"`` where a sweeper gave the
+    candidate to a new task meanwhile (the entry is that task's now: settled by it). Other
+    errors pass, the claim left to its lease (the task's failure fails the job:
+    ``workflow_failed``)."""
     lost = threading.Event()
 
     def renew() -> None:
@@ -905,24 +912,14 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
     store's (the last rung ran on another machine), and each one the trainer writes is put
     there; on Ray the run continues from its own storage and its last checkpoint comes back
     to this folder. The rung's last is put there before the entry is settled: the winner's
-    fine-tune starts from it."""
+    fine-tune starts from it (the store's checkpoint, where this folder had none, was fetched
+    with the rung's files: ``_rung_files``)."""
     import time
 
     last: list[EpochRecord] = []
     started = time.monotonic()
     out = Path(run_cfg.out)
     files = storage.open_store(cfg.storage_url)
-    local = backend.kind == "local"
-    if local and not (out / CHECKPOINT).exists():
-        try:  # no transaction open: the entry's claim is committed
-            if run_checkpoints.fetch(files, saved, out):
-                run_cfg = run_cfg.model_copy(update={"resume": True})
-                run_checkpoints.rebase(out, run_cfg.model_dump(mode="json"))
-        except storage.StoreUnavailable as exc:  # tried again already: fail naming the store
-            with session_scope(factory()) as session:
-                error = f"the candidate's checkpoint could not be fetched: {exc}"
-                races.settle(session, entry_id, "failed", error=error)
-            return "failed"
 
     def reached(steps: int) -> None:
         """How far the rung has got, for the API, the dashboard and the job's progress."""
@@ -955,7 +952,7 @@ def _run_rung(jid: uuid.UUID, entry_id: int, run_cfg: FinetuneConfig, owner: str
         races.settle(session, entry_id, "failed", error="the rung exceeded its time limit")
 
     uploads = run_checkpoints.Uploader(files, saved, out)
-    if local:
+    if backend.kind == "local":
         uploads.start()
     try:
         result = training_runner.follow_run(

@@ -322,27 +322,8 @@ def pair_inputs(pair: Pair, args: argparse.Namespace) -> tuple[Path, Path, Path]
         train, test = (out / "targets" / f"{pair.target}-{s}.npz" for s in ("train", "test"))
         if not all(p.exists() for p in (out / "ckpt" / f"{pair.model}.safetensors", train, test)):
             build_zoo.build(zoos.ZOOS[pair.zoo], out, fmnist=str(args.fmnist), only=[pair.model])
-        return out / "zoo.json", *(distinct_case(p, args.work) for p in (train, test))
+        return out / "zoo.json", train, test
     return out_of_work(pair, args)
-
-
-def distinct_case(path: Path, work: Path) -> Path:
-    """``path`` (x, y, class_names), or a copy in ``work`` whose class names no longer differ
-    only in letter case: zoopick's loader refuses such names (one folder on a case-insensitive
-    file system), so the suite's ``chars62`` (``A`` and ``a``) is loaded with each lower-case
-    name that has an upper-case twin spelled ``a (lower case)``. The images and labels are
-    the file's own; only the names change, which no training or accuracy reads."""
-    with np.load(path) as d:
-        names = [str(n) for n in d["class_names"]]
-        folded = [n.casefold() for n in names]
-        if len(set(folded)) == len(names):
-            return path
-        upper = {n.casefold() for n in names if n != n.casefold()}
-        renamed = [f"{n} (lower case)" if n == n.casefold() and n in upper else n for n in names]
-        assert len({n.casefold() for n in renamed}) == len(names), renamed
-        copy = work / f"distinct-case-{path.parent.parent.name}-{path.name}"
-        np.savez_compressed(copy, x=d["x"], y=d["y"], class_names=np.array(renamed))
-    return copy
 
 
 def out_of_work(pair: Pair, args: argparse.Namespace) -> tuple[Path, Path, Path]:
