@@ -63,12 +63,18 @@ def document(
     return json.dumps({"hook": HOOK, "spec": spec})
 
 
-def unplaced(storage_path: str) -> dict[str, str | None]:
-    """The dataset as the config of a Ray run names it where the run is started (``data`` and
-    ``decoded``, as ``datasets.store.run_data`` gives them): the store's key, a file of no
-    machine. The gpu worker fetches nothing of it; each worker's :func:`place` names its
-    node's copy instead."""
-    return {"data": storage_path, "decoded": None}
+def unplaced(row: ZooModel, storage_path: str, folder: Path) -> dict[str, str | None]:
+    """The zoo manifest and the dataset as the config of a Ray run names them where the run
+    is started (``zoo``, ``data`` and ``decoded``, as ``zoo_catalog.write_manifest`` and
+    ``datasets.store.run_data`` give them): a manifest in ``folder`` naming the checkpoint as
+    the zoo registered it (a store's key, fetched nowhere here) and the dataset's key, files
+    of no machine. The gpu worker fetches neither (a checkpoint or a dataset can be
+    gigabytes, and the driver reads neither); each worker's :func:`place` names its node's
+    copies instead."""
+    from zoopick.selection.zoo import write_zoo
+
+    manifest = write_zoo([zoo_catalog.registered_entry(row)], folder / "zoo.json")
+    return {"zoo": str(manifest), "data": storage_path, "decoded": None}
 
 
 def node_settings(storage_url: str, limits: dict[str, Any] | None) -> Settings:

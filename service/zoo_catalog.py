@@ -96,16 +96,18 @@ def to_entry(row: ZooModel, settings: Settings | None = None) -> Any:
         sha256, size = row.weights_sha256, row.weights_size
         path = retrying(lambda: zoo_weights.local_copy(cfg, weights, sha256=sha256, size=size))
         weights = str(path)
-    return _entry(row, weights)
+    return registered_entry(row, weights)
 
 
-def _entry(row: ZooModel, weights: str) -> Any:
+def registered_entry(row: ZooModel, weights: str | None = None) -> Any:
+    """The row's ``ZooEntry`` with its weights as given, by default as registered (a store's
+    key is not fetched: a manifest for a machine that fetches it itself, ``ray_inputs``)."""
     from zoopick.selection.zoo import ZooEntry
 
     return ZooEntry(
         id=row.id,
         arch=row.arch,
-        weights=weights,
+        weights=row.weights if weights is None else weights,
         num_classes=row.num_classes,
         overrides=dict(row.overrides or {}),
         source=row.source,
@@ -159,5 +161,5 @@ def data_config(row: ZooModel) -> dict[str, Any]:
     """timm's eval data config of the model (its pretrained config, its tag's for a tagged
     name), with the entry's overrides applied, as JSON: what scoring resizes, crops and
     normalises each image with. Read from timm's registry, nothing downloaded."""
-    cfg = _entry(row, row.weights).data_config()  # reads no weights: nothing fetched
+    cfg = registered_entry(row).data_config()  # reads no weights: nothing fetched
     return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}

@@ -587,13 +587,17 @@ def finetune(self, job_id: str) -> str:
         won = run_checkpoints.race_key(job.tenant_id, jid, row.id) if job.race else None
         storage_path = ds.storage_path
         tenant, saved = job.tenant_id, run_checkpoints.stored_key(job.tenant_id, jid)
-    # the zoo's checkpoint and the dataset are fetched from the store (once per machine) with
-    # no transaction open: the claimed lease is committed, so no other delivery starts too
+    # the zoo's checkpoint and the dataset are fetched from the store (once per machine; on
+    # Ray by each worker, on its node) with no transaction open: the claimed lease is
+    # committed, so no other delivery starts too
     files = storage.open_store(cfg.storage_url)
     local = cfg.train_backend == "local"
     try:
-        manifest = zoo_catalog.write_manifest([row], out.parent / "zoo.json")
-        data = store.run_data(storage_path, cfg)  # its file and images decoded once, here
+        if local:
+            manifest = zoo_catalog.write_manifest([row], out.parent / "zoo.json")
+            data = {"zoo": str(manifest), **store.run_data(storage_path, cfg)}  # decoded here
+        else:  # each Ray worker fetches both on its own node (ray_inputs.place)
+            data = ray_inputs.unplaced(row, storage_path, out.parent)
         # a run lost on another machine continues from its checkpoint in the store (the
         # local backend's: Ray Train keeps its own in its storage path)
         fetched = local and run_checkpoints.fetch(files, saved, out)
@@ -615,7 +619,6 @@ def finetune(self, job_id: str) -> str:
         raise
     run_cfg = FinetuneConfig.for_run(
         options,
-        zoo=str(manifest),
         model=row.id,
         out=str(out),
         resume=(out / CHECKPOINT).exists(),  # a re-delivered task continues the same run
@@ -858,14 +861,14 @@ def _rung_files(row: ZooModel, storage_path: str, out: Path, cfg: Settings, back
                 saved: str) -> tuple[dict[str, Any], bool]:  # fmt: skip
     """The rung's input files as ``FinetuneConfig.for_run`` takes them (the zoo manifest, its
     checkpoint fetched here, and the dataset) and whether the candidate's checkpoint was
-    fetched from the store (``saved``). The local backend's trainer reads the dataset on this
+    fetched from the store (``saved``). The local backend's trainer reads them on this
     machine: fetched here, and so is the candidate's last checkpoint where this folder has
-    none (the last rung ran on another machine). A Ray run's workers fetch the dataset on
-    their own nodes (``ray_inputs.place`` names their copies in the config) and continue the
-    candidate's run from Ray's storage: neither is fetched here."""
-    manifest = zoo_catalog.write_manifest([row], out / "zoo.json")
+    none (the last rung ran on another machine). A Ray run's workers fetch the zoo checkpoint
+    and the dataset on their own nodes (``ray_inputs.place`` names their copies in the
+    config) and continue the candidate's run from Ray's storage: none is fetched here."""
     if backend.kind != "local":
-        return {"zoo": str(manifest), **ray_inputs.unplaced(storage_path)}, False
+        return ray_inputs.unplaced(row, storage_path, out), False
+    manifest = zoo_catalog.write_manifest([row], out / "zoo.json")
     data = store.run_data(storage_path, cfg)  # its file and images decoded once, here
     restored = run_checkpoints.fetch(storage.open_store(cfg.storage_url), saved, out)
     return {"zoo": str(manifest), **data}, restored

@@ -121,19 +121,24 @@ def test_a_node_fetches_the_checkpoint_its_run_starts_from(tmp_path, monkeypatch
         ray_inputs.place(cfg, gone, tmp_path / "late")
 
 
-def test_a_ray_rungs_config_names_the_store_key_until_its_node_places_it(tmp_path, monkeypatch):
-    """A Ray run's gpu worker fetches nothing of the dataset (``unplaced``: the store's key, a
-    config the driver reads as it is); each node names its own copy in place of it."""
-    store, node = tmp_path / "store", tmp_path / "node"
+def test_a_ray_runs_config_names_the_store_keys_until_its_node_places_them(tmp_path, monkeypatch):
+    """A Ray run's gpu worker fetches nothing of the dataset or the zoo checkpoint
+    (``unplaced``: the store's keys, a config the driver reads as it is); each node names its
+    own copies in place of them."""
+    store, node, gpu = tmp_path / "store", tmp_path / "node", tmp_path / "gpu"
     data = store / "old" / "shapes.npz"  # a dataset from before the store: read where it is
     data.parent.mkdir(parents=True)
     data.write_bytes(b"x")
     monkeypatch.setenv("ZOOPICK_DATA_DIR", str(node))
     key = "tenants/t/datasets/d/shapes.npz"
-    cfg = FinetuneConfig.for_run(
-        FinetuneOptions(), zoo="/gpu/zoo.json", model="tiny", out="/o", **ray_inputs.unplaced(key)
-    )
+    stored = _row()
+    stored.weights = "s3://zoo-bucket/checkpoints/tiny.safetensors"
+    inputs = ray_inputs.unplaced(stored, key, gpu)
+    cfg = FinetuneConfig.for_run(FinetuneOptions(), model="tiny", out="/o", **inputs)
     assert (cfg.data, cfg.decoded) == (key, None)
+    (entry,) = json.loads(Path(cfg.zoo).read_text())["models"]
+    assert entry["weights"] == stored.weights  # the registered key: fetched nowhere here
+    assert [p.name for p in gpu.iterdir()] == ["zoo.json"]  # no object cache, no dataset
     assert FinetuneConfig.from_json(cfg.to_json()) == cfg  # the driver's one validation
     spec = json.loads(ray_inputs.document(Settings(data_dir=store), _row(), str(data)))["spec"]
     (tmp_path / "private").mkdir()
