@@ -169,9 +169,7 @@ def _lose_keys(dep: Deployment) -> dict[str, Any]:
     return {"keys_deleted": dep.forget_keys()}
 
 
-def _stop_database(
-    dep: Deployment, cluster: PrivateCluster, outage: float
-) -> dict[str, Any]:
+def _stop_database(dep: Deployment, cluster: PrivateCluster, outage: float) -> dict[str, Any]:
     browser = signed_in(dep.base, dep.key)
     start = time.monotonic()
     cluster.stop()
@@ -338,18 +336,42 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=420.0,
-                   help="seconds after the fault's end before a run counts as stuck")
-    p.add_argument("--images-per-class", type=int, default=400,
-                   help="the scored dataset's size (3 classes, 32 px)")
-    p.add_argument("--validation-images-per-class", type=int, default=6000,
-                   help="the validated dataset's size: large enough to be caught validating")
-    p.add_argument("--merge", action="store_true",
-                   help="keep the other scenarios' runs from the existing --out file")
-    p.add_argument("--outage", type=float, default=10.0,
-                   help="seconds the database stays stopped (database-stopped-scoring)")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="a Settings field for the deployment (e.g. lease_seconds=30)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=420.0,
+        help="seconds after the fault's end before a run counts as stuck",
+    )
+    p.add_argument(
+        "--images-per-class",
+        type=int,
+        default=400,
+        help="the scored dataset's size (3 classes, 32 px)",
+    )
+    p.add_argument(
+        "--validation-images-per-class",
+        type=int,
+        default=6000,
+        help="the validated dataset's size: large enough to be caught validating",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other scenarios' runs from the existing --out file",
+    )
+    p.add_argument(
+        "--outage",
+        type=float,
+        default=10.0,
+        help="seconds the database stays stopped (database-stopped-scoring)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Settings field for the deployment (e.g. lease_seconds=30)",
+    )
     p.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     p.add_argument("--redis", default="redis://127.0.0.1:6379/14")
     p.add_argument("--out", default="benchmarks/results/faults")

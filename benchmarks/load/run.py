@@ -643,9 +643,12 @@ def main() -> None:
         f"Redis, {args.seconds:g} s per rate, {args.repeats} repeat(s); latency counted from "
         "each request's scheduled send time. Baseline: `GET /healthz` at the same rate in the "
         f"same run. {statements} SQL statements per request"
-        + (f" ({baseline_statements} from the baseline checkout, at "
-           f"{report['baseline_commit']}; this one at {report['commit']})"
-           if baseline_statements is not None else "")
+        + (
+            f" ({baseline_statements} from the baseline checkout, at "
+            f"{report['baseline_commit']}; this one at {report['commit']})"
+            if baseline_statements is not None
+            else ""
+        )
         + ". Configurations, alternating within each repeat (so all see about the same "
         "machine):",
         "",
