@@ -76,6 +76,11 @@ class Serve:
             "ZOOPICK_RECOVERY_GRACE_SECONDS": str(GRACE),
             "ZOOPICK_SWEEP_INTERVAL_SECONDS": str(SWEEP),
             "ZOOPICK_SCORE_BATCH_SIZE": "1",
+            # each pool process imports torch and timm when it starts, not in its first
+            # scoring task: in a fresh-clone run (load 4-9) the first two tasks, importing
+            # side by side after taking their models' leases, renewed neither for the 10 s
+            # grace, so the job was re-sent twice and failed before any model was scored
+            "ZOOPICK_PRELOAD_SCORING": "1",
             "ZOOPICK_SHUTDOWN_GRACE_SECONDS": "2",  # the test's end: nothing to drain
             "OMP_NUM_THREADS": "1",
         }
