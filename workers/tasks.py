@@ -593,11 +593,7 @@ def finetune(self, job_id: str) -> str:
     files = storage.open_store(cfg.storage_url)
     local = cfg.train_backend == "local"
     try:
-        if local:
-            manifest = zoo_catalog.write_manifest([row], out.parent / "zoo.json")
-            data = {"zoo": str(manifest), **store.run_data(storage_path, cfg)}  # decoded here
-        else:  # each Ray worker fetches both on its own node (ray_inputs.place)
-            data = ray_inputs.unplaced(row, storage_path, out.parent)
+        data = _run_inputs(row, storage_path, out.parent, cfg, local)
         # a run lost on another machine continues from its checkpoint in the store (the
         # local backend's: Ray Train keeps its own in its storage path)
         fetched = local and run_checkpoints.fetch(files, saved, out)
@@ -866,12 +862,23 @@ def _rung_files(row: ZooModel, storage_path: str, out: Path, cfg: Settings, back
     none (the last rung ran on another machine). A Ray run's workers fetch the zoo checkpoint
     and the dataset on their own nodes (``ray_inputs.place`` names their copies in the
     config) and continue the candidate's run from Ray's storage: none is fetched here."""
-    if backend.kind != "local":
-        return ray_inputs.unplaced(row, storage_path, out), False
-    manifest = zoo_catalog.write_manifest([row], out / "zoo.json")
-    data = store.run_data(storage_path, cfg)  # its file and images decoded once, here
-    restored = run_checkpoints.fetch(storage.open_store(cfg.storage_url), saved, out)
-    return {"zoo": str(manifest), **data}, restored
+    local = backend.kind == "local"
+    inputs = _run_inputs(row, storage_path, out, cfg, local)
+    if not local:
+        return inputs, False
+    return inputs, run_checkpoints.fetch(storage.open_store(cfg.storage_url), saved, out)
+
+
+def _run_inputs(row: ZooModel, storage_path: str, folder: Path, cfg: Settings,
+                local: bool) -> dict[str, Any]:  # fmt: skip
+    """A run's zoo manifest (in ``folder``) and dataset as ``FinetuneConfig.for_run`` takes
+    them. The local backend's trainer reads them on this machine: the zoo checkpoint and the
+    dataset are fetched here (the dataset's images decoded once). A Ray run's workers fetch
+    both on their own nodes (``ray_inputs.place``): nothing is fetched here."""
+    if not local:
+        return ray_inputs.unplaced(row, storage_path, folder)
+    manifest = zoo_catalog.write_manifest([row], folder / "zoo.json")
+    return {"zoo": str(manifest), **store.run_data(storage_path, cfg)}
 
 
 def _rung_inputs(jid: uuid.UUID, entry_id: int, owner: str, shared: str, cfg: Settings,
